@@ -1,0 +1,316 @@
+"""Public entry points: :func:`explain` for a batch with one method, :func:`explain_batch` for a served batch
+whose rows each ask for their own method, target and options (one forward for all of them)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .architectures import Architecture, describe, model_config
+from .capture import GRADIENT_NEEDS, prepared_model, run_capture
+from .errors import ExplainError, InvalidInputError, InvalidTargetError
+from .methods import Method, MethodInputs, get_method
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The result of :func:`explain`.
+
+    Attributes:
+        method: the registry name of the method.
+        target: ``(batch,)`` the class each row was explained for.
+        logits: ``(batch, num_labels)``, equal to a plain forward's logits.
+        scores: text ``(batch, seq_len)`` aligned with ``input_ids``, exactly 0 at padding;
+            images ``(batch, grid_h, grid_w)`` over the patch grid, class token excluded.
+        options: the options used, defaults filled in.
+        modality: ``text`` or ``image``.
+        attention_mask: text ``(batch, seq_len)`` mask of the real tokens; ``None`` for images.
+    """
+
+    method: str
+    target: Tensor
+    logits: Tensor
+    scores: Tensor
+    options: Mapping[str, int]
+    modality: str
+    attention_mask: Tensor | None = None
+
+    @property
+    def probabilities(self) -> Tensor:
+        """Softmax of the logits, ``(batch, num_labels)``."""
+        return self.logits.softmax(dim=-1)
+
+
+@dataclass(frozen=True)
+class RowRequest:
+    """What one row of a served batch asks for: ``method=None`` means a prediction only."""
+
+    method: str | None = None
+    target: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RowExplanation:
+    """The explanation of one row of :func:`explain_batch`.
+
+    Attributes:
+        method: registry name.
+        target: class explained.
+        options: options used, defaults filled in.
+        scores: text ``(length,)`` trimmed to the row's real tokens (special tokens included);
+            images ``(grid_h, grid_w)``.
+        seconds: wall time of the attribution kernels for the group of rows this row was computed with.
+    """
+
+    method: str
+    target: int
+    options: Mapping[str, int]
+    scores: Tensor
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BatchExplanation:
+    """The result of :func:`explain_batch`.
+
+    Attributes:
+        logits: ``(batch, num_labels)`` from the one shared forward.
+        rows: per row a :class:`RowExplanation`, ``None`` (prediction only) or the :class:`ExplainError` that row's
+            request raised (the other rows are unaffected).
+        seconds: wall time of the shared stages: ``forward`` and, if any row needed it, ``backward``.
+    """
+
+    logits: Tensor
+    rows: list[RowExplanation | ExplainError | None]
+    seconds: Mapping[str, float]
+
+    @property
+    def probabilities(self) -> Tensor:
+        """Softmax of the logits, ``(batch, num_labels)``."""
+        return self.logits.softmax(dim=-1)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for parameter in model.parameters():
+        return parameter.device
+    return torch.device("cpu")
+
+
+def _validate_inputs(arch: Architecture, model: nn.Module, inputs: Mapping[str, Any]) -> dict[str, Tensor]:
+    if not isinstance(inputs, Mapping):
+        raise InvalidInputError(f"inputs must be a mapping such as a tokenizer's output, got {type(inputs).__name__}")
+    keys = set(inputs)
+    missing = sorted(arch.required_keys - keys)
+    unexpected = sorted(keys - arch.input_keys)
+    if missing or unexpected:
+        problems = [f"missing {', '.join(missing)}"] if missing else []
+        problems += [f"unexpected {', '.join(unexpected)}"] if unexpected else []
+        raise InvalidInputError(
+            f"wrong input keys for a {arch.model_type} model ({'; '.join(problems)}); "
+            f"accepted keys: {', '.join(sorted(arch.input_keys))}"
+        )
+    for key, value in inputs.items():
+        if not isinstance(value, Tensor):
+            raise InvalidInputError(f"inputs[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+    device = _model_device(model)
+    validated = {key: value.to(device) for key, value in inputs.items()}
+    if arch.modality == "image":
+        pixels = validated["pixel_values"]
+        config = model_config(model)
+        if pixels.dim() != 4 or pixels.shape[0] == 0 or not pixels.is_floating_point():
+            raise InvalidInputError(
+                f"pixel_values must be a non-empty float tensor (batch, {config.num_channels}, height, width), "
+                f"got {tuple(pixels.shape)} {pixels.dtype}"
+            )
+        return validated
+    ids = validated["input_ids"]
+    if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0 or ids.is_floating_point():
+        raise InvalidInputError(
+            f"input_ids must be a non-empty integer tensor (batch, seq_len), got {tuple(ids.shape)}"
+        )
+    for key in ("attention_mask", "token_type_ids"):
+        if key in validated and validated[key].shape != ids.shape:
+            raise InvalidInputError(
+                f"{key} must have the shape of input_ids {tuple(ids.shape)}, got {tuple(validated[key].shape)}"
+            )
+    mask = validated.setdefault("attention_mask", torch.ones_like(ids))
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise InvalidInputError("attention_mask must hold only 0 and 1")
+    if not bool((mask[:, 0] == 1).all()) or not bool((mask[:, 1:] <= mask[:, :-1]).all()):
+        raise InvalidInputError(
+            "attention_mask must be right-padded (1s then 0s, first token real): the classifier reads the first "
+            "token; tokenize with padding_side='right'"
+        )
+    return validated
+
+
+def _token_mask(arch: Architecture, inputs: Mapping[str, Tensor], model: nn.Module) -> Tensor:
+    if arch.modality == "text":
+        return inputs["attention_mask"]
+    assert arch.grid is not None
+    batch = inputs["pixel_values"].shape[0]
+    return torch.ones(batch, 1 + arch.grid[0] * arch.grid[1], dtype=torch.long, device=_model_device(model))
+
+
+def _validate_target(target: Any, batch: int, num_labels: int) -> Tensor | None:
+    if target is None:
+        return None
+    if isinstance(target, bool):
+        raise InvalidTargetError(f"target must be None, an int or a LongTensor of shape ({batch},), got a bool")
+    if isinstance(target, int):
+        targets = torch.full((batch,), target, dtype=torch.long)
+    elif isinstance(target, Tensor):
+        if target.is_floating_point() or target.dtype == torch.bool or target.shape != (batch,):
+            raise InvalidTargetError(
+                f"a target tensor must be a LongTensor of shape ({batch},), got {target.dtype} {tuple(target.shape)}"
+            )
+        targets = target.long().cpu()
+    else:
+        raise InvalidTargetError(f"target must be None, an int or a LongTensor of shape ({batch},), got {target!r}")
+    if bool(((targets < 0) | (targets >= num_labels)).any()):
+        raise InvalidTargetError(f"target must be in [0, {num_labels - 1}] (the model has {num_labels} labels)")
+    return targets
+
+
+def _batch_size(arch: Architecture, inputs: Mapping[str, Tensor]) -> int:
+    return inputs["pixel_values" if arch.modality == "image" else "input_ids"].shape[0]
+
+
+def _finish(arch: Architecture, scores: Tensor) -> Tensor:
+    """Token-aligned scores → the public shape: text as is, images on the patch grid without the class token."""
+    if arch.modality == "text":
+        return scores
+    assert arch.grid is not None
+    return scores[:, 1:].reshape(scores.shape[0], *arch.grid)
+
+
+def explain(
+    model: nn.Module, inputs: Mapping[str, Any], method: str = "relevance", target: Any = None, **options: Any
+) -> Attribution:
+    """Explain a batch of predictions of a Hugging Face classifier with one method.
+
+    Args:
+        model: a BERT, RoBERTa or DistilBERT sequence classifier or a ViT image classifier. It is used in eval
+            mode with eager attention for the call and left exactly as it was found.
+        inputs: a tokenizer's output (``input_ids``, optional ``attention_mask`` right-padded, optional
+            ``token_type_ids``) or an image processor's (``pixel_values``).
+        method: one of :func:`available_methods`.
+        target: ``None`` (each row's predicted class), an ``int`` for every row, or a ``LongTensor (batch,)``.
+        **options: the method's options (``layer`` for ``attention``, ``start_layer`` for ``rollout``,
+            ``relevance`` and ``gae``, ``n_steps``/``internal_batch_size`` for ``integrated_gradients``).
+
+    Returns:
+        An :class:`Attribution`.
+
+    Raises:
+        ExplainError: (a ``ValueError``) for an unknown method, bad target, bad option or wrong inputs.
+    """
+    arch = describe(model)
+    chosen = get_method(method)
+    resolved = chosen.resolve_options(options, arch)
+    validated = _validate_inputs(arch, model, inputs)
+    num_labels = int(model_config(model).num_labels)
+    batch = _batch_size(arch, validated)
+    explicit = _validate_target(target, batch, num_labels)
+
+    def resolve(logits: Tensor) -> Tensor:
+        return logits.argmax(dim=-1) if explicit is None else explicit.to(logits.device)
+
+    mask = _token_mask(arch, validated, model)
+    with prepared_model(model):
+        capture = run_capture(model, arch, validated, chosen.needs, resolve)
+        scores = chosen.compute(MethodInputs(capture, arch, model, validated, mask, resolved))
+    text_mask = validated.get("attention_mask") if arch.modality == "text" else None
+    return Attribution(
+        method=chosen.name,
+        target=capture.targets,
+        logits=capture.logits,
+        scores=_finish(arch, scores),
+        options=resolved,
+        modality=arch.modality,
+        attention_mask=text_mask,
+    )
+
+
+def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[RowRequest]) -> BatchExplanation:
+    """Predict a batch and explain each row as it asks, with one shared forward (and at most one backward).
+
+    Rows are grouped by method and options; the forward is grad-enabled only if some row's method needs
+    gradients, and the rows that need none are left out of the gradient. A row whose request is invalid
+    (unknown method, bad target or option) gets its :class:`ExplainError` in its place; the others are served.
+
+    Args:
+        model: see :func:`explain`.
+        inputs: the batched inputs of all rows (right-padded for text).
+        rows: one :class:`RowRequest` per row.
+
+    Returns:
+        A :class:`BatchExplanation`.
+
+    Raises:
+        ExplainError: if ``inputs`` are invalid or ``rows`` does not match the batch size (the batch as a whole
+            cannot be served).
+    """
+    arch = describe(model)
+    validated = _validate_inputs(arch, model, inputs)
+    batch = _batch_size(arch, validated)
+    if len(rows) != batch:
+        raise InvalidInputError(f"got {len(rows)} row requests for a batch of {batch}")
+    num_labels = int(model_config(model).num_labels)
+    results: list[RowExplanation | ExplainError | None] = [None] * batch
+    groups: dict[tuple[str, tuple[tuple[str, int], ...]], list[int]] = {}
+    methods: dict[str, Method] = {}
+    explicit = torch.full((batch,), -1, dtype=torch.long)
+    for index, row in enumerate(rows):
+        if row.method is None:
+            continue
+        try:
+            method = get_method(row.method)
+            options = method.resolve_options(row.options, arch)
+            target = _validate_target(row.target, 1, num_labels)
+        except ExplainError as error:
+            results[index] = error
+            continue
+        if target is not None:
+            explicit[index] = target[0]
+        methods[method.name] = method
+        groups.setdefault((method.name, tuple(sorted(options.items()))), []).append(index)
+
+    needs: frozenset[str] = frozenset().union(*(method.needs for method in methods.values()))
+    gradient_rows = torch.zeros(batch, dtype=torch.bool)
+    for (name, _), indices in groups.items():
+        if methods[name].needs & GRADIENT_NEEDS:
+            gradient_rows[indices] = True
+
+    def resolve(logits: Tensor) -> Tensor:
+        chosen = explicit.to(logits.device)
+        return torch.where(chosen >= 0, chosen, logits.argmax(dim=-1))
+
+    mask = _token_mask(arch, validated, model)
+    with prepared_model(model):
+        capture = run_capture(model, arch, validated, needs, resolve, gradient_rows.to(mask.device))
+        for (name, options_key), indices in groups.items():
+            started = time.perf_counter()
+            selected = torch.tensor(indices, device=mask.device)
+            whole = len(indices) == batch
+            sub_capture = capture if whole else capture.rows(selected)
+            sub_inputs = validated if whole else {key: value[selected] for key, value in validated.items()}
+            scores = methods[name].compute(
+                MethodInputs(sub_capture, arch, model, sub_inputs, mask[selected], dict(options_key))
+            )
+            scores = _finish(arch, scores).detach()
+            seconds = time.perf_counter() - started
+            for position, row_index in enumerate(indices):
+                row_scores = scores[position]
+                if arch.modality == "text":
+                    row_scores = row_scores[: int(mask[row_index].sum())]
+                results[row_index] = RowExplanation(
+                    name, int(capture.targets[row_index]), dict(options_key), row_scores, seconds
+                )
+    return BatchExplanation(logits=capture.logits, rows=results, seconds=dict(capture.seconds))

@@ -1,0 +1,277 @@
+"""Layer-wise relevance propagation rules of Chefer, Gur & Wolf (CVPR 2021), as pure tensor functions.
+
+Chefer et al. propagate relevance from the target logit down to every block's attention probabilities with
+these rules (their ``layers_ours.py``), which this module implements for whole padded batches:
+
+* linear layers: the LRP-αβ rule with α=1, β=0, bias ignored (:func:`linear_relprop`);
+* the two attention matmuls (``Q·Kᵀ`` and ``A·V``): the LRP-z rule on *both* operands, each half kept
+  (:func:`matmul_relprop`, the halving is done by the caller as in the paper's code);
+* skip connections ``x + f(x)``: the z-rule followed by the normalisation that makes the two shares add up to
+  the relevance that entered the sum (:func:`add_relprop`). The authors' code sums over the whole tensor,
+  batch included; here each example is normalised on its own, which is what makes batching exact;
+* a tensor used several times (:func:`clone_relprop`): the relevances of the uses are summed;
+* LayerNorm, softmax, GELU/ReLU/tanh, dropout and the additive attention mask pass relevance unchanged.
+
+All functions take and return tensors; nothing here touches a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+EPSILON = 1e-9
+
+
+def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """``numerator / denominator`` stabilised as in Chefer et al.'s code, and exactly 0 where the denominator is 0.
+
+    The denominator is shifted by ``1e-9`` (a zero shifted denominator is shifted once more), and the quotient is
+    masked to 0 wherever the original denominator is exactly 0, so that padding and other exact zeros never
+    receive relevance.
+    """
+    shifted = denominator.clamp(min=EPSILON) + denominator.clamp(max=EPSILON)
+    shifted = shifted + shifted.eq(0).to(shifted.dtype) * EPSILON
+    return numerator / shifted * denominator.ne(0).to(denominator.dtype)
+
+
+def linear_relprop(inputs: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
+    """LRP-αβ rule with α=1, β=0 through ``y = x·Wᵀ (+ b)``; the bias takes no relevance.
+
+    With ``x⁺ = max(x, 0)``, ``x⁻ = min(x, 0)`` and likewise for ``W``, each output's relevance is shared among
+    the inputs in proportion to their positive contributions ``x⁺W⁺ + x⁻W⁻``.
+
+    Args:
+        inputs: ``(..., in_features)`` input of the linear layer.
+        weight: ``(out_features, in_features)``.
+        relevance: ``(..., out_features)`` relevance of the outputs.
+
+    Returns:
+        ``(..., in_features)`` relevance of the inputs.
+    """
+    positive_weight = weight.clamp(min=0)
+    negative_weight = weight.clamp(max=0)
+    positive_inputs = inputs.clamp(min=0)
+    negative_inputs = inputs.clamp(max=0)
+    contributions = positive_inputs @ positive_weight.T + negative_inputs @ negative_weight.T
+    scaled = safe_divide(relevance, contributions)
+    return positive_inputs * (scaled @ positive_weight) + negative_inputs * (scaled @ negative_weight)
+
+
+def matmul_relprop(left: Tensor, right: Tensor, relevance: Tensor) -> tuple[Tensor, Tensor]:
+    """LRP-z rule through ``Z = left @ right`` for both operands (each gets the full share; callers halve).
+
+    Args:
+        left: ``(..., n, k)``.
+        right: ``(..., k, m)``.
+        relevance: ``(..., n, m)`` relevance of ``Z``.
+
+    Returns:
+        The relevance of ``left`` ``(..., n, k)`` and of ``right`` ``(..., k, m)``.
+    """
+    scaled = safe_divide(relevance, left @ right)
+    return left * (scaled @ right.transpose(-1, -2)), right * (left.transpose(-1, -2) @ scaled)
+
+
+def add_relprop(first: Tensor, second: Tensor, relevance: Tensor) -> tuple[Tensor, Tensor]:
+    """Relevance through a skip connection ``first + second``, normalised per example.
+
+    The z-rule gives ``a = first·R/Z`` and ``b = second·R/Z``; then, per example, the shares are rescaled so that
+    ``a`` sums to ``|Σa| / (|Σa| + |Σb|) · ΣR`` and ``b`` to the rest, which keeps relevance conserved across the
+    residual (Chefer et al., Sec. 3, "relevance and skip connections"). Sums run over every dimension but the
+    first (the batch), unlike the reference code, which sums over the batch too.
+    """
+    scaled = safe_divide(relevance, first + second)
+    share_first = first * scaled
+    share_second = second * scaled
+    dims = tuple(range(1, relevance.dim()))
+    sum_first = share_first.sum(dim=dims, keepdim=True)
+    sum_second = share_second.sum(dim=dims, keepdim=True)
+    total = relevance.sum(dim=dims, keepdim=True)
+    magnitude = sum_first.abs() + sum_second.abs()
+    target_first = safe_divide(sum_first.abs(), magnitude) * total
+    target_second = safe_divide(sum_second.abs(), magnitude) * total
+    return share_first * safe_divide(target_first, sum_first), share_second * safe_divide(target_second, sum_second)
+
+
+def clone_relprop(value: Tensor, relevances: Sequence[Tensor]) -> Tensor:
+    """Relevance of a tensor that fed several branches: the branches' relevances, summed (at non-zero entries)."""
+    total = torch.zeros_like(value)
+    for relevance in relevances:
+        total = total + safe_divide(relevance, value)
+    return value * total
+
+
+def split_heads(tensor: Tensor, num_heads: int) -> Tensor:
+    """``(batch, n, heads·d)`` → ``(batch, heads, n, d)``."""
+    batch, length, width = tensor.shape
+    return tensor.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
+
+
+def merge_heads(tensor: Tensor) -> Tensor:
+    """``(batch, heads, n, d)`` → ``(batch, n, heads·d)``."""
+    batch, heads, length, depth = tensor.shape
+    return tensor.transpose(1, 2).reshape(batch, length, heads * depth)
+
+
+@dataclass(frozen=True)
+class BlockActivations:
+    """What one Transformer block computed in the forward pass, as LRP needs it (all ``(batch, n, ·)``).
+
+    Attributes:
+        hidden: the block's input (the first skip connection's other operand).
+        attention_input: the input of the query/key/value projections (``hidden`` after LayerNorm in pre-LN
+            blocks, ``hidden`` itself in post-LN blocks).
+        query, key, value: outputs of the three projections, heads merged.
+        probabilities: attention probabilities ``(batch, heads, n, n)``.
+        context: input of the attention output projection (``A·V``, heads merged).
+        attention_out: output of the attention output projection.
+        ffn_input: input of the first feed-forward layer.
+        ffn_hidden: input of the second feed-forward layer (after the activation).
+        ffn_out: output of the second feed-forward layer.
+    """
+
+    hidden: Tensor
+    attention_input: Tensor
+    query: Tensor
+    key: Tensor
+    value: Tensor
+    probabilities: Tensor
+    context: Tensor
+    attention_out: Tensor
+    ffn_input: Tensor
+    ffn_hidden: Tensor
+    ffn_out: Tensor
+
+
+@dataclass(frozen=True)
+class BlockWeights:
+    """The weight matrices of one block's six linear layers (``(out, in)`` each)."""
+
+    query: Tensor
+    key: Tensor
+    value: Tensor
+    attention_output: Tensor
+    ffn_in: Tensor
+    ffn_out: Tensor
+
+
+def block_relprop(
+    acts: BlockActivations,
+    weights: BlockWeights,
+    relevance: Tensor,
+    num_heads: int,
+    norm_first: bool,
+    propagate_below: bool = True,
+) -> tuple[Tensor | None, Tensor]:
+    """Propagate relevance through one block, from its output to its input.
+
+    Args:
+        acts: the block's forward activations.
+        weights: the block's linear weights.
+        relevance: ``(batch, n, hidden)`` relevance of the block's output.
+        num_heads: attention heads.
+        norm_first: pre-LayerNorm block (ViT) if True, post-LayerNorm (BERT family) if False.
+        propagate_below: if False, stop once the attention relevance is known (the input relevance is not needed).
+
+    Returns:
+        The relevance of the block's input (``None`` if ``propagate_below`` is False) and the relevance of the
+        attention probabilities ``(batch, heads, n, n)`` (the "cam" of Chefer et al.).
+    """
+    # Second skip connection: out = [LN](residual + FFN(...)).
+    residual = acts.hidden + acts.attention_out if norm_first else acts.ffn_input
+    relevance_ffn, relevance_residual = add_relprop(acts.ffn_out, residual, relevance)
+    relevance_ffn = linear_relprop(acts.ffn_hidden, weights.ffn_out, relevance_ffn)
+    relevance_ffn = linear_relprop(acts.ffn_input, weights.ffn_in, relevance_ffn)
+    relevance_mid = clone_relprop(residual, (relevance_ffn, relevance_residual))
+
+    # First skip connection: mid = [LN](hidden + Attention(...)).
+    relevance_attention, relevance_skip = add_relprop(acts.attention_out, acts.hidden, relevance_mid)
+    relevance_context = linear_relprop(acts.context, weights.attention_output, relevance_attention)
+
+    value = split_heads(acts.value, num_heads)
+    relevance_probabilities, relevance_value = matmul_relprop(
+        acts.probabilities, value, split_heads(relevance_context, num_heads)
+    )
+    relevance_probabilities = relevance_probabilities / 2
+    if not propagate_below:
+        return None, relevance_probabilities
+    relevance_value = relevance_value / 2
+
+    query = split_heads(acts.query, num_heads)
+    key = split_heads(acts.key, num_heads)
+    relevance_query, relevance_key_t = matmul_relprop(query, key.transpose(-1, -2), relevance_probabilities)
+    relevance_query = merge_heads(relevance_query / 2)
+    relevance_key = merge_heads(relevance_key_t.transpose(-1, -2) / 2)
+    relevance_value = merge_heads(relevance_value)
+
+    relevance_projections = clone_relprop(
+        acts.attention_input,
+        (
+            linear_relprop(acts.attention_input, weights.query, relevance_query),
+            linear_relprop(acts.attention_input, weights.key, relevance_key),
+            linear_relprop(acts.attention_input, weights.value, relevance_value),
+        ),
+    )
+    relevance_input = clone_relprop(acts.hidden, (relevance_projections, relevance_skip))
+    return relevance_input, relevance_probabilities
+
+
+def head_relprop(head_inputs: Sequence[Tensor], head_weights: Sequence[Tensor], relevance: Tensor) -> Tensor:
+    """Propagate relevance from the logits through the classification head to the first token's vector.
+
+    Args:
+        head_inputs: the input of each head linear layer, in forward order; the first is the first token's vector
+            ``(batch, hidden)``.
+        head_weights: the matching weight matrices.
+        relevance: ``(batch, num_labels)`` relevance of the logits (one-hot of the target in Chefer et al.).
+
+    Returns:
+        ``(batch, hidden)`` relevance of the first token's vector.
+    """
+    for inputs, weight in zip(reversed(head_inputs), reversed(head_weights), strict=True):
+        relevance = linear_relprop(inputs, weight, relevance)
+    first = head_inputs[0]
+    return first * safe_divide(relevance, first)
+
+
+def attention_relevances(
+    blocks: Sequence[BlockActivations],
+    weights: Sequence[BlockWeights],
+    head_inputs: Sequence[Tensor],
+    head_weights: Sequence[Tensor],
+    logit_relevance: Tensor,
+    num_heads: int,
+    norm_first: bool,
+    start_layer: int = 0,
+) -> list[Tensor | None]:
+    """LRP relevance of every block's attention probabilities, from the target logit down to ``start_layer``.
+
+    Args:
+        blocks: activations of each block, input side first.
+        weights: weights of each block.
+        head_inputs: inputs of the head's linear layers (see :func:`head_relprop`).
+        head_weights: weights of the head's linear layers.
+        logit_relevance: ``(batch, num_labels)`` starting relevance (one-hot of each row's target; a zero row
+            yields zero relevance).
+        num_heads: attention heads.
+        norm_first: pre-LayerNorm blocks (ViT) or post-LayerNorm blocks (BERT family).
+        start_layer: the lowest block whose attention relevance is needed; blocks below are not visited.
+
+    Returns:
+        One ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``).
+    """
+    relevance = torch.zeros_like(blocks[-1].hidden)
+    relevance[:, 0] = head_relprop(head_inputs, head_weights, logit_relevance)
+    cams: list[Tensor | None] = [None] * len(blocks)
+    for index in range(len(blocks) - 1, start_layer - 1, -1):
+        below, cams[index] = block_relprop(
+            blocks[index], weights[index], relevance, num_heads, norm_first, propagate_below=index > start_layer
+        )
+        if below is None:
+            break
+        relevance = below
+    return cams

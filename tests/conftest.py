@@ -1,0 +1,150 @@
+"""Shared fixtures: tiny Hugging Face classifiers built from configs (no downloads), with non-degenerate weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import Tensor, nn
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+    ViTConfig,
+    ViTForImageClassification,
+)
+
+VOCAB = 60
+NUM_LABELS = 3
+
+
+def _perturb(model: nn.Module, seed: int) -> nn.Module:
+    """Replace the near-zero default initialisation by weights large enough for distinct, confident logits."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+            if "norm" in name.lower() and name.endswith("weight"):
+                parameter.copy_(1.0 + 0.2 * noise)
+            elif "embeddings" in name and parameter.dim() == 2:
+                parameter.copy_(noise)
+            elif parameter.dim() >= 2:
+                fan_in = parameter[0].numel()
+                parameter.copy_(noise * 1.5 / fan_in**0.5)
+            else:
+                parameter.copy_(0.1 * noise)
+    return model
+
+
+def _eager(model: nn.Module) -> nn.Module:
+    model.set_attn_implementation("eager")  # type: ignore[operator]
+    return model.eval()
+
+
+def build_bert() -> nn.Module:
+    config = BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, num_labels=NUM_LABELS, hidden_act="gelu",
+    )  # fmt: skip
+    return _eager(_perturb(BertForSequenceClassification(config), 1))
+
+
+def build_roberta() -> nn.Module:
+    config = RobertaConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=72, num_labels=NUM_LABELS, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+    )  # fmt: skip
+    return _eager(_perturb(RobertaForSequenceClassification(config), 2))
+
+
+def build_distilbert() -> nn.Module:
+    config = DistilBertConfig(
+        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64,
+        num_labels=NUM_LABELS,
+    )  # fmt: skip
+    return _eager(_perturb(DistilBertForSequenceClassification(config), 3))
+
+
+def build_vit(image_size: int | list[int] = 16, patch_size: int = 4) -> nn.Module:
+    config = ViTConfig(
+        image_size=image_size, patch_size=patch_size, num_channels=3, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, num_labels=NUM_LABELS,
+    )  # fmt: skip
+    return _eager(_perturb(ViTForImageClassification(config), 4))
+
+
+def build_vit_wide() -> nn.Module:
+    """A non-square ViT: 12×20 pixels in 4×4 patches, a 3×5 grid."""
+    return build_vit([12, 20], 4)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A tiny model and a function producing a batch of inputs for it."""
+
+    name: str
+    build: Callable[[], nn.Module]
+
+    @property
+    def is_text(self) -> bool:
+        return not self.name.startswith("vit")
+
+
+CASES = [
+    Case("bert", build_bert),
+    Case("roberta", build_roberta),
+    Case("distilbert", build_distilbert),
+    Case("vit", build_vit),
+    Case("vit_wide", build_vit_wide),
+]
+
+LENGTHS = (7, 3, 9, 5)
+
+
+def text_batch(model: nn.Module, lengths: tuple[int, ...] = LENGTHS, seed: int = 0) -> dict[str, Tensor]:
+    """Right-padded random token ids with a first token of 0 ([CLS]-like) and the given real lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    pad = model.config.pad_token_id or 0
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = torch.randint(3, VOCAB, (length,), generator=generator)
+        ids[row, 0] = 0 if model.config.model_type == "roberta" else 2
+        mask[row, :length] = 1
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if model.config.model_type == "bert":
+        batch["token_type_ids"] = torch.zeros_like(ids)
+    return batch
+
+
+def image_batch(model: nn.Module, size: int = 3, seed: int = 0) -> dict[str, Tensor]:
+    """Random pixel values of the model's image size."""
+    generator = torch.Generator().manual_seed(seed)
+    height, width = (
+        model.config.image_size if isinstance(model.config.image_size, list) else [model.config.image_size] * 2
+    )
+    pixels = torch.randn((size, 3, height, width), generator=generator, dtype=next(model.parameters()).dtype)
+    return {"pixel_values": pixels}
+
+
+def make_batch(case: Case, model: nn.Module) -> dict[str, Tensor]:
+    return text_batch(model) if case.is_text else image_batch(model)
+
+
+def row_inputs(batch: dict[str, Tensor], row: int) -> dict[str, Tensor]:
+    """Row ``row`` of a batch alone, padding removed."""
+    if "pixel_values" in batch:
+        return {"pixel_values": batch["pixel_values"][row : row + 1]}
+    length = int(batch["attention_mask"][row].sum())
+    return {key: value[row : row + 1, :length] for key, value in batch.items()}
+
+
+@pytest.fixture(params=CASES, ids=[case.name for case in CASES])
+def case(request: pytest.FixtureRequest) -> Case:
+    return request.param
