@@ -1,0 +1,208 @@
+"""Chefer et al.'s relevance against an independent per-example implementation, and LRP conservation.
+
+The oracle below is written separately from ``explainers/``: it captures activations with its own hooks and
+applies each LRP rule through ``torch.autograd.grad`` on the forward expression (the "gradient × input" form of
+the rules, as in the authors' code), one example at a time, summing over the whole tensor where the authors do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from explainers import explain
+from explainers.architectures import describe
+from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, prepared_model, run_capture
+from explainers.lrp import block_relprop, head_relprop
+from explainers.methods import _block_weights
+
+from .conftest import build_bert, build_roberta, build_vit, build_vit_wide, image_batch, row_inputs, text_batch
+
+
+def _divide(numerator: Tensor, denominator: Tensor) -> Tensor:
+    return torch.where(denominator == 0, torch.zeros_like(numerator), numerator / (denominator + 1e-9))
+
+
+def _gradprop(output: Tensor, inputs: list[Tensor], relevance: Tensor) -> list[Tensor]:
+    """LRP-z through ``output = f(inputs)``: ``x · ∂(Σ Z·S)/∂x`` with ``S = R / Z``."""
+    grads = torch.autograd.grad(output, inputs, _divide(relevance, output.detach()))
+    return [x.detach() * g for x, g in zip(inputs, grads, strict=True)]
+
+
+def _linear(x: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
+    px = x.clamp(min=0).requires_grad_(True)
+    nx = x.clamp(max=0).requires_grad_(True)
+    z = F.linear(px, weight.clamp(min=0)) + F.linear(nx, weight.clamp(max=0))
+    first, second = _gradprop(z, [px, nx], relevance)
+    return first + second
+
+
+def _matmul(a: Tensor, b: Tensor, relevance: Tensor) -> tuple[Tensor, Tensor]:
+    a = a.detach().requires_grad_(True)
+    b = b.detach().requires_grad_(True)
+    ra, rb = _gradprop(a @ b, [a, b], relevance)
+    return ra, rb
+
+
+def _add(a: Tensor, b: Tensor, relevance: Tensor) -> tuple[Tensor, Tensor]:
+    a = a.detach().requires_grad_(True)
+    b = b.detach().requires_grad_(True)
+    ra, rb = _gradprop(a + b, [a, b], relevance)
+    total = relevance.sum()
+    sa, sb = ra.sum(), rb.sum()
+    return ra * (sa.abs() / (sa.abs() + sb.abs()) * total) / sa, rb * (sb.abs() / (sa.abs() + sb.abs()) * total) / sb
+
+
+class _Tape:
+    """Own hooks: inputs and outputs of named linear modules and the input of each block."""
+
+    def __init__(self, modules: dict[str, nn.Module]) -> None:
+        self.values: dict[str, Any] = {}
+        self.handles = [module.register_forward_hook(self._hook(name)) for name, module in modules.items()]
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            self.values[name] = (args[0].detach() if args else None, output)
+
+        return hook
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _oracle(model: nn.Module, inputs: dict[str, Tensor], target: int, start_layer: int) -> Tensor:
+    """Relevance of one example (batch 1, no padding), from scratch."""
+    vit = model.config.model_type == "vit"
+    base = model.vit if vit else getattr(model, model.config.model_type)
+    layers = list(base.layers if vit else base.encoder.layer)
+    names: dict[str, nn.Module] = {}
+    for i, layer in enumerate(layers):
+        names[f"{i}.layer"] = layer
+        attention = layer.attention if vit else layer.attention.self
+        for part in ("q", "k", "v"):
+            names[f"{i}.{part}"] = getattr(
+                attention, f"{part}_proj" if vit else dict(q="query", k="key", v="value")[part]
+            )
+        names[f"{i}.o"] = layer.attention.o_proj if vit else layer.attention.output.dense
+        names[f"{i}.fc1"] = layer.mlp.fc1 if vit else layer.intermediate.dense
+        names[f"{i}.fc2"] = layer.mlp.fc2 if vit else layer.output.dense
+        names[f"{i}.attn"] = attention
+    if vit:
+        head = [model.classifier]
+    elif model.config.model_type == "bert":
+        head = [model.bert.pooler.dense, model.classifier]
+    else:
+        head = [model.classifier.dense, model.classifier.out_proj]
+    for j, linear in enumerate(head):
+        names[f"head{j}"] = linear
+    tape = _Tape(names)
+    try:
+        output = model(**inputs)
+    finally:
+        tape.close()
+    v = tape.values
+    probabilities = [v[f"{i}.attn"][1][1] for i in range(len(layers))]
+    gradients = torch.autograd.grad(output.logits[0, target], probabilities)
+
+    relevance = torch.zeros_like(output.logits)
+    relevance[0, target] = 1
+    for j in reversed(range(len(head))):
+        relevance = _linear(v[f"head{j}"][0], head[j].weight.detach(), relevance)
+    hidden_last = v[f"{len(layers) - 1}.layer"][1]
+    hidden_last = hidden_last[0] if isinstance(hidden_last, tuple) else hidden_last
+    token_relevance = torch.zeros_like(hidden_last.detach())
+    token_relevance[:, 0] = relevance
+    heads = model.config.num_attention_heads
+    cams: dict[int, Tensor] = {}
+    for i in reversed(range(start_layer, len(layers))):
+        x = v[f"{i}.q"][0]
+        hidden = v[f"{i}.layer"][0]
+        attention_out = v[f"{i}.o"][1].detach()
+        residual = hidden + attention_out if vit else v[f"{i}.fc1"][0]
+        r_ffn, r_res = _add(v[f"{i}.fc2"][1].detach(), residual, token_relevance)
+        r_ffn = _linear(v[f"{i}.fc2"][0], names[f"{i}.fc2"].weight.detach(), r_ffn)
+        r_ffn = _linear(v[f"{i}.fc1"][0], names[f"{i}.fc1"].weight.detach(), r_ffn)
+        r_mid = r_ffn + r_res
+        r_att, r_skip = _add(attention_out, hidden, r_mid)
+        r_ctx = _linear(v[f"{i}.o"][0], names[f"{i}.o"].weight.detach(), r_att)
+
+        def heads_of(t: Tensor) -> Tensor:
+            return t.detach().reshape(1, t.shape[1], heads, -1).permute(0, 2, 1, 3)
+
+        def merge(t: Tensor) -> Tensor:
+            return t.permute(0, 2, 1, 3).reshape(1, t.shape[2], -1)
+
+        r_probs, r_value = _matmul(probabilities[i].detach(), heads_of(v[f"{i}.v"][1]), heads_of(r_ctx))
+        cams[i] = r_probs / 2
+        q, k = heads_of(v[f"{i}.q"][1]), heads_of(v[f"{i}.k"][1])
+        r_q, r_kt = _matmul(q, k.transpose(-1, -2), cams[i])
+        r_x = (
+            _linear(x, names[f"{i}.q"].weight.detach(), merge(r_q / 2))
+            + _linear(x, names[f"{i}.k"].weight.detach(), merge(r_kt.transpose(-1, -2) / 2))
+            + _linear(x, names[f"{i}.v"].weight.detach(), merge(r_value / 2))
+        )
+        token_relevance = r_x + r_skip
+
+    length = probabilities[0].shape[-1]
+    joint = torch.eye(length, dtype=torch.float64)
+    for i in range(start_layer, len(layers)):
+        weighted = (gradients[i][0] * cams[i][0]).clamp(min=0).mean(0) + torch.eye(length, dtype=torch.float64)
+        joint = (weighted / weighted.sum(-1, keepdim=True)) @ joint
+    scores = joint[0].clone()
+    scores[0] = scores.min()
+    return scores[1:] if vit else scores
+
+
+ORACLE_CASES = [("bert", build_bert), ("roberta", build_roberta), ("vit", build_vit), ("vit_wide", build_vit_wide)]
+
+
+@pytest.mark.parametrize("name, build", ORACLE_CASES, ids=[c[0] for c in ORACLE_CASES])
+@pytest.mark.parametrize("start_layer", [0, 1])
+def test_relevance_matches_an_independent_per_example_implementation(name: str, build: Any, start_layer: int) -> None:
+    model = build().double()
+    batch = image_batch(model) if name.startswith("vit") else text_batch(model)
+    result = explain(model, batch, method="relevance", start_layer=start_layer)
+    for row in range(result.target.shape[0]):
+        for target in (int(result.target[row]), (int(result.target[row]) + 1) % 3):
+            expected = _oracle(model, row_inputs(batch, row), target, start_layer)
+            alone = explain(model, row_inputs(batch, row), method="relevance", target=target, start_layer=start_layer)
+            got = alone.scores[0].flatten()
+            assert torch.allclose(got, expected, atol=1e-6 * float(expected.abs().max()), rtol=0), (row, target)
+            if target == int(result.target[row]):
+                padded = result.scores[row].flatten()[: expected.shape[0]]
+                assert torch.allclose(padded, expected, atol=1e-6 * float(expected.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("build", [build_bert, build_roberta, build_vit], ids=["bert", "roberta", "vit"])
+def test_relevance_is_conserved_through_every_block(build: Any) -> None:
+    """Chefer et al., Eq. 7–10: with α=1, β=0 and the skip-connection normalisation, Σ R is the same at every block."""
+    model = build().double()
+    batch = image_batch(model) if model.config.model_type == "vit" else text_batch(model)
+    arch = describe(model)
+    with prepared_model(model):
+        capture = run_capture(
+            model, arch, batch, frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS}), lambda x: x.argmax(-1)
+        )
+    assert capture.activations is not None and capture.head_inputs is not None
+    one_hot = F.one_hot(capture.targets, 3).double()
+    first = head_relprop(capture.head_inputs, [lin.weight.detach() for lin in arch.head], one_hot)
+    assert torch.allclose(first.sum(-1), torch.ones(first.shape[0], dtype=torch.float64), atol=1e-9)
+    relevance = torch.zeros_like(capture.activations[-1].hidden)
+    relevance[:, 0] = first
+    weights = _block_weights(arch, torch.float64)
+    for index in reversed(range(arch.num_layers)):
+        below, cam = block_relprop(
+            capture.activations[index], weights[index], relevance, arch.num_heads, arch.norm_first
+        )
+        assert below is not None
+        assert torch.allclose(below.sum(dim=(1, 2)), relevance.sum(dim=(1, 2)), atol=1e-8)
+        assert cam.shape == capture.activations[index].probabilities.shape
+        if "attention_mask" in batch:
+            padding = batch["attention_mask"] == 0
+            assert (below[padding] == 0).all() and (cam.sum(1)[padding] == 0).all()
+        relevance = below
