@@ -182,6 +182,11 @@ def _batch_size(arch: Architecture, inputs: Mapping[str, Tensor]) -> int:
     return inputs["pixel_values" if arch.modality == "image" else "input_ids"].shape[0]
 
 
+def _full_precision(device: torch.device) -> torch.autocast:
+    """Attribution kernels run outside any caller's autocast: products of attention maps need float32 or more."""
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
 def _finish(arch: Architecture, scores: Tensor) -> Tensor:
     """Token-aligned scores → the public shape: text as is, images on the patch grid without the class token."""
     if arch.modality == "text":
@@ -225,7 +230,8 @@ def explain(
     mask = _token_mask(arch, validated, model)
     with prepared_model(model):
         capture = run_capture(model, arch, validated, chosen.needs, resolve)
-        scores = chosen.compute(MethodInputs(capture, arch, model, validated, mask, resolved))
+        with _full_precision(mask.device):
+            scores = chosen.compute(MethodInputs(capture, arch, model, validated, mask, resolved))
     text_mask = validated.get("attention_mask") if arch.modality == "text" else None
     return Attribution(
         method=chosen.name,
@@ -301,9 +307,10 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
             whole = len(indices) == batch
             sub_capture = capture if whole else capture.rows(selected)
             sub_inputs = validated if whole else {key: value[selected] for key, value in validated.items()}
-            scores = methods[name].compute(
-                MethodInputs(sub_capture, arch, model, sub_inputs, mask[selected], dict(options_key))
-            )
+            with _full_precision(mask.device):
+                scores = methods[name].compute(
+                    MethodInputs(sub_capture, arch, model, sub_inputs, mask[selected], dict(options_key))
+                )
             scores = _finish(arch, scores).detach()
             seconds = time.perf_counter() - started
             for position, row_index in enumerate(indices):

@@ -101,6 +101,36 @@ class Capture:
     embedding_gradients: Tensor | None = None
     seconds: dict[str, float] = field(default_factory=dict)
 
+    def upcast(self) -> Capture:
+        """The same capture with half-precision tensors (from a bf16/fp16 autocast forward) in float32.
+
+        Attribution maths (LRP, rollout products) accumulates in float32 at least, whatever the forward ran in.
+        """
+
+        def up(tensor: Tensor) -> Tensor:
+            return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+        def up_all(tensors: list[Tensor] | None) -> list[Tensor] | None:
+            return None if tensors is None else [up(tensor) for tensor in tensors]
+
+        activations = None
+        if self.activations is not None:
+            activations = [
+                BlockActivations(**{name: up(getattr(acts, name)) for name in acts.__dataclass_fields__})
+                for acts in self.activations
+            ]
+        return Capture(
+            logits=up(self.logits),
+            targets=self.targets,
+            attentions=up_all(self.attentions),
+            attention_gradients=up_all(self.attention_gradients),
+            activations=activations,
+            head_inputs=up_all(self.head_inputs),
+            embeddings=None if self.embeddings is None else up(self.embeddings),
+            embedding_gradients=None if self.embedding_gradients is None else up(self.embedding_gradients),
+            seconds=self.seconds,
+        )
+
     def rows(self, index: Tensor) -> Capture:
         """The same capture restricted to the rows ``index`` (a ``LongTensor``)."""
 
@@ -279,7 +309,7 @@ def run_capture(
         assert capture.attentions is not None
         capture.activations = recorder.block_activations(arch, capture.attentions)
         capture.head_inputs = recorder.head_inputs(arch)
-    return capture
+    return capture.upcast()
 
 
 def scaled_embedding_gradients(
