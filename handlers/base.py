@@ -1,0 +1,113 @@
+"""The TorchServe handler contract, row by row: ``initialize`` once, then ``handle`` per batch.
+
+``handle`` decodes each row on its own (an undecodable row gets its own error), serves the valid rows with one
+:meth:`~handlers.service.ExplanationService.run`, encodes each row in the encoding it came in, sets each row's REST
+status and records the metrics. It never uses ``BaseHandler.handle``/``explain_handle``, which decide for the whole
+batch from row 0 and explain row 0 only. No per-request state is stored on ``self``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from explainers import available_methods
+
+from . import metrics
+from .config import HandlerConfig
+from .errors import RowError
+from .schema import DecodedRow, Encoding, decode_row, encode_outcome, row_encoding
+from .service import ExplanationService, select_device
+
+logger = logging.getLogger(__name__)
+
+_CONTENT_TYPES = {Encoding.JSON: "application/json", Encoding.PROTOBUF: "application/x-protobuf"}
+
+
+def _metric_method(method: str | None) -> str:
+    """A bounded ``method`` label: a registered name, ``none`` (prediction) or ``unknown``."""
+    if method is None:
+        return metrics.PREDICTION
+    return method if method in available_methods() else "unknown"
+
+
+def _explain_header(context: Any, index: int) -> bool:
+    value = context.get_request_header(index, "explain")
+    return isinstance(value, str) and value.strip().lower() == "true"
+
+
+class ExplanationHandler:
+    """Base class of the text and image handler entry points (``handlers/text_handler.py``, ``image_handler.py``)."""
+
+    task: str = ""
+
+    def __init__(self) -> None:
+        """Create an uninitialised handler (TorchServe calls :meth:`initialize`)."""
+        self.initialized = False
+        self.config: HandlerConfig | None = None
+        self.service: ExplanationService | None = None
+        self.model_name = ""
+
+    def initialize(self, context: Any) -> None:
+        """Read the ``handler:`` config from ``model-config.yaml`` and load the model.
+
+        Raises:
+            ConfigError: if the config is invalid or its task is not this handler's.
+        """
+        from .config import ConfigError
+
+        config = HandlerConfig.from_model_yaml(context.model_yaml_config)
+        if config.task != self.task:
+            raise ConfigError(f"handler.task is {config.task!r} but this is the {self.task} handler")
+        properties = context.system_properties
+        model_dir = Path(properties.get("model_dir", ".")) / config.model_dir
+        device = select_device(config.device)
+        gpu_id = properties.get("gpu_id")
+        if device.type == "cuda" and gpu_id is not None:
+            import torch
+
+            device = torch.device(f"cuda:{int(gpu_id)}")
+        self.model_name = str(context.model_name)
+        self.service = ExplanationService(config, model_dir, device)
+        self.config = config
+        metrics.check_multiprocess()
+        self.initialized = True
+
+    def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
+        """Serve one TorchServe batch: exactly one response per row, in order."""
+        if self.service is None or self.config is None:
+            raise RuntimeError("handler used before initialize()")
+        config = self.config
+        metrics.observe_batch(self.model_name, len(data))
+        encodings = [row_encoding(row) for row in data]
+        decoded: list[DecodedRow | RowError] = []
+        for index, row in enumerate(data):
+            try:
+                decoded.append(decode_row(row, _explain_header(context, index), config))
+            except RowError as error:
+                decoded.append(error)
+        outcomes, timings = self.service.run(decoded, encodings)
+        logger.info("%s: batch of %d rows", self.model_name, len(data))
+        responses: list[bytes] = []
+        for index, outcome in enumerate(outcomes):
+            started = time.perf_counter()
+            body = encode_outcome(outcome, config.labels)
+            encode_seconds = time.perf_counter() - started
+            context.set_response_content_type(index, _CONTENT_TYPES[outcome.encoding])
+            decoded_row = decoded[index]
+            requested = decoded_row.request.method if isinstance(decoded_row, DecodedRow) else outcome.method
+            if outcome.error is not None:
+                context.set_response_status(outcome.error.http_status, outcome.error.phrase, index)
+                metrics.observe_error(self.model_name, _metric_method(requested), outcome.error.code)
+                logger.debug("row %d: %s %s", index, outcome.error.code, outcome.error.message)
+            else:
+                stages = {"forward": timings.forward, "encode": encode_seconds}
+                if outcome.method is not None:
+                    stages["attribution"] = outcome.attribution_seconds
+                    if timings.backward > 0 and outcome.method != "attention" and outcome.method != "rollout":
+                        stages["backward"] = timings.backward
+                metrics.observe_row(self.model_name, outcome.method, stages)
+            responses.append(body)
+        return responses

@@ -1,0 +1,123 @@
+"""The typed handler configuration, read once from the ``handler:`` section of an archive's ``model-config.yaml``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from explainers import available_methods
+
+#: Keys the ``handler:`` section may hold.
+_KNOWN_KEYS = frozenset(
+    {
+        "task",
+        "model_dir",
+        "default_method",
+        "max_length",
+        "max_text_chars",
+        "labels",
+        "device",
+        "autocast_bf16",
+        "image_size",
+        "max_image_bytes",
+        "max_image_pixels",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """The ``handler:`` section of ``model-config.yaml`` is missing or invalid (the model fails to load)."""
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """Settings of one served model.
+
+    Attributes:
+        task: ``text`` or ``image``.
+        model_dir: The Hugging Face checkpoint folder, relative to the archive.
+        default_method: Method used when a request asks for an explanation without naming one.
+        labels: Class names in index order.
+        max_length: Text: tokens per input (special tokens included); longer texts are truncated and the response
+            says ``truncated: true``.
+        max_text_chars: Text: longest accepted text in characters (a bound on tokenization work); longer is 413.
+        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        autocast_bf16: Run the forward under bfloat16 autocast.
+        image_size: Image: ``(height, width)`` of the model input.
+        max_image_bytes: Image: largest accepted encoded image in bytes; larger is 413.
+        max_image_pixels: Image: largest accepted decoded image (width × height); larger is 413.
+    """
+
+    task: Literal["text", "image"]
+    labels: tuple[str, ...]
+    model_dir: str = "model"
+    default_method: str = "relevance"
+    max_length: int = 128
+    max_text_chars: int = 20_000
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    autocast_bf16: bool = False
+    image_size: tuple[int, int] | None = None
+    max_image_bytes: int = 2_000_000
+    max_image_pixels: int = 16_000_000
+
+    @classmethod
+    def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> HandlerConfig:
+        """Build the config from the parsed ``model-config.yaml`` (``context.model_yaml_config``).
+
+        Raises:
+            ConfigError: naming the key that is missing or wrong and what it should be.
+        """
+        section = (model_yaml or {}).get("handler")
+        if not isinstance(section, Mapping):
+            raise ConfigError("model-config.yaml has no `handler:` section (task, labels, ... ); rebuild the archive")
+        unknown = sorted(set(section) - _KNOWN_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown handler key(s) {unknown}; known: {sorted(_KNOWN_KEYS)}")
+        task = section.get("task")
+        if task not in ("text", "image"):
+            raise ConfigError(f"handler.task must be 'text' or 'image', got {task!r}")
+        labels = section.get("labels")
+        if not isinstance(labels, list) or not labels or not all(isinstance(label, str) for label in labels):
+            raise ConfigError("handler.labels must be a non-empty list of class names")
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"handler.labels must be distinct, got {labels}")
+        default_method = section.get("default_method", "relevance")
+        if default_method not in available_methods():
+            raise ConfigError(f"handler.default_method {default_method!r} is not one of {available_methods()}")
+        device = section.get("device", "auto")
+        if device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"handler.device must be auto, cpu or cuda, got {device!r}")
+        image_size: tuple[int, int] | None = None
+        if task == "image":
+            size = section.get("image_size")
+            if not (isinstance(size, list) and len(size) == 2 and all(_positive_int(v) for v in size)):
+                raise ConfigError(f"handler.image_size must be [height, width] for an image model, got {size!r}")
+            image_size = (int(size[0]), int(size[1]))
+        config = cls(
+            task=task,
+            labels=tuple(labels),
+            model_dir=str(section.get("model_dir", "model")),
+            default_method=default_method,
+            max_length=_int_key(section, "max_length", 128),
+            max_text_chars=_int_key(section, "max_text_chars", 20_000),
+            device=device,
+            autocast_bf16=bool(section.get("autocast_bf16", False)),
+            image_size=image_size,
+            max_image_bytes=_int_key(section, "max_image_bytes", 2_000_000),
+            max_image_pixels=_int_key(section, "max_image_pixels", 16_000_000),
+        )
+        if config.max_length < 3:
+            raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")
+        return config
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _int_key(section: Mapping[str, Any], key: str, default: int) -> int:
+    value = section.get(key, default)
+    if not _positive_int(value):
+        raise ConfigError(f"handler.{key} must be a positive integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,106 @@
+"""The one error table of the service: each row-level error code maps to an HTTP status and a gRPC status code.
+
+REST callers see the HTTP status on their own response (``context.set_response_status`` per row). gRPC callers
+always get ``OK`` from TorchServe (it ignores per-row status), so the same code, status and message are also in the
+response body (``error`` in JSON, ``ExplainResponse.error`` in protobuf).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from explainers import (
+    ExplainError,
+    InvalidInputError,
+    InvalidOptionError,
+    InvalidTargetError,
+    UnknownMethodError,
+    UnsupportedModelError,
+)
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    """One row of the error table."""
+
+    code: str
+    http_status: int
+    grpc_code: str
+    meaning: str
+
+
+#: The error table (also rendered in docs/SERVING.md).
+ERROR_TABLE: dict[str, ErrorKind] = {
+    kind.code: kind
+    for kind in (
+        ErrorKind("invalid_json", 400, "INVALID_ARGUMENT", "the body is not valid JSON"),
+        ErrorKind("invalid_protobuf", 400, "INVALID_ARGUMENT", "the `request` bytes are not an ExplainRequest"),
+        ErrorKind("non_utf8", 400, "INVALID_ARGUMENT", "the body or text is not UTF-8"),
+        ErrorKind("invalid_request", 400, "INVALID_ARGUMENT", "a field is missing, unknown or of the wrong type"),
+        ErrorKind("missing_text", 400, "INVALID_ARGUMENT", "no text, or an empty/blank text"),
+        ErrorKind("missing_image", 400, "INVALID_ARGUMENT", "no image in the request"),
+        ErrorKind("invalid_image", 400, "INVALID_ARGUMENT", "the image is not valid base64 or not a decodable image"),
+        ErrorKind("unknown_method", 400, "INVALID_ARGUMENT", "the method is not registered (message lists them)"),
+        ErrorKind("invalid_target", 400, "INVALID_ARGUMENT", "unknown label name or class index out of range"),
+        ErrorKind("invalid_option", 400, "INVALID_ARGUMENT", "unknown option or value out of range (start_layer)"),
+        ErrorKind("text_too_long", 413, "RESOURCE_EXHAUSTED", "more characters than max_text_chars"),
+        ErrorKind("image_too_large", 413, "RESOURCE_EXHAUSTED", "more bytes than max_image_bytes or too many pixels"),
+        ErrorKind("unsupported_input", 415, "INVALID_ARGUMENT", "an input this model cannot take (image for text)"),
+        ErrorKind("internal", 500, "INTERNAL", "the batch failed on the server; see the server log"),
+    )
+}
+
+
+class RowError(Exception):
+    """A request row that cannot be served; the other rows of the batch are unaffected."""
+
+    def __init__(self, code: str, message: str) -> None:
+        """Create the error; ``code`` must be a key of :data:`ERROR_TABLE`."""
+        if code not in ERROR_TABLE:
+            raise KeyError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def kind(self) -> ErrorKind:
+        """The table row of this error."""
+        return ERROR_TABLE[self.code]
+
+    @property
+    def http_status(self) -> int:
+        """HTTP status of the row's REST response."""
+        return self.kind.http_status
+
+    @property
+    def phrase(self) -> str:
+        """HTTP reason phrase."""
+        return HTTPStatus(self.http_status).phrase
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``error`` object of a JSON response."""
+        return {
+            "code": self.code,
+            "http_status": self.http_status,
+            "grpc_code": self.kind.grpc_code,
+            "message": self.message,
+        }
+
+
+_EXPLAIN_CODES: tuple[tuple[type[ExplainError], str], ...] = (
+    (UnknownMethodError, "unknown_method"),
+    (InvalidTargetError, "invalid_target"),
+    (InvalidOptionError, "invalid_option"),
+    (InvalidInputError, "invalid_request"),
+    (UnsupportedModelError, "internal"),
+)
+
+
+def from_explain_error(error: ExplainError) -> RowError:
+    """Map an explainers error of one row to its :class:`RowError` (message kept: it lists the valid choices)."""
+    for error_type, code in _EXPLAIN_CODES:
+        if isinstance(error, error_type):
+            return RowError(code, str(error))
+    return RowError("invalid_request", str(error))

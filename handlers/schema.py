@@ -1,0 +1,301 @@
+"""Request and response schema: decode one TorchServe row into a typed request, encode one result back.
+
+A row arrives as a dict from TorchServe:
+
+- REST: ``body``/``data`` holds a dict (``Content-Type: application/json``), a ``str`` (``text/*``) or bytes (JSON
+  without that content type, or a raw PNG/JPEG body for image models).
+- gRPC ``Predictions``: ``input["body"]`` = the same JSON as bytes, or ``input["request"]`` = a serialized
+  ``ExplainRequest`` (proto/explain.proto). The reply uses the encoding of the request.
+
+JSON request: ``{"text": "...", "explain": {"method": "relevance", "target": "negative", "start_layer": 0}}``;
+``explain`` absent (or ``false``) = prediction only, ``true`` or ``{}`` = the default method. Images:
+``{"image": "<base64 PNG/JPEG>", "explain": ...}``. On ``/explanations/{model}`` an absent ``explain`` means the
+default method.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from explainers import RowRequest
+
+from .config import HandlerConfig
+from .errors import RowError
+from .protos import explain_messages
+
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
+_EXPLAIN_RESERVED = frozenset({"method", "target"})
+
+
+class Encoding(enum.Enum):
+    """How a row came in, and so how its reply is encoded."""
+
+    JSON = "json"
+    PROTOBUF = "protobuf"
+
+
+@dataclass(frozen=True)
+class DecodedRow:
+    """A valid row: its input and what it asks for."""
+
+    encoding: Encoding
+    request: RowRequest
+    text: str | None = None
+    image: bytes | None = None
+
+
+@dataclass
+class RowOutcome:
+    """What the service computed for one row (or its error), ready to encode."""
+
+    encoding: Encoding
+    error: RowError | None = None
+    label_id: int = -1
+    probabilities: list[float] = field(default_factory=list)
+    truncated: bool = False
+    method: str | None = None
+    target: int = -1
+    options: Mapping[str, int] = field(default_factory=dict)
+    tokens: list[str] | None = None
+    special_tokens: list[bool] | None = None
+    scores: list[float] | None = None
+    grid: tuple[int, int] | None = None
+    attribution_seconds: float = 0.0
+
+
+def row_encoding(row: Mapping[str, Any]) -> Encoding:
+    """The encoding of a raw row (decided before decoding, so even an undecodable row is answered in kind)."""
+    return Encoding.PROTOBUF if "request" in row else Encoding.JSON
+
+
+def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
+    """Decode one TorchServe row.
+
+    Args:
+        row: the row dict TorchServe passes to ``handle``.
+        explain_header: whether the REST route was an explanations route (``explain: True`` header).
+        config: the model's handler config.
+
+    Raises:
+        RowError: with the code of :data:`handlers.errors.ERROR_TABLE` that says what is wrong.
+    """
+    if "request" in row:
+        return _decode_protobuf(row["request"], config)
+    raw = row.get("body", row.get("data"))
+    if raw is None:
+        expected = "{'text': ...}" if config.task == "text" else "{'image': '<base64>'} or a raw PNG/JPEG body"
+        raise RowError("invalid_request", f"empty request: send a JSON body {expected}")
+    if isinstance(raw, bytearray):
+        raw = bytes(raw)
+    if isinstance(raw, bytes):
+        if raw.startswith(_IMAGE_MAGIC):
+            if config.task != "image":
+                raise RowError("unsupported_input", "this is a text model: send {'text': ...}, not an image")
+            _check_image_size(len(raw), config)
+            return DecodedRow(Encoding.JSON, _explain_request(None, explain_header, config), image=raw)
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
+        document = _parse_json(raw)
+    elif isinstance(raw, str):
+        if config.task == "text" and not raw.lstrip().startswith("{"):
+            # A text/plain body is the text itself.
+            request = _explain_request(None, explain_header, config)
+            return DecodedRow(Encoding.JSON, request, text=_check_text(raw, config))
+        document = _parse_json(raw)
+    elif isinstance(raw, Mapping):
+        document = raw
+    else:
+        raise RowError("invalid_request", f"unsupported body type {type(raw).__name__}")
+    if not isinstance(document, Mapping):
+        raise RowError("invalid_request", f"the JSON body must be an object, got {type(document).__name__}")
+    return _decode_document(document, explain_header, config)
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        message = f"invalid JSON: {error.msg} at line {error.lineno} column {error.colno}"
+        raise RowError("invalid_json", message) from None
+
+
+def _decode_document(document: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
+    input_key = "text" if config.task == "text" else "image"
+    allowed = {input_key, "explain"}
+    unknown = sorted(set(document) - allowed)
+    if unknown:
+        other = "image" if input_key == "text" else "text"
+        if other in unknown:
+            raise RowError("unsupported_input", f"this is a {config.task} model: send {input_key!r}, not {other!r}")
+        raise RowError("invalid_request", f"unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+    request = _explain_request(document.get("explain"), explain_header, config)
+    if config.task == "text":
+        text = document.get("text")
+        if text is None:
+            raise RowError("missing_text", "missing 'text': send {'text': 'your sentence'}")
+        if not isinstance(text, str):
+            raise RowError("invalid_request", f"'text' must be a string, got {type(text).__name__}")
+        return DecodedRow(Encoding.JSON, request, text=_check_text(text, config))
+    encoded = document.get("image")
+    if encoded is None:
+        raise RowError("missing_image", "missing 'image': send {'image': '<base64 PNG or JPEG>'}")
+    if not isinstance(encoded, str):
+        raise RowError("invalid_request", f"'image' must be a base64 string, got {type(encoded).__name__}")
+    _check_image_size(len(encoded) * 3 // 4, config)
+    try:
+        image = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise RowError("invalid_image", "'image' is not valid base64") from None
+    _check_image_size(len(image), config)
+    return DecodedRow(Encoding.JSON, request, image=image)
+
+
+def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
+    messages = explain_messages()
+    message = messages.ExplainRequest()
+    try:
+        message.ParseFromString(bytes(payload))
+    except Exception as error:  # protobuf raises DecodeError, a plain Exception subclass
+        raise RowError("invalid_protobuf", f"input['request'] is not a serialized ExplainRequest: {error}") from None
+    kind = message.WhichOneof("input")
+    if kind is None:
+        missing = "missing_text" if config.task == "text" else "missing_image"
+        raise RowError(missing, f"ExplainRequest.{config.task} is not set")
+    if kind != config.task:
+        raise RowError("unsupported_input", f"this is a {config.task} model: set ExplainRequest.{config.task}")
+    request = RowRequest()
+    if message.HasField("explain"):
+        explain = message.explain
+        target_kind = explain.WhichOneof("target")
+        target: Any = None
+        if target_kind == "target_label":
+            target = explain.target_label
+        elif target_kind == "target_id":
+            target = int(explain.target_id)
+        request = _row_request(explain.method or config.default_method, target, dict(explain.options), config)
+    if kind == "text":
+        return DecodedRow(Encoding.PROTOBUF, request, text=_check_text(message.text, config))
+    _check_image_size(len(message.image), config)
+    return DecodedRow(Encoding.PROTOBUF, request, image=bytes(message.image))
+
+
+def _explain_request(explain: Any, explain_header: bool, config: HandlerConfig) -> RowRequest:
+    if explain is None:
+        return RowRequest(method=config.default_method) if explain_header else RowRequest()
+    if explain is False:
+        return RowRequest()
+    if explain is True:
+        return RowRequest(method=config.default_method)
+    if not isinstance(explain, Mapping):
+        raise RowError("invalid_request", "'explain' must be an object like {'method': 'relevance'}, true or false")
+    method = explain.get("method", config.default_method)
+    if not isinstance(method, str):
+        raise RowError("invalid_request", f"'explain.method' must be a string, got {type(method).__name__}")
+    options = {key: value for key, value in explain.items() if key not in _EXPLAIN_RESERVED}
+    return _row_request(method, explain.get("target"), options, config)
+
+
+def _row_request(method: str, target: Any, options: dict[str, Any], config: HandlerConfig) -> RowRequest:
+    if isinstance(target, str):
+        if target not in config.labels:
+            raise RowError("invalid_target", f"unknown label {target!r}; labels: {', '.join(config.labels)}")
+        target = config.labels.index(target)
+    elif target is not None and (isinstance(target, bool) or not isinstance(target, int)):
+        raise RowError("invalid_target", f"'target' must be a label name ({', '.join(config.labels)}) or a class index")
+    return RowRequest(method=method, target=target, options=options)
+
+
+def _check_text(text: str, config: HandlerConfig) -> str:
+    if not text.strip():
+        raise RowError("missing_text", "'text' is empty: send a non-blank text")
+    if len(text) > config.max_text_chars:
+        raise RowError(
+            "text_too_long",
+            f"text has {len(text)} characters, the limit is {config.max_text_chars} "
+            f"(texts over {config.max_length} tokens are truncated)",
+        )
+    return text
+
+
+def _check_image_size(size: int, config: HandlerConfig) -> None:
+    if size > config.max_image_bytes:
+        raise RowError("image_too_large", f"image of ~{size} bytes exceeds the limit of {config.max_image_bytes} bytes")
+
+
+def _rounded(values: list[float]) -> list[float]:
+    return [float(f"{value:.6g}") for value in values]
+
+
+def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON document of one row's response."""
+    if outcome.error is not None:
+        return {"error": outcome.error.to_dict()}
+    document: dict[str, Any] = {
+        "label": labels[outcome.label_id],
+        "label_id": outcome.label_id,
+        "probabilities": dict(zip(labels, _rounded(outcome.probabilities), strict=True)),
+    }
+    if outcome.tokens is not None:
+        document["truncated"] = outcome.truncated
+    if outcome.method is not None:
+        explanation: dict[str, Any] = {
+            "method": outcome.method,
+            "target": outcome.target,
+            "target_label": labels[outcome.target],
+            "options": dict(outcome.options),
+        }
+        scores = _rounded(outcome.scores or [])
+        if outcome.grid is not None:
+            height, width = outcome.grid
+            explanation["grid"] = [height, width]
+            explanation["scores"] = [scores[row * width : (row + 1) * width] for row in range(height)]
+        else:
+            explanation["tokens"] = outcome.tokens
+            explanation["special_tokens"] = outcome.special_tokens
+            explanation["scores"] = scores
+        explanation["seconds"] = round(outcome.attribution_seconds, 6)
+        document["explanation"] = explanation
+    return document
+
+
+def encode_outcome(outcome: RowOutcome, labels: tuple[str, ...]) -> bytes:
+    """Encode one row's response in the encoding its request came in."""
+    if outcome.encoding is Encoding.JSON:
+        return json.dumps(outcome_to_dict(outcome, labels), separators=(",", ":")).encode("utf-8")
+    messages = explain_messages()
+    response = messages.ExplainResponse()
+    if outcome.error is not None:
+        error = outcome.error
+        response.error.code = error.code
+        response.error.http_status = error.http_status
+        response.error.grpc_code = error.kind.grpc_code
+        response.error.message = error.message
+        return bytes(response.SerializeToString())
+    response.label = labels[outcome.label_id]
+    response.label_id = outcome.label_id
+    for label, probability in zip(labels, outcome.probabilities, strict=True):
+        response.probabilities[label] = probability
+    response.truncated = outcome.truncated
+    if outcome.method is not None:
+        explanation = response.explanation
+        explanation.method = outcome.method
+        explanation.target = outcome.target
+        explanation.target_label = labels[outcome.target]
+        for key, value in outcome.options.items():
+            explanation.options[key] = value
+        explanation.scores.extend(outcome.scores or [])
+        if outcome.grid is not None:
+            explanation.grid.extend(outcome.grid)
+        else:
+            explanation.tokens.extend(outcome.tokens or [])
+            explanation.special_tokens.extend(outcome.special_tokens or [])
+        explanation.seconds = outcome.attribution_seconds
+    return bytes(response.SerializeToString())

@@ -1,0 +1,211 @@
+"""The serving core below the handlers: one model, a batch of decoded rows in, one outcome per row out.
+
+The valid rows of a batch are tokenized (or image-processed) together, then :func:`explainers.explain_batch` runs
+one forward for all of them (grad-enabled only for the rows whose method needs it) and each row's method. Rows
+that failed to decode, or whose method/target/options are invalid, get their own :class:`~handlers.errors.RowError`;
+the others are served. Nothing per request is kept on the service object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import nn
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+)
+
+from explainers import ExplainError, RowExplanation, describe, explain_batch
+
+from .config import HandlerConfig
+from .errors import RowError, from_explain_error
+from .schema import DecodedRow, Encoding, RowOutcome
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchTimings:
+    """Shared stage seconds of one batch: ``forward`` and ``backward`` (0 if no row needed gradients)."""
+
+    forward: float
+    backward: float
+
+
+def select_device(requested: str) -> torch.device:
+    """``auto`` → CUDA when available, else CPU; ``cuda`` without a GPU is a configuration error."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("handler.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    if requested == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+class ExplanationService:
+    """One loaded classifier and its tokenizer or image processor."""
+
+    def __init__(self, config: HandlerConfig, model_dir: Path, device: torch.device) -> None:
+        """Load the checkpoint from ``model_dir`` (eager attention, eval mode) onto ``device``.
+
+        Raises:
+            ValueError: if the checkpoint's labels disagree with ``config.labels``.
+        """
+        self.config = config
+        self.device = device
+        auto = AutoModelForSequenceClassification if config.task == "text" else AutoModelForImageClassification
+        model: nn.Module = auto.from_pretrained(str(model_dir), attn_implementation="eager")
+        self.model = model.to(device).eval()
+        describe(self.model)  # raises UnsupportedModelError early for an unknown architecture
+        model_config: Any = self.model.config
+        id2label = {int(key): value for key, value in model_config.id2label.items()}
+        checkpoint_labels = tuple(id2label[index] for index in range(len(id2label)))
+        if checkpoint_labels != config.labels:
+            raise ValueError(f"handler.labels {config.labels} differ from the checkpoint id2label {checkpoint_labels}")
+        self.tokenizer: Any = None
+        self.processor: Any = None
+        if config.task == "text":
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            self.tokenizer.padding_side = "right"
+            self.special_ids = frozenset(int(i) for i in self.tokenizer.all_special_ids)
+        else:
+            self.processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        logger.info("loaded %s model from %s on %s", config.task, model_dir, device)
+
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        if self.config.autocast_bf16:
+            with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                yield
+        else:
+            yield
+
+    def _text_inputs(self, texts: Sequence[str]) -> tuple[dict[str, torch.Tensor], list[bool]]:
+        encoded = self.tokenizer(
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=self.config.max_length,
+            return_tensors="pt",
+            return_overflowing_tokens=False,
+        )
+        truncated = [bool(encoding.overflowing) for encoding in encoded.encodings]
+        return dict(encoded), truncated
+
+    def decode_image(self, data: bytes) -> Image.Image:
+        """Decode PNG/JPEG bytes to RGB, bounded in pixels.
+
+        Raises:
+            RowError: ``invalid_image`` or ``image_too_large``.
+        """
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(data))
+                if image.format not in ("PNG", "JPEG"):
+                    raise RowError("invalid_image", f"unsupported image format {image.format}; send PNG or JPEG")
+                if image.width * image.height > self.config.max_image_pixels:
+                    raise RowError(
+                        "image_too_large",
+                        f"image of {image.width}x{image.height} pixels exceeds {self.config.max_image_pixels} pixels",
+                    )
+                return image.convert("RGB")
+        except RowError:
+            raise
+        except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+            raise RowError("image_too_large", "image has too many pixels") from None
+        except Exception as error:  # PIL raises many types for corrupt data
+            raise RowError("invalid_image", f"cannot decode the image: {type(error).__name__}") from None
+
+    def _image_inputs(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
+        assert self.config.image_size is not None
+        height, width = self.config.image_size
+        processed = self.processor(images=list(images), size={"height": height, "width": width}, return_tensors="pt")
+        return {"pixel_values": processed["pixel_values"]}
+
+    def run(
+        self, rows: Sequence[DecodedRow | RowError], encodings: Sequence[Encoding]
+    ) -> tuple[list[RowOutcome], BatchTimings]:
+        """Serve a batch: one outcome per row, in order.
+
+        Args:
+            rows: decoded rows, or the error each undecodable row raised.
+            encodings: each row's encoding (for the reply).
+
+        Returns:
+            The outcomes and the shared stage timings of the batch.
+        """
+        outcomes = [RowOutcome(encoding=encoding) for encoding in encodings]
+        valid: list[int] = []
+        images: list[Image.Image] = []
+        for index, row in enumerate(rows):
+            if isinstance(row, RowError):
+                outcomes[index].error = row
+                continue
+            if row.image is not None:
+                try:
+                    images.append(self.decode_image(row.image))
+                except RowError as error:
+                    outcomes[index].error = error
+                    continue
+            valid.append(index)
+        if not valid:
+            return outcomes, BatchTimings(0.0, 0.0)
+        decoded = [rows[index] for index in valid]
+        truncated = [False] * len(valid)
+        if self.config.task == "text":
+            inputs, truncated = self._text_inputs([row.text or "" for row in decoded])  # type: ignore[union-attr]
+        else:
+            inputs = self._image_inputs(images)
+        requests = [row.request for row in decoded]  # type: ignore[union-attr]
+        try:
+            with self._autocast():
+                result = explain_batch(self.model, inputs, requests)
+        except Exception:
+            logger.exception("batch of %d rows failed", len(valid))
+            for index in valid:
+                outcomes[index].error = RowError("internal", "the batch failed on the server; see the server log")
+            return outcomes, BatchTimings(0.0, 0.0)
+        probabilities = result.logits.float().softmax(dim=-1).cpu()
+        input_ids = inputs["input_ids"].cpu() if "input_ids" in inputs else None
+        for position, index in enumerate(valid):
+            outcome = outcomes[index]
+            outcome.label_id = int(probabilities[position].argmax())
+            outcome.probabilities = probabilities[position].tolist()
+            outcome.truncated = truncated[position]
+            if input_ids is not None:
+                length = int(inputs["attention_mask"][position].sum())
+                ids = input_ids[position, :length].tolist()
+                outcome.tokens = self.tokenizer.convert_ids_to_tokens(ids)
+                outcome.special_tokens = [token_id in self.special_ids for token_id in ids]
+            row_result = result.rows[position]
+            if isinstance(row_result, ExplainError):
+                outcome.error = from_explain_error(row_result)
+                outcome.method = requests[position].method
+            elif isinstance(row_result, RowExplanation):
+                self._fill_explanation(outcome, row_result)
+        seconds = result.seconds
+        return outcomes, BatchTimings(float(seconds.get("forward", 0.0)), float(seconds.get("backward", 0.0)))
+
+    def _fill_explanation(self, outcome: RowOutcome, explanation: RowExplanation) -> None:
+        scores = explanation.scores.float().cpu()
+        outcome.method = explanation.method
+        outcome.target = explanation.target
+        outcome.options = dict(explanation.options)
+        outcome.attribution_seconds = explanation.seconds
+        if scores.dim() == 2:
+            outcome.grid = (int(scores.shape[0]), int(scores.shape[1]))
+            outcome.scores = scores.flatten().tolist()
+        else:
+            outcome.scores = scores.tolist()
