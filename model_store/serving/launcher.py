@@ -1,0 +1,368 @@
+"""Start and stop the explanation service: TorchServe's Java frontend plus the explanation-metrics exporter.
+
+TorchServe's own ``torchserve`` command keeps one pid file per machine (``$TMPDIR/.model_server.pid``) and refuses
+to start a second server, so the launcher runs the Java frontend itself (the same command line) with a private
+temp folder, which lets tests start servers on free ports beside a running one. Runtime state lives in the run
+folder (default ``run/``, git-ignored): ``config.properties``, ``key_file.json`` (tokens), ``logs/``, the pid files
+and ``prometheus/`` (the workers' metric files).
+
+Commands: ``serve`` (foreground, Ctrl-C stops), ``start`` (background), ``stop``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SERVING_DIR = Path(__file__).resolve().parent
+REPO_ROOT = SERVING_DIR.parent.parent
+TEMPLATE = SERVING_DIR / "config.properties.template"
+METRICS_YAML = SERVING_DIR / "metrics.yaml"
+DEFAULT_RUN_DIR = REPO_ROOT / "run"
+DEFAULT_MODEL_STORE = REPO_ROOT / "model_store" / "build"
+DEFAULT_MODELS = {"sentiment": "sentiment/archive", "digits": "digits/archive"}
+TS_PID = "torchserve.pid"
+EXPORTER_PID = "exporter.pid"
+PORTS_FILE = "ports.json"
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The service's ports (all bound to 127.0.0.1)."""
+
+    inference: int = 8080
+    management: int = 8081
+    metrics: int = 8082
+    grpc_inference: int = 7070
+    grpc_management: int = 7071
+    exporter: int = 8083
+
+    @classmethod
+    def from_env(cls) -> Ports:
+        """Defaults overridden by ``INFERENCE_PORT``, ``MANAGEMENT_PORT``, ``METRICS_PORT``, ``GRPC_INFERENCE_PORT``,
+        ``GRPC_MANAGEMENT_PORT`` and ``EXPORTER_PORT``."""
+        values = {name: int(os.environ.get(f"{name.upper()}_PORT", default)) for name, default in asdict(cls()).items()}
+        return cls(**values)
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Six currently free loopback ports (for tests)."""
+        sockets = []
+        try:
+            for _ in range(6):
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", 0))
+                sockets.append(sock)
+            numbers = [sock.getsockname()[1] for sock in sockets]
+        finally:
+            for sock in sockets:
+                sock.close()
+        return cls(*numbers)
+
+
+@dataclass
+class Server:
+    """A started service: pids, ports and where its state lives."""
+
+    run_dir: Path
+    ports: Ports
+    torchserve_pid: int
+    exporter_pid: int
+    models: tuple[str, ...]
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """The tokens TorchServe wrote to ``key_file.json``: ``inference``, ``management``, ``API``."""
+        document = json.loads((self.run_dir / "key_file.json").read_text(encoding="utf-8"))
+        return {name: entry["key"] for name, entry in document.items()}
+
+    @property
+    def inference_url(self) -> str:
+        """Base URL of the REST inference API."""
+        return f"http://127.0.0.1:{self.ports.inference}"
+
+    @property
+    def log_dir(self) -> Path:
+        """TorchServe's log folder."""
+        return self.run_dir / "logs"
+
+
+def write_config(run_dir: Path, ports: Ports, model_store: Path) -> Path:
+    """Fill the template into ``run_dir/config.properties`` and return its path."""
+    workflow_store = run_dir / "workflow-store"
+    workflow_store.mkdir(parents=True, exist_ok=True)
+    workflow_store.chmod(0o555)
+    text = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
+        inference_port=ports.inference,
+        management_port=ports.management,
+        metrics_port=ports.metrics,
+        grpc_inference_port=ports.grpc_inference,
+        grpc_management_port=ports.grpc_management,
+        model_store=model_store.resolve(),
+        workflow_store=workflow_store.resolve(),
+        metrics_config=METRICS_YAML,
+    )
+    path = run_dir / "config.properties"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _link_store(run_dir: Path, model_store: Path, models: Mapping[str, str]) -> Path:
+    """A model store of symlinks ``run_dir/model-store/<name>`` → the archive folders (TorchServe 0.12 does not
+    accept nested paths such as ``sentiment/archive`` in ``--models``)."""
+    store = run_dir / "model-store"
+    shutil.rmtree(store, ignore_errors=True)
+    store.mkdir()
+    for name, path in models.items():
+        (store / name).symlink_to((model_store / path).resolve(), target_is_directory=True)
+    return store
+
+
+def _java_command(config: Path, model_store: Path, tmp_dir: Path, models: list[str]) -> list[str]:
+    import ts
+
+    ts_home = Path(ts.__file__).resolve().parent.parent
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else "java"
+    if shutil.which(java) is None:
+        raise FileNotFoundError("java not found: install a Java 17 runtime (openjdk-17-jre-headless) or set JAVA_HOME")
+    command = [java, f"-Dmodel_server_home={ts_home}", f"-Djava.io.tmpdir={tmp_dir}"]
+    command += ["-cp", f".:{ts_home / 'ts' / 'frontend' / '*'}"]
+    command += ["org.pytorch.serve.ModelServer", "--python", sys.executable, "-f", str(config)]
+    command += ["-s", str(model_store.resolve()), "-ncs", "-m", *[f"{name}={name}" for name in models]]
+    return command
+
+
+def _missing_archives(model_store: Path, models: Mapping[str, str]) -> list[str]:
+    return [name for name, path in models.items() if not (model_store / path / "MAR-INF" / "MANIFEST.json").is_file()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start(
+    run_dir: Path = DEFAULT_RUN_DIR,
+    model_store: Path = DEFAULT_MODEL_STORE,
+    models: Mapping[str, str] | None = None,
+    ports: Ports | None = None,
+    timeout: float = 180.0,
+) -> Server:
+    """Start the exporter and TorchServe in the background and wait until every model's worker is ready.
+
+    Args:
+        run_dir: Folder for runtime state (created; the previous metric files are cleared).
+        model_store: TorchServe model store; ``models`` paths are relative to it.
+        models: Model name → archive folder (default: the two default models).
+        ports: Ports (default: :meth:`Ports.from_env`).
+        timeout: Seconds to wait for readiness.
+
+    Raises:
+        RuntimeError: if a server is already running from ``run_dir`` or TorchServe does not become ready (the
+            processes are stopped and the message names the log folder).
+    """
+    models = dict(models or DEFAULT_MODELS)
+    ports = ports or Ports.from_env()
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for pid_name in (TS_PID, EXPORTER_PID):
+        pid_file = run_dir / pid_name
+        if pid_file.is_file() and _alive(int(pid_file.read_text().strip() or 0)):
+            raise RuntimeError(f"already running from {run_dir} (pid file {pid_file}); run `make stop` first")
+    missing = _missing_archives(model_store, models)
+    if missing:
+        raise FileNotFoundError(f"no archive for {missing} under {model_store}: run `python -m model_store.build`")
+    metrics_dir = run_dir / "prometheus"
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir()
+    tmp_dir = run_dir / "tmp"
+    tmp_dir.mkdir(exist_ok=True)
+    (run_dir / "key_file.json").unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "TMPDIR": str(tmp_dir),
+        "TEMP": str(tmp_dir),
+        "LOG_LOCATION": str(run_dir / "logs"),
+        "METRICS_LOCATION": str(run_dir / "logs"),
+    }
+    store = _link_store(run_dir, model_store, models)
+    config = write_config(run_dir, ports, store)
+    exporter_log = (run_dir / "exporter.log").open("ab")
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "handlers.exporter", "--dir", str(metrics_dir), "--port", str(ports.exporter)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=exporter_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    (run_dir / EXPORTER_PID).write_text(str(exporter.pid))
+    ts_log = (run_dir / "torchserve.out").open("ab")
+    java = subprocess.Popen(
+        _java_command(config, store, tmp_dir, list(models)),
+        cwd=run_dir,
+        env=env,
+        stdout=ts_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    (run_dir / TS_PID).write_text(str(java.pid))
+    (run_dir / PORTS_FILE).write_text(json.dumps(asdict(ports)))
+    server = Server(run_dir, ports, java.pid, exporter.pid, tuple(models))
+    try:
+        _wait_ready(server, java, timeout)
+    except BaseException:
+        stop(run_dir)
+        raise
+    return server
+
+
+def _get(url: str, token: str | None, timeout: float = 5.0) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def _wait_ready(server: Server, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    management = f"http://127.0.0.1:{server.ports.management}"
+    pending = set(server.models)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"TorchServe exited with {process.returncode}; see {server.run_dir / 'torchserve.out'}")
+        if (server.run_dir / "key_file.json").is_file():
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                token = server.keys["management"]
+                for name in sorted(pending):
+                    status, body = _get(f"{management}/models/{name}", token)
+                    workers = json.loads(body)[0].get("workers", []) if status == 200 else []
+                    if any(worker.get("status") == "READY" for worker in workers):
+                        pending.discard(name)
+                if not pending:
+                    return
+        time.sleep(0.5)
+    waiting = sorted(pending)
+    raise RuntimeError(f"TorchServe not ready after {timeout:.0f} s (waiting for {waiting}); see {server.run_dir}")
+
+
+def _terminate(pid: int, timeout: float = 20.0) -> None:
+    """SIGTERM the process group led by ``pid`` (its workers too), then SIGKILL after ``timeout``."""
+    if not _alive(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+        if not _alive(pid):
+            break
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def stop(run_dir: Path = DEFAULT_RUN_DIR) -> bool:
+    """Stop the service started from ``run_dir`` by its pid files; returns whether anything was running."""
+    stopped = False
+    for pid_name in (TS_PID, EXPORTER_PID):
+        pid_file = run_dir / pid_name
+        if not pid_file.is_file():
+            continue
+        text = pid_file.read_text().strip()
+        if text.isdigit() and _alive(int(text)):
+            _terminate(int(text))
+            stopped = True
+        pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def usage(server: Server) -> str:
+    """How to call the running service (printed by ``serve``/``start``)."""
+    ports = server.ports
+    return f"""
+The explanation service is up (models: {", ".join(server.models)}); tokens are in {server.run_dir}/key_file.json.
+  TOKEN=$(python -c 'import json;print(json.load(open("{server.run_dir}/key_file.json"))["inference"]["key"])')
+  curl -s -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \\
+       http://127.0.0.1:{ports.inference}/predictions/sentiment -d '{{"text": "what a lovely day"}}'
+  curl -s -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \\
+       http://127.0.0.1:{ports.inference}/explanations/sentiment \\
+       -d '{{"text": "what a lovely day", "explain": {{"method": "relevance", "target": "positive"}}}}'
+gRPC: 127.0.0.1:{ports.grpc_inference} (Predictions; input key "body" = the JSON, "request" = ExplainRequest;
+      metadata authorization: Bearer $TOKEN). Management 127.0.0.1:{ports.management} (loopback only).
+Metrics: TorchServe http://127.0.0.1:{ports.metrics}/metrics, explanations http://127.0.0.1:{ports.exporter}/metrics
+Logs: {server.log_dir}. Docs: docs/SERVING.md.
+"""
+
+
+def _ensure_models(model_store: Path, models: Mapping[str, str]) -> None:
+    missing = _missing_archives(model_store, models)
+    if missing:
+        logger.info("building the default models %s (first run only)", missing)
+        command = [sys.executable, "-m", "model_store.build", "--out", str(model_store), "--no-progress"]
+        for name in missing:
+            command += ["--only", name]
+        subprocess.run(command, cwd=REPO_ROOT, check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(prog="python -m model_store.serving", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("serve", "start", "stop"))
+    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.command == "stop":
+        print("stopped" if stop(args.run_dir) else "not running")
+        return 0
+    from handlers.protos import generate
+
+    generate()
+    _ensure_models(args.model_store, DEFAULT_MODELS)
+    server = start(args.run_dir, args.model_store)
+    print(usage(server), flush=True)
+    if args.command == "start":
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        while _alive(server.torchserve_pid):
+            time.sleep(1.0)
+        logger.error("TorchServe exited; see %s", server.log_dir)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop(args.run_dir)
