@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: setup test lint unit bench-explainers clean
+.PHONY: setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
@@ -32,6 +32,35 @@ test: lint unit
 
 bench-explainers: setup
 	$(PY) -m bench.explainers
+
+# gRPC/protobuf stubs (ours from proto/explain.proto; TorchServe's inference/management.proto read from the installed
+# torchserve jar), generated into build/protos, never committed.
+protos: setup
+	$(PY) -m handlers.protos
+
+# README's main command: build the default models if missing, start TorchServe in the foreground on 127.0.0.1 with
+# token auth on (tokens in run/key_file.json) and print how to call it. Ports: INFERENCE_PORT=8080 MANAGEMENT_PORT=8081
+# METRICS_PORT=8082 GRPC_INFERENCE_PORT=7070 GRPC_MANAGEMENT_PORT=7071 EXPORTER_PORT=8083 (override on the command line).
+SERVE_ENV = INFERENCE_PORT=$(or $(INFERENCE_PORT),8080) MANAGEMENT_PORT=$(or $(MANAGEMENT_PORT),8081) \
+	METRICS_PORT=$(or $(METRICS_PORT),8082) GRPC_INFERENCE_PORT=$(or $(GRPC_INFERENCE_PORT),7070) \
+	GRPC_MANAGEMENT_PORT=$(or $(GRPC_MANAGEMENT_PORT),7071) EXPORTER_PORT=$(or $(EXPORTER_PORT),8083)
+
+serve: setup
+	$(SERVE_ENV) $(PY) -m model_store.serving serve
+
+# The same in the background; `make stop` stops it by the pids in run/.
+start: setup
+	$(SERVE_ENV) $(PY) -m model_store.serving start
+
+stop:
+	$(PY) -m model_store.serving stop
+
+# Handler unit tests and the TorchServe integration tests only.
+test-serving: setup
+	$(PY) -m pytest -q tests/test_handlers.py tests/integration
+
+bench-serving: setup
+	$(PY) -m bench.load
 
 clean:
 	rm -rf $(VENV) model_store/build run .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,183 @@
+"""Unit tests of the handler layer: config parsing, row decoding, the error table, encoding, and a batch through the
+service with a tiny model (the real TorchServe path is in tests/integration)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from explainers import available_methods
+from handlers import protos
+from handlers.config import ConfigError, HandlerConfig
+from handlers.errors import ERROR_TABLE, RowError
+from handlers.schema import DecodedRow, Encoding, decode_row, encode_outcome, row_encoding
+from handlers.service import ExplanationService
+from tests.serving_support import b64, png_bytes, tiny_archives
+
+TEXT_CONFIG = HandlerConfig(task="text", labels=("negative", "neutral", "positive"), max_length=16)
+IMAGE_CONFIG = HandlerConfig(task="image", labels=tuple("0123456789"), image_size=(32, 32), max_image_bytes=5000)
+
+
+def test_config_from_archive_yaml(tmp_path: Path) -> None:
+    archive = tiny_archives()["sentiment"]
+    config = HandlerConfig.from_model_yaml(yaml.safe_load((archive / "model-config.yaml").read_text()))
+    assert config.task == "text" and config.labels == ("negative", "neutral", "positive")
+    assert config.default_method in available_methods() and config.max_length > 0
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        (None, "no `handler:` section"),
+        ({"task": "audio", "labels": ["a"]}, "handler.task"),
+        ({"task": "text", "labels": []}, "handler.labels"),
+        ({"task": "text", "labels": ["a", "a"]}, "distinct"),
+        ({"task": "text", "labels": ["a"], "default_method": "lime"}, "default_method"),
+        ({"task": "text", "labels": ["a"], "max_length": -1}, "max_length"),
+        ({"task": "image", "labels": ["a"]}, "image_size"),
+        ({"task": "text", "labels": ["a"], "colour": 1}, "unknown handler key"),
+        ({"task": "text", "labels": ["a"], "device": "tpu"}, "handler.device"),
+    ],
+)
+def test_config_errors_say_what_is_wrong(section: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        HandlerConfig.from_model_yaml({"handler": section} if section is not None else {})
+
+
+def test_decode_json_variants() -> None:
+    row = decode_row(
+        {"body": {"text": "hi", "explain": {"method": "rollout", "target": "positive", "start_layer": 1}}},
+        False,
+        TEXT_CONFIG,
+    )
+    assert row.text == "hi" and row.request.method == "rollout" and row.request.target == 2
+    assert dict(row.request.options) == {"start_layer": 1} and row.encoding is Encoding.JSON
+    assert decode_row({"body": b'{"text": "hi"}'}, False, TEXT_CONFIG).request.method is None
+    assert decode_row({"body": b'{"text": "hi"}'}, True, TEXT_CONFIG).request.method == TEXT_CONFIG.default_method
+    assert decode_row({"body": b'{"text": "hi", "explain": false}'}, True, TEXT_CONFIG).request.method is None
+    assert decode_row({"body": b'{"text": "hi", "explain": true}'}, False, TEXT_CONFIG).request.method == "relevance"
+    assert decode_row({"data": "plain text body"}, False, TEXT_CONFIG).text == "plain text body"
+    image = decode_row({"body": bytearray(png_bytes())}, True, IMAGE_CONFIG)
+    assert image.image == png_bytes() and image.request.method == "relevance"
+    assert decode_row({"body": {"image": b64(png_bytes())}}, False, IMAGE_CONFIG).image == png_bytes()
+
+
+@pytest.mark.parametrize(
+    ("row", "config", "code"),
+    [
+        ({"body": b"{oops"}, TEXT_CONFIG, "invalid_json"),
+        ({"body": b"\xff\xfe"}, TEXT_CONFIG, "non_utf8"),
+        ({"body": b"[1, 2]"}, TEXT_CONFIG, "invalid_request"),
+        ({}, TEXT_CONFIG, "invalid_request"),
+        ({"body": {"text": ""}}, TEXT_CONFIG, "missing_text"),
+        ({"body": {"text": 5}}, TEXT_CONFIG, "invalid_request"),
+        ({"body": {"explain": True}}, TEXT_CONFIG, "missing_text"),
+        ({"body": {"text": "a", "explain": {"target": "angry"}}}, TEXT_CONFIG, "invalid_target"),
+        ({"body": {"text": "a", "explain": {"target": 1.5}}}, TEXT_CONFIG, "invalid_target"),
+        ({"body": {"text": "a", "explain": {"method": 3}}}, TEXT_CONFIG, "invalid_request"),
+        ({"body": {"text": "a", "explain": "relevance"}}, TEXT_CONFIG, "invalid_request"),
+        ({"body": {"text": "a" * 20_001}}, TEXT_CONFIG, "text_too_long"),
+        ({"body": png_bytes()}, TEXT_CONFIG, "unsupported_input"),
+        ({"body": {"image": "***"}}, IMAGE_CONFIG, "invalid_image"),
+        ({"body": {"image": b64(b"\0" * 6000)}}, IMAGE_CONFIG, "image_too_large"),
+        ({"body": {}}, IMAGE_CONFIG, "missing_image"),
+        ({"request": b"\xff\xff"}, TEXT_CONFIG, "invalid_protobuf"),
+    ],
+)
+def test_decode_errors(row: dict[str, Any], config: HandlerConfig, code: str) -> None:
+    with pytest.raises(RowError) as caught:
+        decode_row(row, False, config)
+    assert caught.value.code == code and str(caught.value)
+
+
+def test_error_table_is_consistent() -> None:
+    for code, kind in ERROR_TABLE.items():
+        assert kind.code == code and 400 <= kind.http_status < 600 and kind.grpc_code.isupper()
+        error = RowError(code, "why")
+        assert error.to_dict() == {
+            "code": code,
+            "http_status": kind.http_status,
+            "grpc_code": kind.grpc_code,
+            "message": "why",
+        }
+    with pytest.raises(KeyError):
+        RowError("no_such_code", "x")
+
+
+def test_decode_protobuf_request() -> None:
+    messages = protos.explain_messages()
+    message = messages.ExplainRequest(
+        text="hi", explain=messages.ExplainOptions(target_id=1, options={"start_layer": 1})
+    )
+    row = {"request": message.SerializeToString()}
+    decoded = decode_row(row, False, TEXT_CONFIG)
+    assert row_encoding(row) is Encoding.PROTOBUF and decoded.encoding is Encoding.PROTOBUF
+    assert decoded.request.method == "relevance" and decoded.request.target == 1
+    assert dict(decoded.request.options) == {"start_layer": 1}
+    plain = decode_row({"request": messages.ExplainRequest(text="hi").SerializeToString()}, False, TEXT_CONFIG)
+    assert plain.request.method is None
+    with pytest.raises(RowError, match="text model"):
+        decode_row({"request": messages.ExplainRequest(image=b"x").SerializeToString()}, False, TEXT_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def text_service() -> ExplanationService:
+    archive = tiny_archives()["sentiment"]
+    config = HandlerConfig.from_model_yaml(yaml.safe_load((archive / "model-config.yaml").read_text()))
+    return ExplanationService(config, archive / "model", torch.device("cpu"))
+
+
+def test_service_batch_rows_are_independent(text_service: ExplanationService) -> None:
+    config = text_service.config
+    raw: list[dict[str, Any]] = [
+        {"body": {"text": "good food"}},
+        {"body": {"text": "awful service and cold food", "explain": {"method": "relevance", "target": "negative"}}},
+        {"body": {"text": "fine", "explain": {"method": "lime"}}},
+        {"body": b"{broken"},
+        {"body": {"text": "meh " * 300, "explain": {"method": "rollout"}}},
+    ]
+    rows: list[DecodedRow | RowError] = []
+    for row in raw:
+        try:
+            rows.append(decode_row(row, False, config))
+        except RowError as error:
+            rows.append(error)
+    outcomes, timings = text_service.run(rows, [row_encoding(row) for row in raw])
+    assert timings.forward > 0 and timings.backward > 0
+    assert outcomes[0].error is None and outcomes[0].method is None and outcomes[0].tokens
+    assert outcomes[1].method == "relevance" and outcomes[1].target == 0
+    assert outcomes[1].scores is not None and len(outcomes[1].scores) == len(outcomes[1].tokens or [])
+    assert outcomes[2].error is not None and outcomes[2].error.code == "unknown_method"
+    assert outcomes[3].error is not None and outcomes[3].error.code == "invalid_json"
+    assert outcomes[4].truncated and len(outcomes[4].tokens or []) == config.max_length
+    # the same row alone gives the same answer as inside the batch
+    alone, _ = text_service.run([rows[1]], [Encoding.JSON])
+    torch.testing.assert_close(torch.tensor(alone[0].scores), torch.tensor(outcomes[1].scores), rtol=1e-4, atol=1e-6)
+    document = json.loads(encode_outcome(outcomes[1], config.labels))
+    assert document["explanation"]["target_label"] == "negative" and document["label"] in config.labels
+    assert abs(sum(document["probabilities"].values()) - 1) < 1e-4
+    messages = protos.explain_messages()
+    outcomes[1].encoding = Encoding.PROTOBUF
+    reply = messages.ExplainResponse.FromString(encode_outcome(outcomes[1], config.labels))
+    assert reply.explanation.method == "relevance" and list(reply.explanation.tokens) == outcomes[1].tokens
+    outcomes[2].encoding = Encoding.PROTOBUF
+    failed = messages.ExplainResponse.FromString(encode_outcome(outcomes[2], config.labels)).error
+    assert failed.code == "unknown_method" and failed.http_status == 400 and "relevance" in failed.message
+
+
+def test_service_rejects_bad_images() -> None:
+    archive = tiny_archives()["digits"]
+    config = HandlerConfig.from_model_yaml(yaml.safe_load((archive / "model-config.yaml").read_text()))
+    service = ExplanationService(config, archive / "model", torch.device("cpu"))
+    rows: list[DecodedRow | RowError] = [
+        decode_row({"body": {"image": b64(png_bytes())}}, True, config),
+        decode_row({"body": {"image": b64(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)}}, True, config),
+    ]
+    outcomes, _ = service.run(rows, [Encoding.JSON, Encoding.JSON])
+    assert outcomes[0].error is None and outcomes[0].grid is not None
+    assert outcomes[1].error is not None and outcomes[1].error.code == "invalid_image"
