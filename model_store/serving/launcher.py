@@ -28,6 +28,9 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,7 @@ SERVING_DIR = Path(__file__).resolve().parent
 REPO_ROOT = SERVING_DIR.parent.parent
 TEMPLATE = SERVING_DIR / "config.properties.template"
 METRICS_YAML = SERVING_DIR / "metrics.yaml"
+PROFILES = SERVING_DIR / "profiles.yaml"
 DEFAULT_RUN_DIR = REPO_ROOT / "run"
 DEFAULT_MODEL_STORE = REPO_ROOT / "model_store" / "build"
 DEFAULT_MODELS = {"sentiment": "sentiment/archive", "digits": "digits/archive"}
@@ -124,15 +128,43 @@ def write_config(run_dir: Path, ports: Ports, model_store: Path) -> Path:
     return path
 
 
-def _link_store(run_dir: Path, model_store: Path, models: Mapping[str, str]) -> Path:
-    """A model store of symlinks ``run_dir/model-store/<name>`` → the archive folders (TorchServe 0.12 does not
-    accept nested paths such as ``sentiment/archive`` in ``--models``)."""
+def _link_store(
+    run_dir: Path, model_store: Path, models: Mapping[str, str], overrides: Mapping[str, Mapping[str, Any]]
+) -> Path:
+    """A model store ``run_dir/model-store/<name>/`` of symlinks to each archive's files (TorchServe 0.12 does not
+    accept nested paths such as ``sentiment/archive`` in ``--models``), with ``model-config.yaml`` rewritten when
+    ``overrides[name]`` sets keys (top-level TorchServe keys, and ``handler:`` keys merged into that section)."""
     store = run_dir / "model-store"
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir()
     for name, path in models.items():
-        (store / name).symlink_to((model_store / path).resolve(), target_is_directory=True)
+        source = (model_store / path).resolve()
+        target = store / name
+        target.mkdir()
+        for entry in source.iterdir():
+            if entry.name != "model-config.yaml":
+                (target / entry.name).symlink_to(entry)
+        config = yaml.safe_load((source / "model-config.yaml").read_text(encoding="utf-8")) or {}
+        extra = dict(overrides.get(name, {}))
+        handler_extra = extra.pop("handler", {}) or {}
+        config.update(extra)
+        config["handler"] = {**config.get("handler", {}), **handler_extra}
+        (target / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return store
+
+
+def load_profile(name: str) -> dict[str, Any]:
+    """A batching/device profile of ``profiles.yaml`` (``archive`` = no change).
+
+    Raises:
+        ValueError: naming the known profiles.
+    """
+    if name == "archive":
+        return {}
+    profiles = yaml.safe_load(PROFILES.read_text(encoding="utf-8"))
+    if name not in profiles:
+        raise ValueError(f"unknown profile {name!r}; known: archive, {', '.join(profiles)}")
+    return dict(profiles[name])
 
 
 def _java_command(config: Path, model_store: Path, tmp_dir: Path, models: list[str]) -> list[str]:
@@ -170,6 +202,7 @@ def start(
     models: Mapping[str, str] | None = None,
     ports: Ports | None = None,
     timeout: float = 180.0,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Server:
     """Start the exporter and TorchServe in the background and wait until every model's worker is ready.
 
@@ -179,6 +212,7 @@ def start(
         models: Model name → archive folder (default: the two default models).
         ports: Ports (default: :meth:`Ports.from_env`).
         timeout: Seconds to wait for readiness.
+        overrides: Per served name, ``model-config.yaml`` keys to change (see :func:`load_profile`).
 
     Raises:
         RuntimeError: if a server is already running from ``run_dir`` or TorchServe does not become ready (the
@@ -210,7 +244,7 @@ def start(
         "LOG_LOCATION": str(run_dir / "logs"),
         "METRICS_LOCATION": str(run_dir / "logs"),
     }
-    store = _link_store(run_dir, model_store, models)
+    store = _link_store(run_dir, model_store, models, overrides or {})
     config = write_config(run_dir, ports, store)
     exporter_log = (run_dir / "exporter.log").open("ab")
     exporter = subprocess.Popen(
@@ -343,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("serve", "start", "stop"))
     parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
     parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
+    parser.add_argument(
+        "--profile", default=os.environ.get("PROFILE") or "archive", help="archive (default), cpu or gpu"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.command == "stop":
@@ -352,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
 
     generate()
     _ensure_models(args.model_store, DEFAULT_MODELS)
-    server = start(args.run_dir, args.model_store)
+    profile = load_profile(args.profile)
+    server = start(args.run_dir, args.model_store, overrides={name: profile for name in DEFAULT_MODELS})
     print(usage(server), flush=True)
     if args.command == "start":
         return 0

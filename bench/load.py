@@ -1,0 +1,269 @@
+"""Bounded load generator for the served explanation service (REST and gRPC).
+
+``python -m bench.load [--tiny] [--requests N] [--methods ...]`` starts its own TorchServe on free loopback ports
+serving the sentiment model twice — ``batched`` (the ``cpu`` profile: batchSize 8, maxBatchDelay 5 ms) and ``b1``
+(batchSize 1) — then, for each variant, protocol (REST, gRPC), concurrency (1, 16) and method, sends a fixed number
+of requests of ~30-token texts and reports throughput and p50/p95/p99 latency. It also times the same rows
+in-process (the worker's own code path, one row at a time) so the serving overhead at concurrency 1 can be read off.
+The server is stopped by its pid at the end, also on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from model_store.serving.launcher import DEFAULT_MODEL_STORE, Ports, Server, load_profile, start, stop
+
+logger = logging.getLogger(__name__)
+
+_CORPUS = (
+    "the service was quick and friendly but the food arrived cold and the waiter never came back to our table "
+    "i loved the movie its story was moving and the actors were brilliant although the ending felt rushed today "
+    "terrible experience with customer support they kept me waiting for hours and nobody solved my problem at all"
+)
+WORDS = tuple(_CORPUS.split())
+DEFAULT_METHODS = ("none", "attention", "rollout", "relevance", "gae")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured configuration and its results."""
+
+    variant: str
+    protocol: str
+    concurrency: int
+    method: str
+    requests: int
+    errors: int
+    seconds: float
+    throughput: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
+def make_texts(count: int, words: int = 26, seed: int = 0) -> list[str]:
+    """Deterministic English-like texts of ``words`` words (~30 tokens with [CLS]/[SEP])."""
+    generator = random.Random(seed)
+    return [" ".join(generator.choice(WORDS) for _ in range(words)) for _ in range(count)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) by linear interpolation."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _document(text: str, method: str) -> bytes:
+    body: dict[str, Any] = {"text": text}
+    if method != "none":
+        body["explain"] = {"method": method}
+    return json.dumps(body).encode()
+
+
+def _rest_caller(server: Server, model: str) -> Callable[[bytes], bool]:
+    url = f"{server.inference_url}/predictions/{model}"
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.keys['inference']}"}
+
+    def call(body: bytes) -> bool:
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status == 200 and b'"error"' not in response.read()[:10]
+        except urllib.error.URLError:
+            return False
+
+    return call
+
+
+def _grpc_caller(server: Server, model: str) -> Callable[[bytes], bool]:
+    import grpc
+
+    from handlers.protos import inference_stubs
+
+    messages, stubs = inference_stubs()
+    metadata = [("authorization", f"Bearer {server.keys['inference']}")]
+    local = threading.local()
+
+    def call(body: bytes) -> bool:
+        if not hasattr(local, "stub"):
+            local.channel = grpc.insecure_channel(f"127.0.0.1:{server.ports.grpc_inference}")
+            local.stub = stubs.InferenceAPIsServiceStub(local.channel)
+        try:
+            reply = local.stub.Predictions(
+                messages.PredictionsRequest(model_name=model, input={"body": body}), metadata=metadata, timeout=60
+            )
+        except grpc.RpcError:
+            return False
+        return not bytes(reply.prediction).startswith(b'{"error"')
+
+    return call
+
+
+def run_cell(call: Callable[[bytes], bool], bodies: list[bytes], concurrency: int) -> tuple[list[float], int, float]:
+    """Send ``bodies`` with ``concurrency`` closed-loop clients; returns latencies (s), errors and wall seconds."""
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    index = 0
+
+    def worker() -> None:
+        nonlocal index, errors
+        while True:
+            with lock:
+                if index >= len(bodies):
+                    return
+                body = bodies[index]
+                index += 1
+            started = time.perf_counter()
+            ok = call(body)
+            elapsed = time.perf_counter() - started
+            with lock:
+                latencies.append(elapsed)
+                errors += 0 if ok else 1
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, errors, time.perf_counter() - started
+
+
+def in_process_p50(archive: Path, texts: list[str], methods: list[str]) -> dict[str, float]:
+    """p50 seconds of serving one row in-process (decode + service + encode, the worker's code path)."""
+    from handlers.config import HandlerConfig
+    from handlers.schema import decode_row, encode_outcome, row_encoding
+    from handlers.service import ExplanationService
+
+    config = HandlerConfig.from_model_yaml(yaml.safe_load((archive / "model-config.yaml").read_text()))
+    service = ExplanationService(config, archive / config.model_dir, torch.device("cpu"))
+    results: dict[str, float] = {}
+    for method in methods:
+        times = []
+        for position, text in enumerate(texts):
+            row = {"body": _document(text, method)}
+            started = time.perf_counter()
+            outcomes, _ = service.run([decode_row(row, False, config)], [row_encoding(row)])
+            encode_outcome(outcomes[0], config.labels)
+            if position >= 3:  # warm-up
+                times.append(time.perf_counter() - started)
+        results[method] = statistics.median(times)
+    return results
+
+
+def format_table(cells: list[Cell], baseline: dict[str, float]) -> str:
+    """A markdown table of the cells, plus the batching speed-up and the concurrency-1 overhead."""
+    lines = [
+        "| variant | protocol | conc. | method | req/s | p50 ms | p95 ms | p99 ms | errors |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for cell in cells:
+        lines.append(
+            f"| {cell.variant} | {cell.protocol} | {cell.concurrency} | {cell.method} | {cell.throughput:.1f} "
+            f"| {cell.p50_ms:.1f} | {cell.p95_ms:.1f} | {cell.p99_ms:.1f} | {cell.errors} |"
+        )
+    lines += [
+        "",
+        "| protocol | method | batched/b1 req/s at c=16 | in-process p50 ms | served p50 - in-process (c=1) ms |",
+    ]
+    lines.append("|---|---|---:|---:|---|")
+    index = {(c.variant, c.protocol, c.concurrency, c.method): c for c in cells}
+    for protocol in sorted({c.protocol for c in cells}):
+        for method in sorted({c.method for c in cells}):
+            batched, single = index.get(("batched", protocol, 16, method)), index.get(("b1", protocol, 16, method))
+            speedup = batched.throughput / single.throughput if batched and single and single.throughput else 0.0
+            base = baseline.get(method, float("nan")) * 1000
+            overheads = ", ".join(
+                f"{variant} {index[(variant, protocol, 1, method)].p50_ms - base:+.1f}"
+                for variant in ("batched", "b1")
+                if (variant, protocol, 1, method) in index
+            )
+            lines.append(f"| {protocol} | {method} | {speedup:.2f}x | {base:.1f} | {overheads} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="use the tiny test archives (no real model needed)")
+    parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
+    parser.add_argument("--requests", type=int, default=64, help="requests per cell at concurrency 16")
+    parser.add_argument("--requests-c1", type=int, default=24, help="requests per cell at concurrency 1")
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), help="'none' = prediction only")
+    parser.add_argument("--protocols", nargs="+", default=["rest", "grpc"], choices=["rest", "grpc"])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--out", type=Path, default=Path("run") / "bench-load.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.tiny:
+        from model_store.build import build_tiny_archives
+
+        store = Path("build") / "test-archives"
+        archive = build_tiny_archives(store)["sentiment"]
+    else:
+        store = args.model_store
+        archive = store / "sentiment" / "archive"
+        if not (archive / "MAR-INF" / "MANIFEST.json").is_file():
+            parser.error(f"no archive at {archive}: run `python -m model_store.build --only sentiment` or pass --tiny")
+    relative = str(archive.resolve().relative_to(store.resolve()))
+    models = {"batched": relative, "b1": relative}
+    overrides = {"batched": load_profile("cpu"), "b1": {**load_profile("cpu"), "batchSize": 1, "maxBatchDelay": 1}}
+    texts = make_texts(max(args.requests, args.requests_c1))
+    baseline = in_process_p50(archive, texts[:24], args.methods)
+    run_dir = Path("run") / "bench"
+    server = start(run_dir, store, models, Ports.free(), timeout=300, overrides=overrides)
+    cells: list[Cell] = []
+    try:
+        for variant in models:
+            for protocol in args.protocols:
+                call = (_rest_caller if protocol == "rest" else _grpc_caller)(server, variant)
+                run_cell(call, [_document(text, "none") for text in texts[:8]], 4)  # warm-up
+                for concurrency in args.concurrency:
+                    count = args.requests if concurrency > 1 else args.requests_c1
+                    for method in args.methods:
+                        bodies = [_document(text, method) for text in texts[:count]]
+                        latencies, errors, seconds = run_cell(call, bodies, concurrency)
+                        milliseconds = [value * 1000 for value in latencies]
+                        cell = Cell(
+                            variant, protocol, concurrency, method, len(bodies), errors, round(seconds, 3),
+                            round(len(bodies) / seconds, 2), percentile(milliseconds, 0.5),
+                            percentile(milliseconds, 0.95), percentile(milliseconds, 0.99),
+                        )  # fmt: skip
+                        cells.append(cell)
+                        logger.info("%s", cell)
+    finally:
+        stop(run_dir)
+    table = format_table(cells, baseline)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps({"cells": [asdict(c) for c in cells], "in_process_p50_s": baseline, "tiny": args.tiny}, indent=2)
+    )
+    return 0 if all(cell.errors == 0 for cell in cells) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
