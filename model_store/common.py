@@ -1,0 +1,88 @@
+"""Helpers shared by the text and image recipes: seeding, learning-rate schedule, metrics, checkpoint checks."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators so that a recipe gives the same model on every run."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def linear_warmup_decay(optimizer: torch.optim.Optimizer, total_steps: int, warmup_fraction: float) -> Any:
+    """Return a scheduler that raises the learning rate linearly over the warm-up steps, then lowers it to 0.
+
+    Args:
+        optimizer: The optimizer whose learning rates are scaled.
+        total_steps: Number of optimizer steps of the whole run.
+        warmup_fraction: Fraction of ``total_steps`` spent warming up.
+
+    Returns:
+        A ``torch.optim.lr_scheduler.LambdaLR``; call ``step()`` after each optimizer step.
+    """
+    warmup = max(1, round(total_steps * warmup_fraction))
+
+    def scale(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, scale)
+
+
+def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], labels: Sequence[str]) -> dict[str, Any]:
+    """Compute accuracy, macro-F1, per-class precision/recall/F1/support and the confusion matrix.
+
+    Args:
+        y_true: True class indices.
+        y_pred: Predicted class indices.
+        labels: Class names in index order.
+
+    Returns:
+        A JSON-serialisable dict; ``confusion_matrix[i][j]`` counts items of true class ``i`` predicted as ``j``.
+    """
+    indices = list(range(len(labels)))
+    precision, recall, f1, support = precision_recall_fscore_support(y_true, y_pred, labels=indices, zero_division=0)
+    return {
+        "n": len(y_true),
+        "accuracy": float(accuracy_score(y_true, y_pred)),
+        "macro_f1": float(f1_score(y_true, y_pred, labels=indices, average="macro", zero_division=0)),
+        "per_class": {
+            name: {
+                "precision": float(precision[i]),
+                "recall": float(recall[i]),
+                "f1": float(f1[i]),
+                "support": int(support[i]),
+            }
+            for i, name in enumerate(labels)
+        },
+        "confusion_matrix": confusion_matrix(y_true, y_pred, labels=indices).tolist(),
+    }
+
+
+def check_safetensors_only(model_dir: Path) -> None:
+    """Raise ``RuntimeError`` unless the checkpoint folder holds weights as safetensors and no pickle weights."""
+    pickled = [p.name for p in model_dir.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl"}]
+    if pickled or not any(p.suffix == ".safetensors" for p in model_dir.iterdir()):
+        raise RuntimeError(f"{model_dir}: expected safetensors weights only, found {sorted(os.listdir(model_dir))}.")
+
+
+def make_readable(folder: Path) -> None:
+    """Give every file under ``folder`` mode 0644 and every folder 0755.
+
+    safetensors writes weights with mode 0600; a TorchServe worker running as another user (as in the official
+    image) could then not read the archive.
+    """
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)

@@ -1,0 +1,329 @@
+"""Recipe of the ``sentiment`` model: MiniLM fine-tuned on the tweet corpus (negative / neutral / positive).
+
+The recipe is sized for a 2-core CPU: one pass over a stratified subsample of the training split, word embeddings
+frozen (they are half the parameters and barely move in a short fine-tune), length-bucketed batches (tweets are
+~30 tokens, so padding to the batch's longest row instead of ``max_length`` roughly halves the work). The held-out
+test split is evaluated in full.
+
+A tiny variant (:meth:`TextRecipe.tiny`) runs the same code on a 2-layer BERT built from a config, with the MiniLM
+vocabulary, in seconds: the serving tests use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
+
+from model_store.common import (
+    check_safetensors_only,
+    classification_metrics,
+    linear_warmup_decay,
+    make_readable,
+    seed_everything,
+)
+from model_store.data import (
+    SENTIMENT_LABELS,
+    TextExample,
+    label_counts,
+    load_tweets,
+    minilm_checkpoint_path,
+    split_tweets,
+    stratified_subsample,
+    tweets_csv_path,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Recipe source files whose content is part of the sentiment model's fingerprint.
+SOURCE_FILES = ("train_text.py", "data.py", "common.py")
+#: Config keyword that selects eager attention (the explainers need the attention probabilities).
+_EAGER: dict[str, Any] = {"attn_implementation": "eager"}
+
+
+@dataclass(frozen=True)
+class TextRecipe:
+    """Hyper-parameters of the text classifier. Every field is part of the build fingerprint.
+
+    Attributes:
+        base: ``"minilm"`` fine-tunes the packaged MiniLM checkpoint; ``"tiny"`` trains a random-init 2-layer BERT.
+        labels: Class names in index order (written to ``id2label``/``label2id``).
+        seed: Seed of the splits, the subsample, the head's initialisation, dropout and batch order.
+        test_fraction: Held-out test share of the deduplicated corpus (never trained on).
+        val_fraction: Validation share (monitoring only; never trained on either).
+        train_examples: Size of the stratified training subsample (``None``: the whole training split).
+        max_eval_examples: Cap on evaluated val/test rows (``None``: all of them; only the tiny recipe caps).
+        max_length: Truncation length in tokens while training and evaluating.
+        serve_max_length: ``handler.max_length`` written to ``model-config.yaml``.
+        epochs: Passes over the training subsample.
+        batch_size: Training batch size.
+        eval_batch_size: Evaluation batch size.
+        learning_rate: Peak AdamW learning rate (linear warm-up, then linear decay to 0).
+        weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
+        warmup_fraction: Share of the steps spent warming up.
+        freeze_word_embeddings: Keep the word-embedding matrix fixed.
+        tiny_hidden_size: Hidden size of the tiny BERT (``base="tiny"`` only).
+        tiny_layers: Layers of the tiny BERT.
+        tiny_heads: Attention heads of the tiny BERT.
+    """
+
+    base: Literal["minilm", "tiny"] = "minilm"
+    labels: tuple[str, ...] = SENTIMENT_LABELS
+    seed: int = 13
+    test_fraction: float = 0.15
+    val_fraction: float = 0.05
+    train_examples: int | None = 12_000
+    max_eval_examples: int | None = None
+    max_length: int = 64
+    serve_max_length: int = 128
+    epochs: int = 1
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.06
+    freeze_word_embeddings: bool = True
+    tiny_hidden_size: int = 32
+    tiny_layers: int = 2
+    tiny_heads: int = 2
+
+    @classmethod
+    def tiny(cls) -> TextRecipe:
+        """The seconds-long variant used by tests: tiny random-init BERT, 64 training rows, 128 evaluated rows."""
+        return cls(base="tiny", train_examples=64, max_eval_examples=128, max_length=32, batch_size=16)
+
+    def input_files(self) -> dict[str, Path]:
+        """Files whose bytes the recipe reads (hashed into the fingerprint)."""
+        checkpoint = minilm_checkpoint_path()
+        files = {
+            "tweets.csv": tweets_csv_path(),
+            "minilm/vocab.txt": checkpoint / "vocab.txt",
+            "minilm/tokenizer.json": checkpoint / "tokenizer.json",
+            "minilm/tokenizer_config.json": checkpoint / "tokenizer_config.json",
+        }
+        if self.base == "minilm":
+            files["minilm/config.json"] = checkpoint / "config.json"
+            files["minilm/model.safetensors"] = checkpoint / "model.safetensors"
+        return files
+
+
+def _encode(tokenizer: Any, examples: Sequence[TextExample], max_length: int) -> list[list[int]]:
+    """Tokenise texts without padding (padding is done per batch)."""
+    encoded = tokenizer([example.text for example in examples], truncation=True, max_length=max_length)
+    return [list(ids) for ids in encoded["input_ids"]]
+
+
+def length_bucketed_batches(
+    lengths: Sequence[int] | np.ndarray, batch_size: int, rng: np.random.Generator, bucket_batches: int = 50
+) -> list[np.ndarray]:
+    """Group item indices into batches of similar length, in random order.
+
+    The items are shuffled, cut into chunks of ``batch_size * bucket_batches``, each chunk is sorted by length and cut
+    into batches, and the batches are shuffled. Every index appears in exactly one batch.
+
+    Args:
+        lengths: Length of each item.
+        batch_size: Items per batch (the last batch of a chunk may be smaller).
+        rng: Source of the shuffles.
+        bucket_batches: Batches per sorted chunk; larger means less padding but less randomness.
+
+    Returns:
+        A list of index arrays.
+    """
+    lengths_array = np.asarray(lengths)
+    order = rng.permutation(len(lengths_array))
+    chunk = batch_size * bucket_batches
+    batches: list[np.ndarray] = []
+    for start in range(0, len(order), chunk):
+        part = order[start : start + chunk]
+        part = part[np.argsort(lengths_array[part], kind="stable")]
+        batches.extend(part[i : i + batch_size] for i in range(0, len(part), batch_size))
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def _collate(sequences: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad token id lists into ``input_ids``, ``attention_mask`` and ``token_type_ids`` tensors."""
+    width = max(len(ids) for ids in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids)}
+
+
+@torch.inference_mode()
+def predict_token_ids(
+    model: torch.nn.Module, sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int, desc: str, progress: bool
+) -> np.ndarray:
+    """Return the arg-max class of each token-id sequence (evaluated in length-sorted batches, returned in order)."""
+    model.eval()
+    order = np.argsort([len(ids) for ids in sequences], kind="stable")
+    predictions = np.empty(len(sequences), dtype=np.int64)
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress, leave=False):
+        idx = order[start : start + batch_size]
+        logits = model(**_collate([sequences[i] for i in idx], pad_id)).logits
+        predictions[idx] = logits.argmax(dim=-1).numpy()
+    return predictions
+
+
+def _build_model(recipe: TextRecipe, vocab_size: int, pad_id: int) -> BertForSequenceClassification:
+    """Create the classifier: MiniLM with a new head, or a random-init tiny BERT."""
+    id2label = dict(enumerate(recipe.labels))
+    label2id = {name: i for i, name in id2label.items()}
+    if recipe.base == "minilm":
+        model = AutoModelForSequenceClassification.from_pretrained(
+            minilm_checkpoint_path(),
+            num_labels=len(recipe.labels),
+            id2label=id2label,
+            label2id=label2id,
+            attn_implementation="eager",
+        )
+    else:
+        config = BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=recipe.tiny_hidden_size,
+            num_hidden_layers=recipe.tiny_layers,
+            num_attention_heads=recipe.tiny_heads,
+            intermediate_size=4 * recipe.tiny_hidden_size,
+            max_position_embeddings=max(recipe.serve_max_length, 512),
+            pad_token_id=pad_id,
+            id2label=id2label,
+            label2id=label2id,
+            **_EAGER,
+        )
+        model = BertForSequenceClassification(config)
+    if not isinstance(model, BertForSequenceClassification):
+        raise TypeError(f"expected a BertForSequenceClassification, got {type(model).__name__}")
+    return model
+
+
+def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Train the text classifier and save it as a Hugging Face checkpoint folder.
+
+    Args:
+        recipe: Hyper-parameters (see :class:`TextRecipe`).
+        model_dir: Folder to create; receives ``config.json``, ``model.safetensors`` and the tokenizer files.
+        progress: Show tqdm progress bars.
+
+    Returns:
+        Metrics: held-out test and validation metrics, split sizes and label counts, deduplication counts, seed,
+        timings, and the recipe.
+    """
+    started = time.perf_counter()
+    seed_everything(recipe.seed)
+    splits = split_tweets(load_tweets(), recipe.test_fraction, recipe.val_fraction, recipe.seed)
+    train = stratified_subsample(splits.train, recipe.train_examples, recipe.seed)
+    val = stratified_subsample(splits.val, recipe.max_eval_examples, recipe.seed)
+    test = stratified_subsample(splits.test, recipe.max_eval_examples, recipe.seed)
+    logger.info(
+        "sentiment: %d unique tweets -> train pool %d (using %d), val %d, test %d",
+        splits.dedup.rows_out,
+        len(splits.train),
+        len(train),
+        len(val),
+        len(test),
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
+    pad_id = int(tokenizer.pad_token_id)
+    train_ids = _encode(tokenizer, train, recipe.max_length)
+    train_labels = torch.tensor([example.label for example in train], dtype=torch.long)
+
+    seed_everything(recipe.seed)
+    model = _build_model(recipe, len(tokenizer), pad_id)
+    if recipe.freeze_word_embeddings:
+        model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+    no_decay = ("bias", "LayerNorm.weight")
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for n, p in trainable if not n.endswith(no_decay)], "weight_decay": recipe.weight_decay},
+            {"params": [p for n, p in trainable if n.endswith(no_decay)], "weight_decay": 0.0},
+        ],
+        lr=recipe.learning_rate,
+    )
+    rng = np.random.default_rng(recipe.seed)
+    epochs_batches = [
+        length_bucketed_batches([len(ids) for ids in train_ids], recipe.batch_size, rng) for _ in range(recipe.epochs)
+    ]
+    total_steps = sum(len(batches) for batches in epochs_batches)
+    scheduler = linear_warmup_decay(optimizer, total_steps, recipe.warmup_fraction)
+
+    train_started = time.perf_counter()
+    model.train()
+    bar = tqdm(total=total_steps, desc="sentiment: fine-tune", unit="batch", disable=not progress)
+    running_loss = 0.0
+    for batches in epochs_batches:
+        for step, idx in enumerate(batches):
+            batch = _collate([train_ids[i] for i in idx], pad_id)
+            loss = model(**batch, labels=train_labels[idx]).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for _, p in trainable], 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            running_loss = loss.item() if step == 0 else 0.98 * running_loss + 0.02 * loss.item()
+            bar.set_postfix(loss=f"{running_loss:.3f}", refresh=False)
+            bar.update()
+    bar.close()
+    train_seconds = time.perf_counter() - train_started
+
+    eval_started = time.perf_counter()
+    model.eval()
+    results: dict[str, Any] = {}
+    for split_name, examples in (("val", val), ("test", test)):
+        predictions = predict_token_ids(
+            model,
+            _encode(tokenizer, examples, recipe.max_length),
+            pad_id,
+            recipe.eval_batch_size,
+            f"sentiment: evaluate {split_name}",
+            progress,
+        )
+        results[split_name] = classification_metrics([e.label for e in examples], predictions.tolist(), recipe.labels)
+    eval_seconds = time.perf_counter() - eval_started
+
+    model_dir.mkdir(parents=True, exist_ok=False)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    check_safetensors_only(model_dir)
+    make_readable(model_dir)
+    logger.info(
+        "sentiment: test accuracy %.4f, macro-F1 %.4f (n=%d)",
+        results["test"]["accuracy"],
+        results["test"]["macro_f1"],
+        results["test"]["n"],
+    )
+    return {
+        "model": "sentiment",
+        "held_out": results["test"],
+        "validation": results["val"],
+        "split_sizes": {
+            "corpus_rows": splits.dedup.rows_in,
+            "unique_rows": splits.dedup.rows_out,
+            "train_pool": len(splits.train),
+            "train_used": len(train),
+            "val": len(val),
+            "test": len(test),
+            "test_fraction": recipe.test_fraction,
+        },
+        "label_counts": {"train_used": label_counts(train), "val": label_counts(val), "test": label_counts(test)},
+        "deduplication": asdict(splits.dedup),
+        "seed": recipe.seed,
+        "seconds": {
+            "train": round(train_seconds, 1),
+            "evaluate": round(eval_seconds, 1),
+            "total_recipe": round(time.perf_counter() - started, 1),
+        },
+        "torch_threads": torch.get_num_threads(),
+        "recipe": asdict(recipe),
+    }

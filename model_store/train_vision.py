@@ -1,0 +1,253 @@
+"""Recipe of the ``digits`` model: a small ViT trained from scratch on scikit-learn's 8×8 handwritten digits.
+
+Preprocessing is the saved image processor's, applied to PIL images, so that serving reproduces it for any PNG:
+``ViTImageProcessor`` converts to RGB (grey is replicated on 3 channels), resizes to 32×32 with bilinear
+resampling, rescales to [0, 1] and normalises with mean 0.5 / std 0.5 (background -1, ink +1). With 4×4 patches
+the patch grid is 8×8: one patch per pixel of the original digit, which makes patch attributions easy to read.
+Digits are bright strokes on a dark background (the dataset's convention): see
+:func:`model_store.data.load_digit_images`.
+
+Training augments with random translations of up to ``max_shift`` pixels (of the 32×32 image), filled with the
+background value.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
+
+from model_store.common import (
+    check_safetensors_only,
+    classification_metrics,
+    linear_warmup_decay,
+    make_readable,
+    seed_everything,
+)
+from model_store.data import DIGIT_LABELS, digits_data_path, load_digit_images, stratified_split_indices
+
+logger = logging.getLogger(__name__)
+
+#: Recipe source files whose content is part of the digits model's fingerprint.
+SOURCE_FILES = ("train_vision.py", "data.py", "common.py")
+#: Config keyword that selects eager attention (the explainers need the attention probabilities).
+_EAGER: dict[str, Any] = {"attn_implementation": "eager"}
+
+
+@dataclass(frozen=True)
+class VisionRecipe:
+    """Hyper-parameters of the digit classifier. Every field is part of the build fingerprint.
+
+    Attributes:
+        size: ``"small"`` (the default model) or ``"tiny"`` (seconds, for tests).
+        labels: Class names in index order.
+        seed: Seed of the splits, initialisation, augmentation and batch order.
+        test_fraction: Held-out test share (never trained on).
+        val_fraction: Validation share (monitoring only).
+        image_size: Side of the square model input, in pixels.
+        patch_size: Side of a ViT patch, in pixels.
+        hidden_size: Transformer width.
+        layers: Transformer blocks.
+        heads: Attention heads.
+        mlp_ratio: ``intermediate_size / hidden_size``.
+        epochs: Passes over the training split.
+        max_train_examples: Cap on training images (``None``: all; only the tiny recipe caps).
+        batch_size: Training batch size.
+        learning_rate: Peak AdamW learning rate (linear warm-up, then linear decay to 0).
+        weight_decay: AdamW weight decay.
+        warmup_fraction: Share of the steps spent warming up.
+        label_smoothing: Cross-entropy label smoothing.
+        max_shift: Largest random translation, in pixels of the model input, used as augmentation.
+    """
+
+    size: Literal["small", "tiny"] = "small"
+    labels: tuple[str, ...] = DIGIT_LABELS
+    seed: int = 13
+    test_fraction: float = 0.2
+    val_fraction: float = 0.1
+    image_size: int = 32
+    patch_size: int = 4
+    hidden_size: int = 64
+    layers: int = 4
+    heads: int = 4
+    mlp_ratio: int = 2
+    epochs: int = 40
+    max_train_examples: int | None = None
+    batch_size: int = 64
+    learning_rate: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_fraction: float = 0.05
+    label_smoothing: float = 0.1
+    max_shift: int = 3
+
+    @classmethod
+    def tiny(cls) -> VisionRecipe:
+        """The seconds-long variant used by tests: a 2-layer ViT of width 16, one epoch on 128 images."""
+        return cls(size="tiny", hidden_size=16, layers=2, heads=2, epochs=1, max_train_examples=128, batch_size=32)
+
+    def input_files(self) -> dict[str, Path]:
+        """Files whose bytes the recipe reads (hashed into the fingerprint)."""
+        return {"sklearn/digits.csv.gz": digits_data_path()}
+
+
+def make_image_processor(recipe: VisionRecipe) -> ViTImageProcessorPil:
+    """Return the image processor that defines the model's input (saved next to the weights)."""
+    return ViTImageProcessorPil(
+        do_convert_rgb=True,
+        do_resize=True,
+        size={"height": recipe.image_size, "width": recipe.image_size},
+        resample=Image.Resampling.BILINEAR,
+        do_rescale=True,
+        rescale_factor=1 / 255,
+        do_normalize=True,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+
+
+def preprocess(processor: ViTImageProcessorPil, images: np.ndarray) -> torch.Tensor:
+    """Turn ``uint8`` grey images ``(N, H, W)`` into ``pixel_values`` ``(N, 3, S, S)`` through the processor."""
+    pil_images = [Image.fromarray(image, mode="L") for image in images]
+    return processor(images=pil_images, return_tensors="pt")["pixel_values"]
+
+
+def random_shift(pixels: torch.Tensor, max_shift: int, fill: float, generator: torch.Generator) -> torch.Tensor:
+    """Translate each image of a batch ``(B, C, H, W)`` by a random integer offset in ``[-max_shift, max_shift]``.
+
+    Uncovered pixels take the value ``fill``. Returns a new tensor.
+    """
+    if max_shift <= 0:
+        return pixels.clone()
+    batch, _, height, width = pixels.shape
+    padded = torch.nn.functional.pad(pixels, (max_shift,) * 4, value=fill)
+    offsets = torch.randint(0, 2 * max_shift + 1, (batch, 2), generator=generator)
+    return torch.stack([padded[i, :, dy : dy + height, dx : dx + width] for i, (dy, dx) in enumerate(offsets.tolist())])
+
+
+def build_vit(recipe: VisionRecipe) -> ViTForImageClassification:
+    """Create the random-init ViT classifier described by the recipe (eager attention, no dropout)."""
+    id2label = dict(enumerate(recipe.labels))
+    config = ViTConfig(
+        image_size=recipe.image_size,
+        patch_size=recipe.patch_size,
+        num_channels=3,
+        hidden_size=recipe.hidden_size,
+        num_hidden_layers=recipe.layers,
+        num_attention_heads=recipe.heads,
+        intermediate_size=recipe.mlp_ratio * recipe.hidden_size,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        id2label=id2label,
+        label2id={name: i for i, name in id2label.items()},
+        **_EAGER,
+    )
+    return ViTForImageClassification(config)
+
+
+@torch.inference_mode()
+def predict_pixels(model: torch.nn.Module, pixels: torch.Tensor, batch_size: int = 256) -> np.ndarray:
+    """Return the arg-max class of each image of ``pixels`` ``(N, 3, S, S)``."""
+    model.eval()
+    out = [model(pixel_values=pixels[i : i + batch_size]).logits.argmax(-1) for i in range(0, len(pixels), batch_size)]
+    return torch.cat(out).numpy()
+
+
+def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Train the digit classifier and save it as a Hugging Face checkpoint folder.
+
+    Args:
+        recipe: Hyper-parameters (see :class:`VisionRecipe`).
+        model_dir: Folder to create; receives ``config.json``, ``model.safetensors``, ``preprocessor_config.json``.
+        progress: Show tqdm progress bars.
+
+    Returns:
+        Metrics: held-out test and validation metrics, split sizes, seed, timings and the recipe.
+    """
+    started = time.perf_counter()
+    seed_everything(recipe.seed)
+    images, labels = load_digit_images()
+    rest_idx, test_idx = stratified_split_indices(labels, recipe.test_fraction, recipe.seed)
+    train_pos, val_pos = stratified_split_indices(
+        labels[rest_idx], recipe.val_fraction / (1.0 - recipe.test_fraction), recipe.seed + 1
+    )
+    train_idx, val_idx = rest_idx[train_pos], rest_idx[val_pos]
+    if recipe.max_train_examples is not None and recipe.max_train_examples < len(train_idx):
+        train_idx = np.sort(np.random.default_rng(recipe.seed).choice(train_idx, recipe.max_train_examples, False))
+
+    processor = make_image_processor(recipe)
+    pixels = preprocess(processor, images)
+    targets = torch.from_numpy(labels)
+    background = float(pixels.min())
+
+    seed_everything(recipe.seed)
+    model = build_vit(recipe)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
+    steps_per_epoch = -(-len(train_idx) // recipe.batch_size)
+    total_steps = recipe.epochs * steps_per_epoch
+    scheduler = linear_warmup_decay(optimizer, total_steps, recipe.warmup_fraction)
+    generator = torch.Generator().manual_seed(recipe.seed)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
+    train_tensor = torch.from_numpy(train_idx)
+
+    train_started = time.perf_counter()
+    model.train()
+    bar = tqdm(total=total_steps, desc="digits: train", unit="batch", disable=not progress)
+    for epoch in range(recipe.epochs):
+        order = train_tensor[torch.randperm(len(train_tensor), generator=generator)]
+        for start in range(0, len(order), recipe.batch_size):
+            idx = order[start : start + recipe.batch_size]
+            batch = random_shift(pixels[idx], recipe.max_shift, background, generator)
+            loss = loss_fn(model(pixel_values=batch).logits, targets[idx])
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.3f}", refresh=False)
+            bar.update()
+    bar.close()
+    train_seconds = time.perf_counter() - train_started
+
+    results = {
+        name: classification_metrics(labels[idx].tolist(), predict_pixels(model, pixels[idx]).tolist(), recipe.labels)
+        for name, idx in (("val", val_idx), ("test", test_idx))
+    }
+    model_dir.mkdir(parents=True, exist_ok=False)
+    model.save_pretrained(model_dir)
+    processor.save_pretrained(model_dir)
+    check_safetensors_only(model_dir)
+    make_readable(model_dir)
+    logger.info(
+        "digits: test accuracy %.4f, macro-F1 %.4f (n=%d)",
+        results["test"]["accuracy"],
+        results["test"]["macro_f1"],
+        results["test"]["n"],
+    )
+    return {
+        "model": "digits",
+        "held_out": results["test"],
+        "validation": results["val"],
+        "split_sizes": {
+            "corpus_rows": len(labels),
+            "train_used": len(train_idx),
+            "val": len(val_idx),
+            "test": len(test_idx),
+            "test_fraction": recipe.test_fraction,
+        },
+        "seed": recipe.seed,
+        "seconds": {"train": round(train_seconds, 1), "total_recipe": round(time.perf_counter() - started, 1)},
+        "torch_threads": torch.get_num_threads(),
+        "input": {
+            "image_size": [recipe.image_size, recipe.image_size],
+            "patch_grid": [recipe.image_size // recipe.patch_size] * 2,
+            "convention": "bright digit on a dark background; any PNG mode, converted to RGB",
+        },
+        "recipe": asdict(recipe),
+    }
