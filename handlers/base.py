@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from explainers import available_methods
+from explainers import available_methods, get_method
 
 from . import metrics
 from .config import HandlerConfig
@@ -106,7 +106,7 @@ class ExplanationHandler:
                 stages = {"forward": timings.forward, "encode": encode_seconds}
                 if outcome.method is not None:
                     stages["attribution"] = outcome.attribution_seconds
-                    if timings.backward > 0 and outcome.method != "attention" and outcome.method != "rollout":
+                    if timings.backward > 0 and get_method(outcome.method).needs_gradients:
                         stages["backward"] = timings.backward
                 metrics.observe_row(self.model_name, outcome.method, stages)
             responses.append(body)

@@ -312,3 +312,25 @@ def test_prometheus_scrapes_and_answers_histogram_quantile(server: Server, tmp_p
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def test_exporter_has_stage_histograms_and_error_counters(server: Server) -> None:
+    status, _ = rest(server, "predictions", "sentiment", {"text": TEXT, "explain": {"method": "relevance"}})
+    assert status == 200
+    status, _ = rest(server, "predictions", "sentiment", {"text": TEXT, "explain": {"method": "lime"}})
+    assert status == 400
+    text = metrics_text(server)
+    for stage in ("forward", "backward", "attribution", "encode"):
+        assert any(
+            line.startswith("explain_stage_seconds_count")
+            and 'method="relevance"' in line
+            and f'stage="{stage}"' in line
+            and float(line.split()[-1]) >= 1
+            for line in text.splitlines()
+        ), f"no {stage} observations for relevance"
+    assert not any('stage="backward"' in line and 'method="attention"' in line for line in text.splitlines())
+    assert any(
+        line.startswith("explain_errors_total") and 'code="unknown_method"' in line and 'method="unknown"' in line
+        for line in text.splitlines()
+    )
+    assert 'le="0.001"' in text  # millisecond buckets
