@@ -181,3 +181,16 @@ def test_service_rejects_bad_images() -> None:
     outcomes, _ = service.run(rows, [Encoding.JSON, Encoding.JSON])
     assert outcomes[0].error is None and outcomes[0].grid is not None
     assert outcomes[1].error is not None and outcomes[1].error.code == "invalid_image"
+
+
+def test_bf16_autocast_forward_keeps_rows_valid() -> None:
+    archive = tiny_archives()["sentiment"]
+    document = yaml.safe_load((archive / "model-config.yaml").read_text())
+    document["handler"]["autocast_bf16"] = True
+    config = HandlerConfig.from_model_yaml(document)
+    service = ExplanationService(config, archive / "model", torch.device("cpu"))
+    row = decode_row({"body": {"text": "good food", "explain": {"method": "relevance"}}}, False, config)
+    outcomes, _ = service.run([row], [Encoding.JSON])
+    assert outcomes[0].error is None and outcomes[0].scores is not None
+    assert all(value == value for value in outcomes[0].scores)  # no NaN
+    assert abs(sum(outcomes[0].probabilities) - 1) < 1e-3
