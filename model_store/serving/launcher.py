@@ -136,7 +136,7 @@ def _link_store(
     ``overrides[name]`` sets keys (top-level TorchServe keys, and ``handler:`` keys merged into that section)."""
     store = run_dir / "model-store"
     shutil.rmtree(store, ignore_errors=True)
-    store.mkdir()
+    store.mkdir(parents=True)
     for name, path in models.items():
         source = (model_store / path).resolve()
         target = store / name
