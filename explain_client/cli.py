@@ -1,0 +1,246 @@
+"""``explain``: call the explanation service and show the answer.
+
+Examples::
+
+    explain "the crew was rude and the flight late" --method relevance
+    explain "the crew was rude" --compare attention,rollout,relevance --grpc --html out.html
+    explain --model digits --image digit.png --compare rollout,relevance --png out.png
+    explain --input tweets.txt --method rollout --jsonl results.jsonl      # one text per line, or JSON lines
+
+Where the server is: ``--url``/``--grpc-address`` (or ``$EXPLAIN_URL``/``$EXPLAIN_GRPC_ADDRESS``), else the server
+started by ``make start`` (``--run-dir``, default ``./run``: its ports and token file). The token: ``--token``,
+``$EXPLAIN_TOKEN``, ``--token-file``, ``$EXPLAIN_TOKEN_FILE``, else the run folder's ``key_file.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from tqdm.auto import tqdm
+
+from .client import DEFAULT_GRPC_ADDRESS, DEFAULT_REST_URL, ExplainClient, Request, load_requests
+from .render import MERGE_RULE, html_page, image_panel, terminal_compare, terminal_prediction
+from .results import Prediction, ServiceError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RUN_DIR = Path("run")
+
+
+def _options(values: Sequence[str]) -> dict[str, int]:
+    options: dict[str, int] = {}
+    for value in values:
+        key, separator, number = value.partition("=")
+        if not separator or not key:
+            raise argparse.ArgumentTypeError(f"--option expects NAME=INTEGER, got {value!r}")
+        try:
+            options[key] = int(number)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--option {key}: {number!r} is not an integer") from None
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``explain`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="explain",
+        description="Ask the explanation service for a prediction and its explanation, and show it.",
+        epilog=MERGE_RULE,
+    )
+    parser.add_argument("text", nargs="?", help="the text to explain (omit to read --input or stdin)")
+    parser.add_argument("--image", type=Path, help="a PNG/JPEG file to explain (image models)")
+    parser.add_argument(
+        "--input", help="file with many inputs, one per line or JSON lines ({'text'|'image'}); - = stdin"
+    )
+    parser.add_argument("--model", default="sentiment", help="served model name (default: sentiment)")
+    parser.add_argument("--method", default="relevance", help="attribution method (default: relevance)")
+    parser.add_argument(
+        "--compare", help="comma-separated methods shown side by side, e.g. attention,rollout,relevance"
+    )
+    parser.add_argument("--target", help="class to explain (label name or index; default: the predicted class)")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=INT", help="method option, repeatable")
+    parser.add_argument("--grpc", action="store_true", help="call over gRPC instead of REST")
+    parser.add_argument("--url", default=os.environ.get("EXPLAIN_URL"), help=f"REST base URL ({DEFAULT_REST_URL})")
+    parser.add_argument(
+        "--grpc-address",
+        default=os.environ.get("EXPLAIN_GRPC_ADDRESS"),
+        help=f"gRPC host:port ({DEFAULT_GRPC_ADDRESS})",
+    )
+    parser.add_argument("--run-dir", type=Path, help="folder of a server started by `make start` (default: ./run)")
+    parser.add_argument("--token", help="inference token (else $EXPLAIN_TOKEN, --token-file, $EXPLAIN_TOKEN_FILE)")
+    parser.add_argument("--token-file", type=Path, help="TorchServe key_file.json or a file holding the token")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per call (default 60)")
+    parser.add_argument("--concurrency", type=int, default=8, help="parallel calls for many inputs (default 8)")
+    parser.add_argument("--html", type=Path, help="write a self-contained HTML heatmap page")
+    parser.add_argument("--png", type=Path, help="image models: write the patch relevance over the input image")
+    parser.add_argument("--jsonl", type=Path, help="write one JSON result per input and method")
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="terminal colours")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def make_client(args: argparse.Namespace) -> ExplainClient:
+    """The client the arguments describe (explicit address, else the run folder, else the defaults)."""
+    transport = "grpc" if args.grpc else "rest"
+    common: dict[str, Any] = {"timeout": args.timeout, "concurrency": args.concurrency}
+    if args.token:
+        common["token"] = args.token
+    elif args.token_file:
+        common["token_file"] = args.token_file
+    explicit = args.url if transport == "rest" else args.grpc_address
+    run_dir = args.run_dir or DEFAULT_RUN_DIR
+    if not explicit and (args.run_dir or (run_dir / "ports.json").is_file()):
+        given = "token" in common or "token_file" in common
+        if not given and not os.environ.get("EXPLAIN_TOKEN") and not os.environ.get("EXPLAIN_TOKEN_FILE"):
+            common["token_file"] = run_dir / "key_file.json"
+        return ExplainClient.from_run_dir(run_dir, transport, **common)  # type: ignore[arg-type]
+    return ExplainClient(
+        transport,  # type: ignore[arg-type]
+        url=args.url or DEFAULT_REST_URL,
+        grpc_address=args.grpc_address or DEFAULT_GRPC_ADDRESS,
+        **common,
+    )
+
+
+def _read_inputs(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str | bytes], list[str]]:
+    """The inputs and how to display each one."""
+    if args.image is not None:
+        return [args.image.read_bytes()], [str(args.image)]
+    if args.text is not None:
+        return [args.text], [args.text]
+    if args.input and args.input != "-":
+        path = Path(args.input)
+        inputs = load_requests(path.read_text(encoding="utf-8").splitlines(), image_base=path.parent)
+    else:
+        inputs = load_requests(stdin.read().splitlines(), image_base=Path.cwd())
+    labels = [item if isinstance(item, str) else f"image #{index + 1}" for index, item in enumerate(inputs)]
+    return inputs, labels
+
+
+def _target(value: str | None) -> str | int | None:
+    if value is None:
+        return None
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 1 some input failed, 2 bad usage)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    stdin = stdin or sys.stdin
+    out = stdout or sys.stdout
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        options = _options(args.option)
+    except argparse.ArgumentTypeError as error:
+        parser.error(str(error))
+    methods = [name.strip() for name in (args.compare or args.method).split(",") if name.strip()]
+    if not methods:
+        parser.error("--compare needs at least one method")
+    try:
+        inputs, labels = _read_inputs(args, stdin)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    if not inputs:
+        parser.error("no input: give a text, --image, --input FILE or lines on stdin")
+    color = args.color == "always" or (args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR"))
+    target = _target(args.target)
+    requests = [
+        Request(
+            text=item if isinstance(item, str) else None,
+            image=item if isinstance(item, bytes) else None,
+            method=method,
+            target=target,
+            options=options,
+        )
+        for item in inputs
+        for method in methods
+    ]
+    try:
+        client = make_client(args)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    with (
+        client,
+        tqdm(
+            total=len(requests),
+            desc="explain",
+            unit="call",
+            file=sys.stderr,
+            disable=args.no_progress or len(inputs) < 2,
+        ) as bar,
+    ):
+
+        def advance(_index: int, _result: Prediction | ServiceError) -> None:
+            bar.update()
+
+        results = client.explain_many(args.model, requests, on_result=advance)
+    grouped = [results[index * len(methods) : (index + 1) * len(methods)] for index in range(len(inputs))]
+    failed = 0
+    for label, item_results in zip(labels, grouped, strict=True):
+        if len(inputs) > 1:
+            out.write(f"\n== {label}\n")
+        predictions = [result for result in item_results if isinstance(result, Prediction)]
+        for result, method in zip(item_results, methods, strict=True):
+            if isinstance(result, ServiceError):
+                failed += 1
+                out.write(f"error ({method}): {result.code}: {result.message}\n")
+        if not predictions:
+            continue
+        if len(methods) > 1 and len(predictions) > 1:
+            out.write(terminal_compare(predictions, color) + "\n")
+        else:
+            for prediction in predictions:
+                out.write(terminal_prediction(prediction, color) + "\n")
+    if any(isinstance(item, str) for item in inputs):
+        out.write(f"({MERGE_RULE})\n")
+    if args.jsonl:
+        with args.jsonl.open("w", encoding="utf-8") as handle:
+            for request, result in zip(requests, results, strict=True):
+                record: dict[str, Any] = {"input": request.text if request.text is not None else "<image>"}
+                record["method"] = request.method
+                if isinstance(result, Prediction):
+                    record.update(result.to_dict())
+                else:
+                    record["error"] = result.to_dict()
+                handle.write(json.dumps(record) + "\n")
+    if args.html:
+        images = [item if isinstance(item, bytes) else None for item in inputs]
+        page = html_page(list(zip(labels, grouped, strict=True)), f"{args.model}: {', '.join(methods)}", images)
+        args.html.write_text(page, encoding="utf-8")
+        out.write(f"wrote {args.html}\n")
+    if args.png:
+        written = _write_pngs(args.png, inputs, grouped)
+        if not written:
+            parser.error("--png needs an image input (--image or image lines) that was explained")
+        out.write("wrote " + ", ".join(str(path) for path in written) + "\n")
+    return 1 if failed else 0
+
+
+def _write_pngs(path: Path, inputs: Sequence[str | bytes], grouped: Sequence[Sequence[Any]]) -> list[Path]:
+    images = [(index, item) for index, item in enumerate(inputs) if isinstance(item, bytes)]
+    written: list[Path] = []
+    for index, image in images:
+        predictions = [result for result in grouped[index] if isinstance(result, Prediction) and result.explanation]
+        if not predictions:
+            continue
+        target = path if len(images) == 1 else path.with_name(f"{path.stem}-{index + 1}{path.suffix}")
+        image_panel(image, predictions).save(target)
+        written.append(target)
+    return written
+
+
+def entry_point() -> None:
+    """Console-script entry point (``explain``)."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry_point()

@@ -1,0 +1,476 @@
+"""``ExplainClient``: the explanation service over REST or gRPC, with one API and one set of result types.
+
+REST posts the JSON document of docs/SERVING.md to ``/predictions/{model}`` (the ``explain`` field says what to
+explain, so the route never decides it). gRPC calls TorchServe's ``Predictions`` RPC with ``input["request"]`` = a
+serialized ``ExplainRequest`` (proto/explain.proto) and reads the ``ExplainResponse``; TorchServe answers ``OK`` for
+a row that failed, so the row's ``error`` field is turned into the same :class:`ServiceError` a REST caller gets.
+
+The token (TorchServe's inference key) comes from, in order: the ``token`` argument, ``$EXPLAIN_TOKEN``, the
+``token_file`` argument, ``$EXPLAIN_TOKEN_FILE``. A token file is either TorchServe's ``key_file.json`` (the
+``inference`` key is used) or a text file holding the token.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from .results import Explanation, Prediction, ServiceError
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "EXPLAIN_TOKEN"
+TOKEN_FILE_ENV = "EXPLAIN_TOKEN_FILE"
+DEFAULT_REST_URL = "http://127.0.0.1:8080"
+DEFAULT_GRPC_ADDRESS = "127.0.0.1:7070"
+#: TorchServe's default max_request_size / max_response_size (bytes).
+MAX_MESSAGE_BYTES = 6_553_500
+
+Transport = Literal["rest", "grpc"]
+Target = str | int | None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One input and what to ask about it.
+
+    Attributes:
+        text: the text, for a text model.
+        image: PNG or JPEG bytes, for an image model.
+        method: the attribution method; ``None`` asks for the prediction only.
+        target: the class to explain (label name or index); ``None`` = the predicted class.
+        options: method options (``start_layer``, ``layer``, ``n_steps``, …).
+    """
+
+    text: str | None = None
+    image: bytes | None = None
+    method: str | None = None
+    target: Target = None
+    options: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Exactly one input."""
+        if (self.text is None) == (self.image is None):
+            raise ValueError("give exactly one of text= or image=")
+
+    def to_json(self) -> dict[str, Any]:
+        """The REST/JSON request document."""
+        document: dict[str, Any] = {}
+        if self.text is not None:
+            document["text"] = self.text
+        else:
+            document["image"] = base64.b64encode(self.image or b"").decode("ascii")
+        if self.method is None:
+            document["explain"] = False
+        else:
+            explain: dict[str, Any] = {"method": self.method, **dict(self.options)}
+            if self.target is not None:
+                explain["target"] = self.target
+            document["explain"] = explain
+        return document
+
+
+def read_token_file(path: Path) -> str:
+    """Read a token from TorchServe's ``key_file.json`` (its ``inference`` key) or from a plain text file.
+
+    Raises:
+        ValueError: if the file is empty or a JSON file without an inference key.
+    """
+    text = path.read_text(encoding="utf-8").strip()
+    if text.startswith("{"):
+        document = json.loads(text)
+        try:
+            return str(document["inference"]["key"])
+        except (KeyError, TypeError):
+            raise ValueError(f"{path}: a JSON token file needs {{'inference': {{'key': ...}}}}") from None
+    if not text:
+        raise ValueError(f"{path} is empty: expected a token")
+    return text
+
+
+def resolve_token(token: str | None = None, token_file: str | Path | None = None) -> str | None:
+    """The token to send: ``token``, else ``$EXPLAIN_TOKEN``, else the token file (argument, then
+    ``$EXPLAIN_TOKEN_FILE``); ``None`` when none is given (a server with token auth off)."""
+    if token:
+        return token
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    path = token_file or os.environ.get(TOKEN_FILE_ENV)
+    if path:
+        return read_token_file(Path(path))
+    return None
+
+
+class _Backend(Protocol):
+    def call(self, model: str, request: Request, timeout: float) -> Prediction: ...
+
+    def close(self) -> None: ...
+
+
+_HTTP_CODES = {404: "model_not_found", 413: "request_too_large", 500: "internal", 503: "unavailable"}
+
+
+class _RestBackend:
+    """JSON over HTTP with ``urllib`` (thread-safe: one connection per call)."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+
+    def call(self, model: str, request: Request, timeout: float) -> Prediction:
+        body = json.dumps(request.to_json()).encode("utf-8")
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        http_request = urllib.request.Request(f"{self.url}/predictions/{model}", body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(http_request, timeout=timeout) as response:
+                status, payload = int(response.status), response.read()
+        except urllib.error.HTTPError as error:
+            status, payload = int(error.code), error.read()
+        except TimeoutError as error:
+            raise ServiceError("timeout", f"no answer from {self.url} within {timeout:g} s") from error
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, TimeoutError):
+                raise ServiceError("timeout", f"no answer from {self.url} within {timeout:g} s") from error
+            raise ServiceError("unavailable", f"cannot reach {self.url}: {error.reason}") from error
+        try:
+            document = json.loads(payload)
+        except ValueError:
+            document = None
+        if isinstance(document, dict) and ("error" in document or status == 200):
+            return Prediction.from_dict(document)  # raises ServiceError for a row error
+        message = payload.decode("utf-8", "replace")[:500]
+        if isinstance(document, dict) and "message" in document:
+            message = str(document["message"])
+        code = _HTTP_CODES.get(status, f"http_{status}")
+        if status in (400, 401) and "token" in message.lower():
+            code = "unauthorized"
+        raise ServiceError(code, message, http_status=status)
+
+    def close(self) -> None:
+        return None
+
+
+class _GrpcBackend:
+    """Protobuf ``ExplainRequest`` inside TorchServe's ``Predictions`` RPC (one channel, shared by threads)."""
+
+    def __init__(self, address: str, token: str | None) -> None:
+        import grpc
+
+        from handlers.protos import explain_messages, inference_stubs
+
+        self._grpc = grpc
+        self.address = address
+        self.messages = explain_messages()
+        self.inference_pb2, inference_grpc = inference_stubs()
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
+        self.channel = grpc.insecure_channel(address, options=options)
+        self.stub = inference_grpc.InferenceAPIsServiceStub(self.channel)
+        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+
+    def _message(self, request: Request) -> Any:
+        message = self.messages.ExplainRequest()
+        if request.text is not None:
+            message.text = request.text
+        else:
+            message.image = request.image or b""
+        if request.method is not None:
+            message.explain.method = request.method
+            if isinstance(request.target, str):
+                message.explain.target_label = request.target
+            elif request.target is not None:
+                message.explain.target_id = int(request.target)
+            for key, value in request.options.items():
+                message.explain.options[key] = int(value)
+        return message
+
+    def call(self, model: str, request: Request, timeout: float) -> Prediction:
+        grpc = self._grpc
+        payload = self._message(request).SerializeToString()
+        predictions_request = self.inference_pb2.PredictionsRequest(model_name=model, input={"request": payload})
+        try:
+            reply = self.stub.Predictions(predictions_request, metadata=self.metadata, timeout=timeout)
+        except grpc.RpcError as error:
+            status = error.code()
+            details = error.details() or str(status)
+            if status == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise ServiceError(
+                    "timeout", f"no answer from {self.address} within {timeout:g} s", None, "DEADLINE_EXCEEDED"
+                ) from None
+            if status == grpc.StatusCode.UNAVAILABLE:
+                raise ServiceError(
+                    "unavailable", f"cannot reach {self.address}: {details}", None, status.name
+                ) from None
+            code = "unauthorized" if "token" in details.lower() else status.name.lower()
+            if "model not found" in details.lower() or "not found" in details.lower():
+                code = "model_not_found"
+            raise ServiceError(code, details, None, status.name) from None
+        response = self.messages.ExplainResponse.FromString(reply.prediction)
+        return _from_protobuf(response)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _from_protobuf(response: Any) -> Prediction:
+    """An ``ExplainResponse`` → :class:`Prediction` (or raise its row error)."""
+    if response.HasField("error"):
+        error = response.error
+        raise ServiceError(error.code, error.message, int(error.http_status) or None, error.grpc_code or None)
+    explanation: Explanation | None = None
+    if response.HasField("explanation"):
+        proto = response.explanation
+        grid = tuple(int(value) for value in proto.grid)
+        explanation = Explanation(
+            method=proto.method,
+            target=int(proto.target),
+            target_label=proto.target_label,
+            options={str(key): int(value) for key, value in proto.options.items()},
+            scores=tuple(float(value) for value in proto.scores),
+            tokens=None if grid else tuple(proto.tokens),
+            special_tokens=None if grid else tuple(bool(flag) for flag in proto.special_tokens),
+            grid=(grid[0], grid[1]) if grid else None,
+            seconds=float(proto.seconds),
+        )
+    # A protobuf map has no order (REST keeps the class order); compare probabilities as a mapping.
+    return Prediction(
+        label=response.label,
+        label_id=int(response.label_id),
+        probabilities={str(key): float(value) for key, value in response.probabilities.items()},
+        truncated=bool(response.truncated),
+        explanation=explanation,
+    )
+
+
+ResultOrError = Prediction | ServiceError
+
+
+class ExplainClient:
+    """A client of the explanation service, over REST or gRPC, with the same methods and results on both.
+
+    Example::
+
+        with ExplainClient(token_file="run/key_file.json") as client:
+            prediction = client.explain("sentiment", "the crew was rude", method="relevance")
+            print(prediction.label, prediction.explanation.tokens, prediction.explanation.scores)
+
+    Args:
+        transport: ``"rest"`` or ``"grpc"``.
+        url: REST base URL (default ``http://127.0.0.1:8080``).
+        grpc_address: gRPC inference ``host:port`` (default ``127.0.0.1:7070``).
+        token: the inference token; see :func:`resolve_token` for the other sources.
+        token_file: a file holding it (TorchServe's ``key_file.json`` or plain text).
+        timeout: seconds per call (REST socket timeout, gRPC deadline).
+        concurrency: parallel calls of :meth:`explain_many`.
+    """
+
+    def __init__(
+        self,
+        transport: Transport = "rest",
+        *,
+        url: str = DEFAULT_REST_URL,
+        grpc_address: str = DEFAULT_GRPC_ADDRESS,
+        token: str | None = None,
+        token_file: str | Path | None = None,
+        timeout: float = 60.0,
+        concurrency: int = 8,
+    ) -> None:
+        """Create the client (a gRPC channel is opened lazily by gRPC on the first call)."""
+        if transport not in ("rest", "grpc"):
+            raise ValueError(f"transport must be 'rest' or 'grpc', got {transport!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self.transport: Transport = transport
+        self.timeout = timeout
+        self.concurrency = concurrency
+        resolved = resolve_token(token, token_file)
+        self._backend: _Backend = (
+            _GrpcBackend(grpc_address, resolved) if transport == "grpc" else _RestBackend(url, resolved)
+        )
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str | Path, transport: Transport = "rest", **kwargs: Any) -> ExplainClient:
+        """A client of the server started from ``run_dir`` by ``python -m model_store.serving start`` (its
+        ``ports.json`` and ``key_file.json``)."""
+        run_dir = Path(run_dir)
+        ports_file = run_dir / "ports.json"
+        if not ports_file.is_file():
+            raise FileNotFoundError(f"{ports_file} not found: is a server running from {run_dir}? (make start)")
+        ports = json.loads(ports_file.read_text(encoding="utf-8"))
+        kwargs.setdefault("url", f"http://127.0.0.1:{ports['inference']}")
+        kwargs.setdefault("grpc_address", f"127.0.0.1:{ports['grpc_inference']}")
+        if "token" not in kwargs:
+            kwargs.setdefault("token_file", run_dir / "key_file.json")
+        return cls(transport, **kwargs)
+
+    def __enter__(self) -> ExplainClient:
+        """Use as a context manager; the channel is closed on exit."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the client."""
+        self.close()
+
+    def close(self) -> None:
+        """Close the gRPC channel (nothing to do for REST)."""
+        self._backend.close()
+
+    def call(self, model: str, request: Request, timeout: float | None = None) -> Prediction:
+        """Send one :class:`Request`.
+
+        Raises:
+            ServiceError: the row's error (code and message from the service's error table) or a transport error.
+        """
+        return self._backend.call(model, request, timeout or self.timeout)
+
+    def predict(self, model: str, text: str | None = None, *, image: bytes | None = None) -> Prediction:
+        """The prediction only (no explanation).
+
+        Raises:
+            ServiceError: see :meth:`call`.
+        """
+        return self.call(model, Request(text=text, image=image))
+
+    def explain(
+        self,
+        model: str,
+        text: str | None = None,
+        *,
+        image: bytes | None = None,
+        method: str = "relevance",
+        target: Target = None,
+        **options: int,
+    ) -> Prediction:
+        """The prediction and one explanation of it.
+
+        Args:
+            model: the served model name (``sentiment``, ``digits``).
+            text: the text, for a text model.
+            image: PNG/JPEG bytes, for an image model.
+            method: the attribution method.
+            target: the class to explain (name or index); ``None`` = the predicted class.
+            **options: method options (``start_layer``, ``layer``, ``n_steps``).
+
+        Raises:
+            ServiceError: see :meth:`call`.
+        """
+        return self.call(model, Request(text=text, image=image, method=method, target=target, options=options))
+
+    def explain_many(
+        self,
+        model: str,
+        requests: Iterable[Request | str | bytes],
+        *,
+        method: str | None = "relevance",
+        target: Target = None,
+        options: Mapping[str, int] | None = None,
+        on_result: Callable[[int, ResultOrError], None] | None = None,
+    ) -> list[ResultOrError]:
+        """Send many inputs as concurrent calls (``concurrency`` at a time; TorchServe batches them).
+
+        Args:
+            model: the served model name.
+            requests: :class:`Request` objects, or plain inputs (``str`` = text, ``bytes`` = image) that get
+                ``method``, ``target`` and ``options``.
+            method: for plain inputs; ``None`` = prediction only.
+            target: for plain inputs.
+            options: for plain inputs.
+            on_result: called with ``(index, result)`` as each call finishes (from a worker thread), e.g. to
+                advance a progress bar.
+
+        Returns:
+            One :class:`Prediction` or :class:`ServiceError` per input, in input order: a failed input does not
+            stop the others.
+        """
+        items = [self._as_request(item, method, target, options or {}) for item in requests]
+        results: list[ResultOrError | None] = [None] * len(items)
+        lock = threading.Lock()
+
+        def run(index: int) -> None:
+            try:
+                result: ResultOrError = self.call(model, items[index])
+            except ServiceError as error:
+                result = error
+            with lock:
+                results[index] = result
+            if on_result is not None:
+                on_result(index, result)
+
+        if len(items) <= 1 or self.concurrency == 1:
+            for index in range(len(items)):
+                run(index)
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
+                for future in [pool.submit(run, index) for index in range(len(items))]:
+                    future.result()
+        return [result for result in results if result is not None]
+
+    @staticmethod
+    def _as_request(
+        item: Request | str | bytes, method: str | None, target: Target, options: Mapping[str, int]
+    ) -> Request:
+        if isinstance(item, Request):
+            return item
+        if isinstance(item, str):
+            return Request(text=item, method=method, target=target, options=dict(options))
+        if isinstance(item, bytes | bytearray):
+            return Request(image=bytes(item), method=method, target=target, options=dict(options))
+        raise TypeError(f"expected a Request, str (text) or bytes (image), got {type(item).__name__}")
+
+
+def load_requests(lines: Sequence[str], *, image_base: Path | None = None) -> list[str | bytes]:
+    """Turn input lines into plain inputs for :meth:`ExplainClient.explain_many`.
+
+    A line is either plain text, or a JSON object (JSON lines) with ``"text"`` or ``"image"`` (a file path, relative
+    to ``image_base``, or base64 PNG/JPEG bytes). Blank lines are skipped.
+
+    Raises:
+        ValueError: for a JSON line without ``text``/``image``, naming the line number.
+    """
+    inputs: list[str | bytes] = []
+    for number, raw in enumerate(lines, start=1):
+        line = raw.rstrip("\n")
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                document = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"line {number}: invalid JSON ({error.msg})") from None
+            if isinstance(document.get("text"), str):
+                inputs.append(document["text"])
+            elif isinstance(document.get("image"), str):
+                inputs.append(_image_bytes(document["image"], image_base))
+            else:
+                raise ValueError(f"line {number}: a JSON line needs a 'text' or 'image' string")
+        else:
+            inputs.append(line)
+    return inputs
+
+
+def _image_bytes(value: str, base: Path | None) -> bytes:
+    path = Path(value)
+    if base is not None and not path.is_absolute():
+        path = base / path
+    if path.is_file():
+        return path.read_bytes()
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise ValueError(f"image {value!r} is neither a file nor base64") from None

@@ -1,0 +1,190 @@
+"""The result types a client gets back, identical for REST and gRPC: a :class:`Prediction` (with an optional
+:class:`Explanation`) or a :class:`ServiceError` (a per-row error of the service, or a transport failure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class ServiceError(Exception):
+    """A request the service did not answer with a prediction.
+
+    Attributes:
+        code: the service's error code (``unknown_method``, ``invalid_target``, … see docs/SERVING.md), or a
+            transport code: ``timeout``, ``unavailable``, ``unauthorized``, ``model_not_found``,
+            ``request_too_large``, ``internal`` or ``http_<status>``.
+        message: what was wrong and how to fix it (the server's message when it sent one).
+        http_status: the HTTP status a REST caller gets for it (``None`` when unknown, e.g. a timeout).
+        grpc_code: the gRPC status name (``INVALID_ARGUMENT``, …) when known.
+    """
+
+    def __init__(self, code: str, message: str, http_status: int | None = None, grpc_code: str | None = None) -> None:
+        """Create the error."""
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+        self.grpc_code = grpc_code
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as the JSON object the service uses (``code``, ``message``, ``http_status``, ``grpc_code``)."""
+        return {
+            "code": self.code,
+            "message": self.message,
+            "http_status": self.http_status,
+            "grpc_code": self.grpc_code,
+        }
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One attribution returned by the service.
+
+    Attributes:
+        method: registry name of the method (``relevance``, ``rollout``, …).
+        target: index of the class explained.
+        target_label: name of the class explained.
+        options: the method options used, defaults filled in.
+        scores: text: one score per token (special tokens included); images: ``grid[0] * grid[1]`` scores,
+            row-major over the patch grid.
+        tokens: text only: the tokenizer's pieces, aligned with ``scores``.
+        special_tokens: text only: which pieces are special tokens ([CLS], [SEP], …).
+        grid: images only: ``(grid_h, grid_w)``.
+        seconds: server-side attribution seconds of this row's method group.
+    """
+
+    method: str
+    target: int
+    target_label: str
+    options: Mapping[str, int]
+    scores: tuple[float, ...]
+    tokens: tuple[str, ...] | None = None
+    special_tokens: tuple[bool, ...] | None = None
+    grid: tuple[int, int] | None = None
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Check that the shapes agree."""
+        if self.grid is not None:
+            if len(self.scores) != self.grid[0] * self.grid[1]:
+                raise ValueError(f"{len(self.scores)} scores for a {self.grid[0]}x{self.grid[1]} grid")
+        elif self.tokens is not None:
+            special = self.special_tokens
+            if len(self.tokens) != len(self.scores) or (special is not None and len(special) != len(self.tokens)):
+                raise ValueError(f"{len(self.tokens)} tokens for {len(self.scores)} scores")
+
+    @property
+    def is_image(self) -> bool:
+        """Whether the scores lie on a patch grid."""
+        return self.grid is not None
+
+    def score_grid(self) -> list[list[float]]:
+        """Image scores as ``grid_h`` rows of ``grid_w`` values.
+
+        Raises:
+            ValueError: for a text explanation.
+        """
+        if self.grid is None:
+            raise ValueError("a text explanation has no patch grid")
+        height, width = self.grid
+        return [list(self.scores[row * width : (row + 1) * width]) for row in range(height)]
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> Explanation:
+        """Parse the ``explanation`` object of a JSON response."""
+        grid_value = document.get("grid")
+        raw_scores: Sequence[Any] = document.get("scores", [])
+        if grid_value is not None:
+            grid: tuple[int, int] | None = (int(grid_value[0]), int(grid_value[1]))
+            scores = tuple(float(value) for row in raw_scores for value in row)
+        else:
+            grid = None
+            scores = tuple(float(value) for value in raw_scores)
+        tokens = document.get("tokens")
+        special = document.get("special_tokens")
+        return cls(
+            method=str(document["method"]),
+            target=int(document["target"]),
+            target_label=str(document["target_label"]),
+            options={str(key): int(value) for key, value in dict(document.get("options", {})).items()},
+            scores=scores,
+            tokens=tuple(str(token) for token in tokens) if tokens is not None else None,
+            special_tokens=tuple(bool(flag) for flag in special) if special is not None else None,
+            grid=grid,
+            seconds=float(document.get("seconds", 0.0)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The explanation as a JSON-ready dict (image scores nested by grid row, as the REST API sends them)."""
+        document: dict[str, Any] = {
+            "method": self.method,
+            "target": self.target,
+            "target_label": self.target_label,
+            "options": dict(self.options),
+        }
+        if self.grid is not None:
+            document["grid"] = list(self.grid)
+            document["scores"] = self.score_grid()
+        else:
+            document["tokens"] = list(self.tokens or ())
+            document["special_tokens"] = list(self.special_tokens or ())
+            document["scores"] = list(self.scores)
+        document["seconds"] = self.seconds
+        return document
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The service's answer for one input.
+
+    Attributes:
+        label: the predicted class name.
+        label_id: its index.
+        probabilities: class name → probability (softmax of the logits).
+        truncated: text only: the input was longer than the model's ``max_length`` and was truncated.
+        explanation: the attribution, when one was asked for.
+    """
+
+    label: str
+    label_id: int
+    probabilities: Mapping[str, float]
+    truncated: bool = False
+    explanation: Explanation | None = None
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> Prediction:
+        """Parse a JSON response row.
+
+        Raises:
+            ServiceError: when the row carries an ``error`` object.
+        """
+        error = document.get("error")
+        if error is not None:
+            raise ServiceError(
+                str(error.get("code", "internal")),
+                str(error.get("message", "")),
+                error.get("http_status"),
+                error.get("grpc_code"),
+            )
+        explanation = document.get("explanation")
+        return cls(
+            label=str(document["label"]),
+            label_id=int(document["label_id"]),
+            probabilities={str(key): float(value) for key, value in dict(document["probabilities"]).items()},
+            truncated=bool(document.get("truncated", False)),
+            explanation=Explanation.from_dict(explanation) if explanation is not None else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The prediction as a JSON-ready dict (the service's REST response format)."""
+        document: dict[str, Any] = {
+            "label": self.label,
+            "label_id": self.label_id,
+            "probabilities": dict(self.probabilities),
+            "truncated": self.truncated,
+        }
+        if self.explanation is not None:
+            document["explanation"] = self.explanation.to_dict()
+        return document
