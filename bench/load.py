@@ -204,6 +204,23 @@ def format_table(cells: list[Cell], baseline: dict[str, float]) -> str:
                 if (variant, protocol, 1, method) in index
             )
             lines.append(f"| {protocol} | {method} | {speedup:.2f}x | {base:.1f} | {overheads} |")
+    lines.append("")
+    for protocol in sorted({c.protocol for c in cells}):
+        batched, single = (
+            index.get(("batched", protocol, 16, "relevance")),
+            index.get(("b1", protocol, 16, "relevance")),
+        )
+        if batched and single:
+            ratio = batched.throughput / single.throughput
+            verdict = "met" if ratio >= 2 else "NOT met"
+            lines.append(f"goal {protocol}: relevance batched/b1 throughput at c=16 = {ratio:.2f}x (>= 2x: {verdict})")
+        served = index.get(("batched", protocol, 1, "relevance"))
+        if served and "relevance" in baseline:
+            gap = served.p50_ms - baseline["relevance"] * 1000
+            verdict = "met" if gap <= 10 else "NOT met"
+            lines.append(
+                f"goal {protocol}: relevance c=1 served p50 - in-process p50 = {gap:+.1f} ms (<= 10: {verdict})"
+            )
     return "\n".join(lines)
 
 
