@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -108,12 +109,29 @@ class Server:
         return self.run_dir / "logs"
 
 
+def bind_address(variable: str) -> str:
+    """The address to bind named by the environment variable ``variable`` (``INFERENCE_ADDRESS`` or
+    ``METRICS_ADDRESS``), 127.0.0.1 when unset. Only for containers and pods, where the port must be reachable from
+    outside the container's loopback (docs/OPERATIONS.md); management is never configurable.
+
+    Raises:
+        ValueError: if the value is not an IP address literal.
+    """
+    value = os.environ.get(variable) or "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError(f"{variable}={value!r} is not an IP address (e.g. 127.0.0.1 or 0.0.0.0)") from None
+
+
 def write_config(run_dir: Path, ports: Ports, model_store: Path) -> Path:
     """Fill the template into ``run_dir/config.properties`` and return its path."""
     workflow_store = run_dir / "workflow-store"
     workflow_store.mkdir(parents=True, exist_ok=True)
     workflow_store.chmod(0o555)
     text = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
+        inference_host=bind_address("INFERENCE_ADDRESS"),
+        metrics_host=bind_address("METRICS_ADDRESS"),
         inference_port=ports.inference,
         management_port=ports.management,
         metrics_port=ports.metrics,
@@ -248,7 +266,10 @@ def start(
     config = write_config(run_dir, ports, store)
     exporter_log = (run_dir / "exporter.log").open("ab")
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "handlers.exporter", "--dir", str(metrics_dir), "--port", str(ports.exporter)],
+        [
+            *(sys.executable, "-m", "handlers.exporter", "--dir", str(metrics_dir)),
+            *("--port", str(ports.exporter), "--address", bind_address("METRICS_ADDRESS")),
+        ],
         cwd=REPO_ROOT,
         env=env,
         stdout=exporter_log,
