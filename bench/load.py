@@ -256,15 +256,21 @@ def main(argv: list[str] | None = None) -> int:
     server = start(run_dir, store, models, Ports.free(), timeout=300, overrides=overrides)
     cells: list[Cell] = []
     try:
-        for variant in models:
-            for protocol in args.protocols:
-                call = (_rest_caller if protocol == "rest" else _grpc_caller)(server, variant)
-                run_cell(call, [_document(text, "none") for text in texts[:8]], 4)  # warm-up
-                for concurrency in args.concurrency:
-                    count = args.requests if concurrency > 1 else args.requests_c1
-                    for method in args.methods:
-                        bodies = [_document(text, method) for text in texts[:count]]
-                        latencies, errors, seconds = run_cell(call, bodies, concurrency)
+        callers = {
+            (variant, protocol): (_rest_caller if protocol == "rest" else _grpc_caller)(server, variant)
+            for variant in models
+            for protocol in args.protocols
+        }
+        for call in callers.values():
+            run_cell(call, [_document(text, "relevance") for text in texts[:8]], 4)  # warm-up
+        # Variants interleaved cell by cell, so that load from elsewhere on the machine hits both alike.
+        for protocol in args.protocols:
+            for concurrency in args.concurrency:
+                count = args.requests if concurrency > 1 else args.requests_c1
+                for method in args.methods:
+                    bodies = [_document(text, method) for text in texts[:count]]
+                    for variant in models:
+                        latencies, errors, seconds = run_cell(callers[(variant, protocol)], bodies, concurrency)
                         milliseconds = [value * 1000 for value in latencies]
                         cell = Cell(
                             variant, protocol, concurrency, method, len(bodies), errors, round(seconds, 3),
