@@ -234,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), help="'none' = prediction only")
     parser.add_argument("--protocols", nargs="+", default=["rest", "grpc"], choices=["rest", "grpc"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 16])
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads of the workers and the in-process baseline"
+    )
     parser.add_argument("--out", type=Path, default=Path("run") / "bench-load.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -249,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no archive at {archive}: run `python -m model_store.build --only sentiment` or pass --tiny")
     relative = str(archive.resolve().relative_to(store.resolve()))
     models = {"batched": relative, "b1": relative}
-    overrides = {"batched": load_profile("cpu"), "b1": {**load_profile("cpu"), "batchSize": 1, "maxBatchDelay": 1}}
+    profile = load_profile("cpu")
+    if args.threads is not None:
+        profile["handler"] = {**profile.get("handler", {}), "threads": args.threads}
+        torch.set_num_threads(args.threads)
+    overrides = {"batched": profile, "b1": {**profile, "batchSize": 1, "maxBatchDelay": 1}}
     texts = make_texts(max(args.requests, args.requests_c1))
     baseline = in_process_p50(archive, texts[:24], args.methods)
     run_dir = Path("run") / "bench"

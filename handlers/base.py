@@ -63,6 +63,10 @@ class ExplanationHandler:
             raise ConfigError(f"handler.task is {config.task!r} but this is the {self.task} handler")
         properties = context.system_properties
         model_dir = Path(properties.get("model_dir", ".")) / config.model_dir
+        if config.threads is not None:
+            import torch
+
+            torch.set_num_threads(config.threads)
         device = select_device(config.device)
         gpu_id = properties.get("gpu_id")
         if device.type == "cuda" and gpu_id is not None:

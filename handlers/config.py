@@ -22,6 +22,7 @@ _KNOWN_KEYS = frozenset(
         "image_size",
         "max_image_bytes",
         "max_image_pixels",
+        "threads",
     }
 )
 
@@ -47,6 +48,8 @@ class HandlerConfig:
         image_size: Image: ``(height, width)`` of the model input.
         max_image_bytes: Image: largest accepted encoded image in bytes; larger is 413.
         max_image_pixels: Image: largest accepted decoded image (width × height); larger is 413.
+        threads: torch intra-op threads of the worker (``None``: torch's default, one per core). Set 1 when
+            several workers or other processes share few cores: oversubscribed OpenMP threads spin and stall.
     """
 
     task: Literal["text", "image"]
@@ -60,6 +63,7 @@ class HandlerConfig:
     image_size: tuple[int, int] | None = None
     max_image_bytes: int = 2_000_000
     max_image_pixels: int = 16_000_000
+    threads: int | None = None
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> HandlerConfig:
@@ -106,6 +110,7 @@ class HandlerConfig:
             image_size=image_size,
             max_image_bytes=_int_key(section, "max_image_bytes", 2_000_000),
             max_image_pixels=_int_key(section, "max_image_pixels", 16_000_000),
+            threads=_int_key(section, "threads", 1) if section.get("threads") is not None else None,
         )
         if config.max_length < 3:
             raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")

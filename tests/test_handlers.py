@@ -194,3 +194,11 @@ def test_bf16_autocast_forward_keeps_rows_valid() -> None:
     assert outcomes[0].error is None and outcomes[0].scores is not None
     assert all(value == value for value in outcomes[0].scores)  # no NaN
     assert abs(sum(outcomes[0].probabilities) - 1) < 1e-3
+
+
+def test_threads_key() -> None:
+    section = {"task": "text", "labels": ["a", "b"]}
+    assert HandlerConfig.from_model_yaml({"handler": section}).threads is None
+    assert HandlerConfig.from_model_yaml({"handler": {**section, "threads": 1}}).threads == 1
+    with pytest.raises(ConfigError, match="threads"):
+        HandlerConfig.from_model_yaml({"handler": {**section, "threads": 0}})
