@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving
+.PHONY: setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving soak test-ops
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
@@ -58,6 +58,15 @@ stop:
 # Handler unit tests and the TorchServe integration tests only.
 test-serving: setup
 	$(PY) -m pytest -q tests/test_handlers.py tests/integration
+
+# Hardening, reliability, fuzz and deploy-file tests only (docs/OPERATIONS.md); `make test` runs them too.
+test-ops: setup
+	$(PY) -m pytest -q tests/test_deploy.py tests/test_hardening.py tests/test_reliability.py tests/test_fuzz.py
+
+# The long reliability runs, outside CI's time budget: 60 s of mixed REST/gRPC load at concurrency 32 and 5,000
+# explanations of worker-memory soak (figures logged and appended to build/ops-figures.jsonl).
+soak: setup
+	SOAK=1 $(PY) -m pytest -q -o log_cli=true -o log_cli_level=WARNING tests/test_reliability.py
 
 bench-serving: setup
 	$(PY) -m bench.load

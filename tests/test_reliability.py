@@ -1,0 +1,198 @@
+"""Reliability of the served service under load and faults (real TorchServe on free loopback ports, bounded runs).
+
+- mixed load: REST and gRPC (JSON and protobuf), every method and plain prediction, text and image models, 5% bad
+  requests, at concurrency 32: zero failed good requests, every bad request gets its 4xx error;
+- a worker SIGKILLed mid-load: only the requests in flight at the kill fail, with a clear 5xx (no hang), and the
+  service answers again within 10 s;
+- worker memory over many explanations stays flat after warm-up.
+
+The default run is short enough for CI (10 s of load, 300 explanations). ``SOAK=1`` (``make soak``) runs the full
+versions: 60 s of load and 5,000 explanations. Figures are logged and appended to ``build/ops-figures.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from model_store.serving.launcher import Server
+from tests.ops_support import (
+    WORKERS,
+    log_figures,
+    ops_server,
+    resident_bytes,
+    rest_call,
+    run_load,
+    wait_for_worker,
+    worker_pids,
+)
+from tests.serving_support import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+SOAK = os.environ.get("SOAK") == "1"
+LOAD_SECONDS = 60.0 if SOAK else 10.0
+LOAD_MAX_REQUESTS = 30_000 if SOAK else 5_000
+MEMORY_EXPLANATIONS = 5_000 if SOAK else 300
+FIGURES = REPO_ROOT / "build" / "ops-figures.jsonl"
+RECOVERY_LIMIT_S = 10.0
+
+
+@pytest.fixture(scope="session")
+def server(request: pytest.FixtureRequest) -> Server:
+    return ops_server(request)
+
+
+def test_mixed_load_has_no_failed_good_request(server: Server) -> None:
+    report = run_load(server, concurrency=32, seconds=LOAD_SECONDS, max_requests=LOAD_MAX_REQUESTS, seed=1)
+    figures = report.summary()
+    log_figures(f"mixed_load_{int(LOAD_SECONDS)}s_c32", figures, FIGURES)
+    assert figures["requests"] >= 32, f"too few requests to mean anything: {figures}"
+    assert figures["rest"] > 0 and figures["grpc"] > 0 and figures["bad"] > 0, figures
+    assert len(figures["methods"]) >= 6, figures
+    assert not report.good_failures, [outcome.__dict__ for outcome in report.good_failures[:5]]
+    assert not report.bad_misanswered, [outcome.__dict__ for outcome in report.bad_misanswered[:5]]
+    assert server.torchserve_pid and worker_pids(server, "sentiment") and worker_pids(server, "digits")
+
+
+def test_worker_memory_stays_flat(server: Server) -> None:
+    """Resident memory of the text worker after a warm-up, then over ``MEMORY_EXPLANATIONS`` explanations sent by 8
+    threads (every method, varied texts so that shapes vary)."""
+    pid = wait_for_worker(server, "sentiment")
+    methods = ("relevance", "rollout", "attention", "gae", "grad_x_input", "integrated_gradients")
+    words = ["lovely", "awful", "quick", "slow", "crew", "seat", "food", "delay", "staff", "flight"]
+
+    def document(index: int) -> bytes:
+        text = " ".join(words[(index * 7 + k) % len(words)] for k in range(3 + index % 40))
+        explain: dict[str, Any] = {"method": methods[index % len(methods)]}
+        if explain["method"] == "integrated_gradients":
+            explain["n_steps"] = 8
+        return json.dumps({"text": text, "explain": explain}).encode()
+
+    def send(start: int, count: int) -> list[int]:
+        failures: list[int] = []
+        lock = threading.Lock()
+        counter = [start]
+
+        def loop() -> None:
+            while True:
+                with lock:
+                    index = counter[0]
+                    if index >= start + count:
+                        return
+                    counter[0] += 1
+                status, _ = rest_call(server, "sentiment", document(index))
+                if status != 200:
+                    with lock:
+                        failures.append(status)
+
+        threads = [threading.Thread(target=loop) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=900)
+        return failures
+
+    assert not send(0, 200), "warm-up requests failed"
+    baseline = resident_bytes(pid)
+    samples = [baseline]
+    chunk = max(50, MEMORY_EXPLANATIONS // 10)
+    done = 0
+    started = time.monotonic()
+    failures: list[int] = []
+    while done < MEMORY_EXPLANATIONS:
+        count = min(chunk, MEMORY_EXPLANATIONS - done)
+        failures += send(200 + done, count)
+        done += count
+        samples.append(resident_bytes(pid))
+    assert worker_pids(server, "sentiment") == [pid], "the worker restarted during the memory run"
+    growth = samples[-1] - baseline
+    second_half = samples[-1] - samples[len(samples) // 2]
+    figures = {
+        "explanations": done,
+        "failures": len(failures),
+        "seconds": round(time.monotonic() - started, 1),
+        "rss_after_warmup_mb": round(baseline / 2**20, 1),
+        "rss_end_mb": round(samples[-1] / 2**20, 1),
+        "growth_mb": round(growth / 2**20, 2),
+        "growth_second_half_mb": round(second_half / 2**20, 2),
+        "samples_mb": [round(sample / 2**20, 1) for sample in samples],
+    }
+    log_figures(f"worker_memory_{done}", figures, FIGURES)
+    assert not failures
+    # Flat: under 5% of the warm worker's size over the whole run, and no steady climb in its second half.
+    assert growth < 0.05 * baseline, figures
+    assert second_half < 0.025 * baseline, figures
+
+
+def test_killed_worker_comes_back_and_only_in_flight_requests_fail(server: Server) -> None:
+    """SIGKILL one of the text model's two workers 3 s into a load at concurrency 8: the requests of the batch it
+    was running fail with a clear 5xx (REST 507 "Worker died"; gRPC RESOURCE_EXHAUSTED, TorchServe's mapping of
+    507) and nothing hangs; the twin worker keeps answering; the killed worker is replaced."""
+    count = WORKERS["sentiment"]
+    wait_for_worker(server, "sentiment", count=count)
+    old_pid = worker_pids(server, "sentiment")[0]
+    kill_at: list[float] = []
+
+    def inject(elapsed: float) -> None:
+        if not kill_at and elapsed >= 3.0:
+            kill_at.append(time.monotonic())
+            os.kill(old_pid, signal.SIGKILL)
+
+    report = run_load(server, concurrency=8, seconds=16.0, max_requests=4_000, bad_fraction=0.0, seed=2,
+                      request_timeout=30.0, on_progress=inject)  # fmt: skip
+    assert kill_at, "the worker was never killed (load too short?)"
+    killed = kill_at[0]
+    wait_for_worker(server, "sentiment", not_pid=old_pid, timeout=90, count=count)
+    restarted = _replacement_ready_seconds(server, killed)
+    sentiment = [outcome for outcome in report.outcomes if outcome.model == "sentiment"]
+    failed = [outcome for outcome in report.outcomes if not outcome.ok]
+    in_flight = [outcome for outcome in sentiment if outcome.started <= killed < outcome.finished]
+    after = [outcome for outcome in sentiment if outcome.started > killed and outcome.ok]
+    recovery = min(outcome.finished for outcome in after) - killed if after else float("inf")
+    figures: dict[str, Any] = {
+        "requests": len(report.outcomes),
+        "served": sum(outcome.ok for outcome in report.outcomes),
+        "failed": len(failed),
+        "in_flight_at_kill": len(in_flight),
+        "failed_statuses": sorted({outcome.status for outcome in failed}),
+        "failed_details": sorted({outcome.detail[:120] for outcome in failed}),
+        "service_recovery_s": round(recovery, 2),
+        "worker_replaced_s": round(restarted, 2),
+        "max_latency_s": round(max(outcome.finished - outcome.started for outcome in report.outcomes), 2),
+        "workers_per_model": count,
+    }
+    log_figures("worker_kill", figures, FIGURES)
+    assert recovery <= RECOVERY_LIMIT_S, figures
+    # Only requests in flight at the kill failed, each with a clear server error, none on the other model.
+    assert all(outcome.model == "sentiment" for outcome in failed), figures
+    assert all(outcome.started <= killed < outcome.finished for outcome in failed), figures
+    assert all(outcome.status in {"500", "503", "507", "INTERNAL", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+               for outcome in failed), figures  # fmt: skip
+    assert len(failed) <= len(in_flight), figures
+    assert figures["max_latency_s"] < 30, figures
+    # The service is whole again.
+    status, reply = rest_call(server, "sentiment", b'{"text": "fine again", "explain": true}')
+    assert status == 200 and reply["explanation"]["scores"], reply
+
+
+def _replacement_ready_seconds(server: Server, killed: float) -> float:
+    """Seconds from the kill to the replacement worker's READY state, read from TorchServe's log (the state change
+    to WORKER_MODEL_LOADED after the kill), converted with the offset between the log clock and ``time.monotonic``.
+    """
+    now_wall, now_mono = time.time(), time.monotonic()
+    kill_wall = now_wall - (now_mono - killed)
+    loaded = []
+    for line in (server.log_dir / "ts_log.log").read_text(errors="replace").splitlines():
+        if "sentiment" in line and "-> WORKER_MODEL_LOADED" in line:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S,%f").replace(tzinfo=UTC).timestamp()
+            if stamp > kill_wall:
+                loaded.append(stamp)
+    return min(loaded) - kill_wall if loaded else float("inf")
