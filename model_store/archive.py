@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from model_store.common import make_readable
+from model_store.files import make_readable
 
 logger = logging.getLogger(__name__)
 

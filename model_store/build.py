@@ -37,11 +37,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from model_store import DEFAULT_BUILD_DIR, REPO_ROOT
 from model_store.archive import MANIFEST_PATH, ServingConfig, make_archive
-from model_store.data import file_sha256
+from model_store.files import file_sha256
 from model_store.fingerprint import (
     digest,
     input_hashes,
@@ -50,10 +48,7 @@ from model_store.fingerprint import (
     source_hashes,
     write_fingerprints,
 )
-from model_store.train_text import SOURCE_FILES as TEXT_SOURCES
-from model_store.train_text import TextRecipe, train_sentiment
-from model_store.train_vision import SOURCE_FILES as VISION_SOURCES
-from model_store.train_vision import VisionRecipe, train_digits
+from model_store.recipes import TEXT_SOURCE_FILES, VISION_SOURCE_FILES, TextRecipe, VisionRecipe
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +66,21 @@ TARGETS: dict[str, dict[str, float]] = {
 _LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "scikit-learn", "pillow")
 
 Trainer = Callable[..., dict[str, Any]]
+
+
+def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run :func:`model_store.train_text.train_sentiment` (imported on first use: torch and transformers are slow to
+    import, and a build whose fingerprints are unchanged never needs them)."""
+    from model_store.train_text import train_sentiment as train
+
+    return train(recipe, model_dir, progress=progress)
+
+
+def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run :func:`model_store.train_vision.train_digits` (imported on first use, see :func:`train_sentiment`)."""
+    from model_store.train_vision import train_digits as train
+
+    return train(recipe, model_dir, progress=progress)
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ def model_specs(
             name="sentiment",
             recipe=text,
             train=train_sentiment,
-            source_files=TEXT_SOURCES,
+            source_files=TEXT_SOURCE_FILES,
             serving=ServingConfig(task="text", labels=text.labels, max_length=text.serve_max_length),
             handler=text_handler,
             tiny=tiny,
@@ -126,7 +136,7 @@ def model_specs(
             name="digits",
             recipe=vision,
             train=train_digits,
-            source_files=VISION_SOURCES,
+            source_files=VISION_SOURCE_FILES,
             serving=ServingConfig(
                 task="image",
                 labels=vision.labels,
@@ -181,6 +191,8 @@ def _locked(path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def _torch_threads(threads: int | None) -> Iterator[None]:
     """Use ``threads`` intra-op threads inside the block (unchanged if None), restoring the previous number."""
+    import torch
+
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -252,6 +264,7 @@ def build_model(
                 if not metrics["targets"]["met"]:
                     logger.warning("%s: held-out metrics miss the targets %s", spec.name, TARGETS[spec.name])
             write_fingerprints(build_dir, {})  # the old model is about to go: invalidate first
+            shutil.rmtree(archive_dir, ignore_errors=True)  # never serve an archive of the old model
             shutil.rmtree(model_dir, ignore_errors=True)
             staging.rename(model_dir)
             metrics_path.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")

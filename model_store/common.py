@@ -76,13 +76,3 @@ def check_safetensors_only(model_dir: Path) -> None:
     pickled = [p.name for p in model_dir.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl"}]
     if pickled or not any(p.suffix == ".safetensors" for p in model_dir.iterdir()):
         raise RuntimeError(f"{model_dir}: expected safetensors weights only, found {sorted(os.listdir(model_dir))}.")
-
-
-def make_readable(folder: Path) -> None:
-    """Give every file under ``folder`` mode 0644 and every folder 0755.
-
-    safetensors writes weights with mode 0600; a TorchServe worker running as another user (as in the official
-    image) could then not read the archive.
-    """
-    for path in [folder, *folder.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)

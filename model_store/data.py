@@ -18,7 +18,6 @@ Decisions documented here because tests check them:
 from __future__ import annotations
 
 import csv
-import hashlib
 import importlib.util
 from collections import Counter
 from collections.abc import Sequence
@@ -26,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 SENTIMENT_LABELS: tuple[str, ...] = ("negative", "neutral", "positive")
 DIGIT_LABELS: tuple[str, ...] = tuple(str(d) for d in range(10))
@@ -69,15 +67,6 @@ def minilm_checkpoint_path() -> Path:
 def digits_data_path() -> Path:
     """Return the file scikit-learn's ``load_digits`` reads (used to fingerprint the input data)."""
     return _package_dir("sklearn") / "datasets" / "data" / "digits.csv.gz"
-
-
-def file_sha256(path: Path, chunk_size: int = 1 << 20) -> str:
-    """Return the hex SHA-256 of a file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -219,6 +208,8 @@ def stratified_split_indices(
     Returns:
         ``(train_indices, test_indices)``, each sorted ascending, disjoint, together covering every item.
     """
+    from sklearn.model_selection import train_test_split
+
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}.")
     y = np.asarray(labels)
@@ -270,6 +261,8 @@ def split_tweets(examples: Sequence[TextExample], test_fraction: float, val_frac
 def stratified_subsample(examples: Sequence[TextExample], size: int | None, seed: int) -> list[TextExample]:
     """Return ``size`` examples drawn without replacement, stratified on the label (all of them if ``size`` is None
     or not smaller than the input), in input order."""
+    from sklearn.model_selection import train_test_split
+
     if size is None or size >= len(examples):
         return list(examples)
     labels = [example.label for example in examples]

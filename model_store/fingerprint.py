@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from model_store import PACKAGE_DIR
-from model_store.data import file_sha256
+from model_store.files import file_sha256
 
 FINGERPRINT_FILE = "fingerprint.json"
 

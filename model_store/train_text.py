@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,92 +27,23 @@ from model_store.common import (
     check_safetensors_only,
     classification_metrics,
     linear_warmup_decay,
-    make_readable,
     seed_everything,
 )
 from model_store.data import (
-    SENTIMENT_LABELS,
     TextExample,
     label_counts,
     load_tweets,
     minilm_checkpoint_path,
     split_tweets,
     stratified_subsample,
-    tweets_csv_path,
 )
+from model_store.files import make_readable
+from model_store.recipes import TextRecipe
 
 logger = logging.getLogger(__name__)
 
-#: Recipe source files whose content is part of the sentiment model's fingerprint.
-SOURCE_FILES = ("train_text.py", "data.py", "common.py")
 #: Config keyword that selects eager attention (the explainers need the attention probabilities).
 _EAGER: dict[str, Any] = {"attn_implementation": "eager"}
-
-
-@dataclass(frozen=True)
-class TextRecipe:
-    """Hyper-parameters of the text classifier. Every field is part of the build fingerprint.
-
-    Attributes:
-        base: ``"minilm"`` fine-tunes the packaged MiniLM checkpoint; ``"tiny"`` trains a random-init 2-layer BERT.
-        labels: Class names in index order (written to ``id2label``/``label2id``).
-        seed: Seed of the splits, the subsample, the head's initialisation, dropout and batch order.
-        test_fraction: Held-out test share of the deduplicated corpus (never trained on).
-        val_fraction: Validation share (monitoring only; never trained on either).
-        train_examples: Size of the stratified training subsample (``None``: the whole training split).
-        max_eval_examples: Cap on evaluated val/test rows (``None``: all of them; only the tiny recipe caps).
-        max_length: Truncation length in tokens while training and evaluating.
-        serve_max_length: ``handler.max_length`` written to ``model-config.yaml``.
-        epochs: Passes over the training subsample.
-        batch_size: Training batch size.
-        eval_batch_size: Evaluation batch size.
-        learning_rate: Peak AdamW learning rate (linear warm-up, then linear decay to 0).
-        weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
-        warmup_fraction: Share of the steps spent warming up.
-        freeze_word_embeddings: Keep the word-embedding matrix fixed.
-        tiny_hidden_size: Hidden size of the tiny BERT (``base="tiny"`` only).
-        tiny_layers: Layers of the tiny BERT.
-        tiny_heads: Attention heads of the tiny BERT.
-    """
-
-    base: Literal["minilm", "tiny"] = "minilm"
-    labels: tuple[str, ...] = SENTIMENT_LABELS
-    seed: int = 13
-    test_fraction: float = 0.15
-    val_fraction: float = 0.05
-    train_examples: int | None = 12_000
-    max_eval_examples: int | None = None
-    max_length: int = 64
-    serve_max_length: int = 128
-    epochs: int = 1
-    batch_size: int = 32
-    eval_batch_size: int = 128
-    learning_rate: float = 1e-4
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.06
-    freeze_word_embeddings: bool = True
-    tiny_hidden_size: int = 32
-    tiny_layers: int = 2
-    tiny_heads: int = 2
-
-    @classmethod
-    def tiny(cls) -> TextRecipe:
-        """The seconds-long variant used by tests: tiny random-init BERT, 64 training rows, 128 evaluated rows."""
-        return cls(base="tiny", train_examples=64, max_eval_examples=128, max_length=32, batch_size=16)
-
-    def input_files(self) -> dict[str, Path]:
-        """Files whose bytes the recipe reads (hashed into the fingerprint)."""
-        checkpoint = minilm_checkpoint_path()
-        files = {
-            "tweets.csv": tweets_csv_path(),
-            "minilm/vocab.txt": checkpoint / "vocab.txt",
-            "minilm/tokenizer.json": checkpoint / "tokenizer.json",
-            "minilm/tokenizer_config.json": checkpoint / "tokenizer_config.json",
-        }
-        if self.base == "minilm":
-            files["minilm/config.json"] = checkpoint / "config.json"
-            files["minilm/model.safetensors"] = checkpoint / "model.safetensors"
-        return files
 
 
 def _encode(tokenizer: Any, examples: Sequence[TextExample], max_length: int) -> list[list[int]]:

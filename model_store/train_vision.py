@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,73 +29,16 @@ from model_store.common import (
     check_safetensors_only,
     classification_metrics,
     linear_warmup_decay,
-    make_readable,
     seed_everything,
 )
-from model_store.data import DIGIT_LABELS, digits_data_path, load_digit_images, stratified_split_indices
+from model_store.data import load_digit_images, stratified_split_indices
+from model_store.files import make_readable
+from model_store.recipes import VisionRecipe
 
 logger = logging.getLogger(__name__)
 
-#: Recipe source files whose content is part of the digits model's fingerprint.
-SOURCE_FILES = ("train_vision.py", "data.py", "common.py")
 #: Config keyword that selects eager attention (the explainers need the attention probabilities).
 _EAGER: dict[str, Any] = {"attn_implementation": "eager"}
-
-
-@dataclass(frozen=True)
-class VisionRecipe:
-    """Hyper-parameters of the digit classifier. Every field is part of the build fingerprint.
-
-    Attributes:
-        size: ``"small"`` (the default model) or ``"tiny"`` (seconds, for tests).
-        labels: Class names in index order.
-        seed: Seed of the splits, initialisation, augmentation and batch order.
-        test_fraction: Held-out test share (never trained on).
-        val_fraction: Validation share (monitoring only).
-        image_size: Side of the square model input, in pixels.
-        patch_size: Side of a ViT patch, in pixels.
-        hidden_size: Transformer width.
-        layers: Transformer blocks.
-        heads: Attention heads.
-        mlp_ratio: ``intermediate_size / hidden_size``.
-        epochs: Passes over the training split.
-        max_train_examples: Cap on training images (``None``: all; only the tiny recipe caps).
-        batch_size: Training batch size.
-        learning_rate: Peak AdamW learning rate (linear warm-up, then linear decay to 0).
-        weight_decay: AdamW weight decay.
-        warmup_fraction: Share of the steps spent warming up.
-        label_smoothing: Cross-entropy label smoothing.
-        max_shift: Largest random translation, in pixels of the model input, used as augmentation.
-    """
-
-    size: Literal["small", "tiny"] = "small"
-    labels: tuple[str, ...] = DIGIT_LABELS
-    seed: int = 13
-    test_fraction: float = 0.2
-    val_fraction: float = 0.1
-    image_size: int = 32
-    patch_size: int = 4
-    hidden_size: int = 64
-    layers: int = 4
-    heads: int = 4
-    mlp_ratio: int = 2
-    epochs: int = 40
-    max_train_examples: int | None = None
-    batch_size: int = 64
-    learning_rate: float = 2e-3
-    weight_decay: float = 0.05
-    warmup_fraction: float = 0.05
-    label_smoothing: float = 0.1
-    max_shift: int = 3
-
-    @classmethod
-    def tiny(cls) -> VisionRecipe:
-        """The seconds-long variant used by tests: a 2-layer ViT of width 16, one epoch on 128 images."""
-        return cls(size="tiny", hidden_size=16, layers=2, heads=2, epochs=1, max_train_examples=128, batch_size=32)
-
-    def input_files(self) -> dict[str, Path]:
-        """Files whose bytes the recipe reads (hashed into the fingerprint)."""
-        return {"sklearn/digits.csv.gz": digits_data_path()}
 
 
 def make_image_processor(recipe: VisionRecipe) -> ViTImageProcessorPil:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import replace
@@ -24,6 +27,7 @@ from transformers import (
     AutoTokenizer,
 )
 
+from model_store import REPO_ROOT
 from model_store import build as build_module
 from model_store.archive import MANIFEST_PATH, MODEL_CONFIG_FILE, ServingConfig
 from model_store.data import (
@@ -38,8 +42,9 @@ from model_store.data import (
     stratified_split_indices,
     stratified_subsample,
 )
+from model_store.recipes import VisionRecipe
 from model_store.train_text import length_bucketed_batches
-from model_store.train_vision import VisionRecipe, make_image_processor, preprocess, random_shift
+from model_store.train_vision import make_image_processor, preprocess, random_shift
 
 # --------------------------------------------------------------------------------------------------------------------
 # Data
@@ -304,7 +309,14 @@ def test_tiny_image_checkpoint_and_processor_reproduce_training_preprocessing(ti
         assert model(pixel_values=pixels).logits.shape == (2, 10)
 
 
-def test_tiny_build_is_reused_then_rebuilt_when_inputs_change(tiny_build: Path, handlers: dict[str, Path]) -> None:
+@pytest.fixture
+def own_build(tiny_build: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny build, for tests that change it."""
+    return Path(shutil.copytree(tiny_build, tmp_path / "build", symlinks=True))
+
+
+def test_tiny_build_is_reused_then_rebuilt_when_inputs_change(own_build: Path, handlers: dict[str, Path]) -> None:
+    tiny_build = own_build
     specs = build_module.model_specs(tiny=True, text_handler=handlers["text"], image_handler=handlers["image"])
     digits = specs["digits"]
     weights = tiny_build / "digits" / "model" / "model.safetensors"
@@ -369,3 +381,36 @@ def test_cli_reports_a_missing_handler(tmp_path: Path) -> None:
     # the model is trained and kept, so that a later run only packages it
     assert (tmp_path / "digits" / "model" / "config.json").is_file()
     assert not (tmp_path / "digits" / "archive").exists()
+
+
+def test_retraining_removes_the_stale_archive_even_if_packaging_fails(
+    own_build: Path, handlers: dict[str, Path]
+) -> None:
+    tiny_build = own_build
+    spec = build_module.model_specs(tiny=True, text_handler=handlers["text"])["sentiment"]
+    archive = tiny_build / "sentiment" / "archive"
+    assert (archive / MANIFEST_PATH).is_file()
+    changed = replace(spec, recipe=replace(spec.recipe, seed=99), handler=tiny_build / "missing_handler.py")
+    with pytest.raises(FileNotFoundError, match=r"missing_handler\.py"):
+        build_module.build_model(changed, tiny_build, progress=False, threads=1)
+    assert not archive.exists(), "an archive of the previous model must not survive a retrain"
+    restored = build_module.build_model(replace(changed, handler=handlers["text"]), tiny_build, progress=False)
+    assert not restored.trained and restored.archived, "the retrained model is kept; only packaging is redone"
+    assert json.loads((archive / "metrics.json").read_text())["seed"] == 99
+
+
+def test_up_to_date_check_does_not_import_torch(tiny_build: Path, handlers: dict[str, Path]) -> None:
+    # The serve command runs the build when archives are missing; an up-to-date build must stay cheap (no torch,
+    # transformers or scikit-learn import, which take seconds on a loaded machine).
+    script = (
+        "import sys; from model_store.build import main; "
+        f"status = main(['--tiny', '--only', 'sentiment', '--out', {str(tiny_build)!r}, "
+        f"'--text-handler', {str(handlers['text'])!r}, '-q', '--no-progress']); "
+        "heavy = [m for m in ('torch', 'transformers', 'sklearn') if m in sys.modules]; "
+        "print(status, heavy)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip().splitlines()[-1] == "0 []"
+    assert "reused" in result.stdout

@@ -1,0 +1,139 @@
+"""The recipes' hyper-parameters, as frozen dataclasses. Every field is part of a model's build fingerprint.
+
+Kept free of torch/transformers imports so that checking whether a build is up to date stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from model_store.data import DIGIT_LABELS, SENTIMENT_LABELS, digits_data_path, minilm_checkpoint_path, tweets_csv_path
+
+#: Recipe source files (relative to ``model_store/``) whose content is part of the sentiment model's fingerprint.
+TEXT_SOURCE_FILES = ("recipes.py", "train_text.py", "data.py", "common.py", "files.py")
+#: Recipe source files whose content is part of the digits model's fingerprint.
+VISION_SOURCE_FILES = ("recipes.py", "train_vision.py", "data.py", "common.py", "files.py")
+
+
+@dataclass(frozen=True)
+class TextRecipe:
+    """Hyper-parameters of the text classifier. Every field is part of the build fingerprint.
+
+    Attributes:
+        base: ``"minilm"`` fine-tunes the packaged MiniLM checkpoint; ``"tiny"`` trains a random-init 2-layer BERT.
+        labels: Class names in index order (written to ``id2label``/``label2id``).
+        seed: Seed of the splits, the subsample, the head's initialisation, dropout and batch order.
+        test_fraction: Held-out test share of the deduplicated corpus (never trained on).
+        val_fraction: Validation share (monitoring only; never trained on either).
+        train_examples: Size of the stratified training subsample (``None``: the whole training split).
+        max_eval_examples: Cap on evaluated val/test rows (``None``: all of them; only the tiny recipe caps).
+        max_length: Truncation length in tokens while training and evaluating.
+        serve_max_length: ``handler.max_length`` written to ``model-config.yaml``.
+        epochs: Passes over the training subsample.
+        batch_size: Training batch size.
+        eval_batch_size: Evaluation batch size.
+        learning_rate: Peak AdamW learning rate (linear warm-up, then linear decay to 0).
+        weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
+        warmup_fraction: Share of the steps spent warming up.
+        freeze_word_embeddings: Keep the word-embedding matrix fixed.
+        tiny_hidden_size: Hidden size of the tiny BERT (``base="tiny"`` only).
+        tiny_layers: Layers of the tiny BERT.
+        tiny_heads: Attention heads of the tiny BERT.
+    """
+
+    base: Literal["minilm", "tiny"] = "minilm"
+    labels: tuple[str, ...] = SENTIMENT_LABELS
+    seed: int = 13
+    test_fraction: float = 0.15
+    val_fraction: float = 0.05
+    train_examples: int | None = 12_000
+    max_eval_examples: int | None = None
+    max_length: int = 64
+    serve_max_length: int = 128
+    epochs: int = 1
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.06
+    freeze_word_embeddings: bool = True
+    tiny_hidden_size: int = 32
+    tiny_layers: int = 2
+    tiny_heads: int = 2
+
+    @classmethod
+    def tiny(cls) -> TextRecipe:
+        """The seconds-long variant used by tests: tiny random-init BERT, 64 training rows, 128 evaluated rows."""
+        return cls(base="tiny", train_examples=64, max_eval_examples=128, max_length=32, batch_size=16)
+
+    def input_files(self) -> dict[str, Path]:
+        """Files whose bytes the recipe reads (hashed into the fingerprint)."""
+        checkpoint = minilm_checkpoint_path()
+        files = {
+            "tweets.csv": tweets_csv_path(),
+            "minilm/vocab.txt": checkpoint / "vocab.txt",
+            "minilm/tokenizer.json": checkpoint / "tokenizer.json",
+            "minilm/tokenizer_config.json": checkpoint / "tokenizer_config.json",
+        }
+        if self.base == "minilm":
+            files["minilm/config.json"] = checkpoint / "config.json"
+            files["minilm/model.safetensors"] = checkpoint / "model.safetensors"
+        return files
+
+
+@dataclass(frozen=True)
+class VisionRecipe:
+    """Hyper-parameters of the digit classifier. Every field is part of the build fingerprint.
+
+    Attributes:
+        size: ``"small"`` (the default model) or ``"tiny"`` (seconds, for tests).
+        labels: Class names in index order.
+        seed: Seed of the splits, initialisation, augmentation and batch order.
+        test_fraction: Held-out test share (never trained on).
+        val_fraction: Validation share (monitoring only).
+        image_size: Side of the square model input, in pixels.
+        patch_size: Side of a ViT patch, in pixels.
+        hidden_size: Transformer width.
+        layers: Transformer blocks.
+        heads: Attention heads.
+        mlp_ratio: ``intermediate_size / hidden_size``.
+        epochs: Passes over the training split.
+        max_train_examples: Cap on training images (``None``: all; only the tiny recipe caps).
+        batch_size: Training batch size.
+        learning_rate: Peak AdamW learning rate (linear warm-up, then linear decay to 0).
+        weight_decay: AdamW weight decay.
+        warmup_fraction: Share of the steps spent warming up.
+        label_smoothing: Cross-entropy label smoothing.
+        max_shift: Largest random translation, in pixels of the model input, used as augmentation.
+    """
+
+    size: Literal["small", "tiny"] = "small"
+    labels: tuple[str, ...] = DIGIT_LABELS
+    seed: int = 13
+    test_fraction: float = 0.2
+    val_fraction: float = 0.1
+    image_size: int = 32
+    patch_size: int = 4
+    hidden_size: int = 64
+    layers: int = 4
+    heads: int = 4
+    mlp_ratio: int = 2
+    epochs: int = 30
+    max_train_examples: int | None = None
+    batch_size: int = 32
+    learning_rate: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_fraction: float = 0.05
+    label_smoothing: float = 0.1
+    max_shift: int = 3
+
+    @classmethod
+    def tiny(cls) -> VisionRecipe:
+        """The seconds-long variant used by tests: a 2-layer ViT of width 16, one epoch on 128 images."""
+        return cls(size="tiny", hidden_size=16, layers=2, heads=2, epochs=1, max_train_examples=128, batch_size=32)
+
+    def input_files(self) -> dict[str, Path]:
+        """Files whose bytes the recipe reads (hashed into the fingerprint)."""
+        return {"sklearn/digits.csv.gz": digits_data_path()}
