@@ -40,6 +40,8 @@ COPY model_store ./model_store
 COPY proto ./proto
 COPY explain_client ./explain_client
 COPY bench ./bench
+# The per-pod authenticating proxy (Kubernetes sidecar; deploy/kubernetes/deployment.yaml).
+COPY deploy/__init__.py deploy/auth_proxy.py ./deploy/
 RUN pip install -e . \
  && python -m handlers.protos \
  && if [ "${BUILD_MODELS}" = "true" ]; then python -m model_store.build --no-progress; fi \

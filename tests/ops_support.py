@@ -61,6 +61,13 @@ def ops_server(request: pytest.FixtureRequest) -> Server:
         overrides = {name: {"minWorkers": count, "maxWorkers": count} for name, count in WORKERS.items()}
         server = start(run_dir, store, models, Ports.free(), timeout=240, overrides=overrides)
         _SHARED["server"] = server
+        try:  # start() returns once each model has one READY worker; the tests need them all
+            for name, count in WORKERS.items():
+                wait_for_worker(server, name, count=count, timeout=180)
+        except BaseException:
+            stop(server.run_dir)
+            _SHARED.pop("server", None)
+            raise
 
     def _stop() -> None:
         with _LOCK:

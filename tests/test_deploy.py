@@ -186,20 +186,30 @@ def test_kubernetes_manifests_are_consistent() -> None:
     assert deployment["spec"]["selector"]["matchLabels"] == labels == by_kind["Service"]["spec"]["selector"]
     assert by_kind["NetworkPolicy"]["spec"]["podSelector"]["matchLabels"] == labels
     assert by_kind["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    containers = {item["name"]: item for item in deployment["spec"]["template"]["spec"]["containers"]}
+    container, proxy = containers["explain"], containers["auth-proxy"]
+    ports = {port["name"]: port["containerPort"] for item in containers.values() for port in item["ports"]}
     assert ports == {"http": 8080, "grpc": 7070, "ts-metrics": 8082, "metrics": 8083}, ports
-    assert 8081 not in ports.values() and 7071 not in ports.values(), "management must not be a container port"
+    assert {port["name"] for port in proxy["ports"]} == {"http", "grpc"}, "clients must come in through the proxy"
     env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["INFERENCE_ADDRESS"] == "127.0.0.1" and env["METRICS_ADDRESS"] == "0.0.0.0"
+    upstream = proxy["command"]
+    assert upstream[:3] == ["python", "-m", "deploy.auth_proxy"]
+    assert upstream[upstream.index("--upstream-rest-port") + 1] == env["INFERENCE_PORT"]
+    assert upstream[upstream.index("--upstream-grpc-port") + 1] == env["GRPC_INFERENCE_PORT"]
+    assert (REPO_ROOT / "deploy" / "auth_proxy.py").is_file()
     assert env["PROFILE"] in yaml.safe_load((REPO_ROOT / "model_store/serving/profiles.yaml").read_text())
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    for item in containers.values():
+        assert item["securityContext"]["allowPrivilegeEscalation"] is False
+        assert item["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     monitor_ports = {endpoint["port"] for endpoint in by_kind["PodMonitor"]["spec"]["podMetricsEndpoints"]}
     assert monitor_ports == {"metrics", "ts-metrics"}
     policy_ports = {port["port"] for rule in by_kind["NetworkPolicy"]["spec"]["ingress"] for port in rule["ports"]}
     assert policy_ports == {8080, 7070, 8082, 8083}
-    predictor = by_kind["InferenceService"]["spec"]["predictor"]["containers"][0]
-    assert predictor["ports"][0]["containerPort"] == 8080 and predictor["image"] == container["image"]
+    predictor = by_kind["InferenceService"]["spec"]["predictor"]["containers"]
+    assert predictor[0]["command"] == proxy["command"] and predictor[0]["ports"][0]["containerPort"] == 8080
+    assert {item["image"] for item in predictor} == {container["image"]}
 
 
 @pytest.fixture(scope="session")

@@ -103,7 +103,29 @@ images = st.one_of(
     st.builds(_png_header_only, st.sampled_from([1, 5000, 70000]), st.sampled_from([1, 5000, 70000])),
     st.binary(max_size=64),
 )
+plausible_explain = st.fixed_dictionaries(
+    {"method": st.sampled_from(available_methods())},
+    optional={
+        "target": st.one_of(st.sampled_from(LABELS), st.integers(-1, 3)),
+        "start_layer": st.integers(-1, 3),
+        "layer": st.integers(-3, 3),
+        "n_steps": st.integers(0, 12),
+        "internal_batch_size": st.integers(0, 9),
+    },
+)
+plausible_documents = st.one_of(
+    st.fixed_dictionaries(
+        {"text": st.text(min_size=1, max_size=300)},
+        optional={"explain": st.one_of(st.booleans(), plausible_explain)},
+    ),
+    st.fixed_dictionaries(
+        {"image": st.builds(_png, st.integers(1, 48), st.integers(1, 48), st.integers(0, 255)).map(b64)},
+        optional={"explain": st.one_of(st.booleans(), plausible_explain)},
+    ),
+)
 documents = st.one_of(
+    plausible_documents,
+    plausible_documents,
     st.fixed_dictionaries(
         {},
         optional={
