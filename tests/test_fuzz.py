@@ -211,7 +211,7 @@ def _decode(row: dict[str, Any], header: bool, config: HandlerConfig) -> Decoded
 def test_decoders_never_crash_or_5xx(services: dict[str, ExplanationService], model: str) -> None:
     config = services[model].config
 
-    @settings(max_examples=1500 * SCALE, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=1000 * SCALE, deadline=None, suppress_health_check=list(HealthCheck))
     @given(row=rows, header=st.booleans())
     @example(row={"body": _png_header_only(70000, 70000)}, header=True)
     @example(
@@ -234,7 +234,7 @@ def test_service_answers_every_fuzzed_row_without_internal_errors(
 ) -> None:
     service = services[model]
 
-    @settings(max_examples=150 * SCALE, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=100 * SCALE, deadline=None, suppress_health_check=list(HealthCheck))
     @given(batch=st.lists(st.tuples(rows, st.booleans()), min_size=1, max_size=4))
     def check(batch: list[tuple[dict[str, Any], bool]]) -> None:
         CASES[f"service_{model}"] += 1
@@ -279,7 +279,7 @@ def test_fuzzed_requests_to_the_real_server_get_no_5xx(server: Server) -> None:
     caller = GrpcCaller(server)
     seen: Counter[str] = Counter()
 
-    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
     @given(
         model=st.sampled_from(sorted(server.models)),
         route=st.sampled_from(["predictions", "explanations"]),
