@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -59,7 +60,17 @@ def ops_server(request: pytest.FixtureRequest) -> Server:
         models = {name: str(path.relative_to(store)) for name, path in archives.items()}
         run_dir = request.getfixturevalue("tmp_path_factory").mktemp("ops-run")
         overrides = {name: {"minWorkers": count, "maxWorkers": count} for name, count in WORKERS.items()}
-        server = start(run_dir, store, models, Ports.free(), timeout=240, overrides=overrides)
+        # Three workers on a few shared cores: one intra-op thread each (inherited by TorchServe and its workers,
+        # restarted ones included), or their thread pools oversubscribe the cores.
+        previous = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            server = start(run_dir, store, models, Ports.free(), timeout=240, overrides=overrides)
+        finally:
+            if previous is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = previous
         _SHARED["server"] = server
         try:  # start() returns once each model has one READY worker; the tests need them all
             for name, count in WORKERS.items():

@@ -19,7 +19,7 @@ import yaml
 
 from handlers import metrics
 from model_store.serving.launcher import Ports, Server
-from tests.ops_support import ops_server, rest_call
+from tests.ops_support import ops_server, rest_call, worker_pids
 from tests.serving_support import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -237,9 +237,17 @@ def test_real_prometheus_loads_the_compose_config_and_answers_the_dashboard(serv
             document["explain"] = {"method": method}
         assert rest_call(server, "sentiment", json.dumps(document).encode())[0] == 200
     assert rest_call(server, "sentiment", b'{"text": "x", "explain": {"method": "lime"}}')[0] == 400
+    exporter = shutil.which("prometheus-process-exporter") or shutil.which("process-exporter")
+    if exporter is None:
+        pytest.fail("process-exporter is missing: apt-get install -y prometheus-process-exporter (.ci/run does)")
+    exporter_port = Ports.free().inference
     config = yaml.safe_load(PROMETHEUS.read_text())
     config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"
-    rewrite = {"127.0.0.1:8083": server.ports.exporter, "127.0.0.1:8082": server.ports.metrics}
+    rewrite = {
+        "127.0.0.1:8083": server.ports.exporter,
+        "127.0.0.1:8082": server.ports.metrics,
+        "127.0.0.1:9256": exporter_port,
+    }
     for job in config["scrape_configs"]:
         for static in job["static_configs"]:
             static["targets"] = [
@@ -249,6 +257,11 @@ def test_real_prometheus_loads_the_compose_config_and_answers_the_dashboard(serv
     shutil.copy(RULES, tmp_path / RULES.name)
     port = Ports.free().inference
     log = (tmp_path / "prometheus.log").open("wb")
+    memory = subprocess.Popen(
+        [exporter, f"-config.path={DEPLOY / 'process-exporter' / 'process-exporter.yml'}",
+         f"-web.listen-address=127.0.0.1:{exporter_port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
     process = subprocess.Popen(
         [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],
@@ -266,9 +279,14 @@ def test_real_prometheus_loads_the_compose_config_and_answers_the_dashboard(serv
                 data = _prometheus_query(port, "explain_explanations_total")
             except OSError:
                 continue
-            if up.get("explanations") == 1 and up.get("torchserve") == 1 and data["data"]["result"]:
+            if (
+                all(up.get(job) == 1 for job in ("explanations", "torchserve", "worker-processes"))
+                and data["data"]["result"]
+            ):
                 break
-        assert up.get("explanations") == 1 and up.get("torchserve") == 1, f"{up}; see {tmp_path / 'prometheus.log'}"
+        assert all(up.get(job) == 1 for job in ("explanations", "torchserve", "worker-processes")), (
+            f"{up}; see {tmp_path / 'prometheus.log'}"
+        )
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=10) as response:
             rules = json.loads(response.read())["data"]["groups"]
         assert sum(len(group["rules"]) for group in rules) == len(
@@ -280,13 +298,23 @@ def test_real_prometheus_loads_the_compose_config_and_answers_the_dashboard(serv
             concrete = expression.replace("$__rate_interval", "1m").replace("$model", ".*")
             answer = _prometheus_query(port, concrete)
             assert answer["status"] == "success", (expression, answer)
-            if "explain_" in expression and not answer["data"]["result"]:
+            if ("explain_" in expression or "namedprocess" in expression) and not answer["data"]["result"]:
                 empty.append(expression)
         assert not empty, f"dashboard queries with no data after traffic: {empty}"
+        # The worker-memory panel has one series per worker of the server (grouped by worker socket number).
+        groups = _prometheus_query(port, 'namedprocess_namegroup_memory_bytes{memtype="resident"}')["data"]["result"]
+        names = {item["metric"]["groupname"] for item in groups}
+        sockets = set()
+        for model in server.models:
+            for pid in worker_pids(server, model):
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                sockets.add(re.search(r"\.ts\.sock\.(\d+)", command).group(1))  # type: ignore[union-attr]
+        assert {f"torchserve-worker-{socket}" for socket in sockets} | {"torchserve-frontend"} <= names, names
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        for child in (process, memory):
+            child.terminate()
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
