@@ -10,13 +10,16 @@ these rules (their ``layers_ours.py``), which this module implements for whole p
   the relevance that entered the sum (:func:`add_relprop`). The authors' code sums over the whole tensor,
   batch included; here each example is normalised on its own, which is what makes batching exact;
 * a tensor used several times (:func:`clone_relprop`): the relevances of the uses are summed;
-* LayerNorm, softmax, GELU/ReLU/tanh, dropout and the additive attention mask pass relevance unchanged.
+* the additive attention mask of text models: the skip-connection rule with a zero mask
+  (:func:`masked_scores_relprop`), as the reference code does;
+* LayerNorm, softmax, GELU/ReLU/tanh and dropout pass relevance unchanged.
 
 All functions take and return tensors; nothing here touches a model.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,18 +67,21 @@ def linear_relprop(inputs: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
     return (flat * shares).view(shape)
 
 
-def matmul_relprop(left: Tensor, right: Tensor, relevance: Tensor) -> tuple[Tensor, Tensor]:
+def matmul_relprop(
+    left: Tensor, right: Tensor, relevance: Tensor, product: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """LRP-z rule through ``Z = left @ right`` for both operands (each gets the full share; callers halve).
 
     Args:
         left: ``(..., n, k)``.
         right: ``(..., k, m)``.
         relevance: ``(..., n, m)`` relevance of ``Z``.
+        product: ``left @ right`` if the caller already has it.
 
     Returns:
         The relevance of ``left`` ``(..., n, k)`` and of ``right`` ``(..., k, m)``.
     """
-    scaled = safe_divide(relevance, left @ right)
+    scaled = safe_divide(relevance, left @ right if product is None else product)
     return left * (scaled @ right.transpose(-1, -2)), right * (left.transpose(-1, -2) @ scaled)
 
 
@@ -98,6 +104,25 @@ def add_relprop(first: Tensor, second: Tensor, relevance: Tensor) -> tuple[Tenso
     target_first = safe_divide(sum_first.abs(), magnitude) * total
     target_second = safe_divide(sum_second.abs(), magnitude) * total
     return share_first * safe_divide(target_first, sum_first), share_second * safe_divide(target_second, sum_second)
+
+
+def masked_scores_relprop(scores: Tensor, relevance: Tensor) -> Tensor:
+    """Relevance of the attention scores through the additive attention mask ``scores + mask``.
+
+    Chefer et al.'s BERT code propagates through this addition with the skip-connection rule; with the mask 0 on
+    real tokens the mask gets nothing and the scores get ``scores·R/scores``, renormalised (per example here) to
+    the relevance that entered. Padded keys carry no relevance, so padding does not change a row's result.
+
+    Args:
+        scores: ``(batch, heads, n, n)`` scaled attention scores ``Q·Kᵀ/√d`` before the mask.
+        relevance: ``(batch, heads, n, n)`` relevance of the masked scores.
+    """
+    share = scores * safe_divide(relevance, scores)
+    dims = tuple(range(1, relevance.dim()))
+    total = relevance.sum(dim=dims, keepdim=True)
+    share_sum = share.sum(dim=dims, keepdim=True)
+    target = safe_divide(share_sum.abs(), share_sum.abs()) * total
+    return share * safe_divide(target, share_sum)
 
 
 def clone_relprop(value: Tensor, relevances: Sequence[Tensor]) -> Tensor:
@@ -172,6 +197,7 @@ def block_relprop(
     num_heads: int,
     norm_first: bool,
     propagate_below: bool = True,
+    masked: bool = False,
 ) -> tuple[Tensor | None, Tensor]:
     """Propagate relevance through one block, from its output to its input.
 
@@ -182,6 +208,8 @@ def block_relprop(
         num_heads: attention heads.
         norm_first: pre-LayerNorm block (ViT) if True, post-LayerNorm (BERT family) if False.
         propagate_below: if False, stop once the attention relevance is known (the input relevance is not needed).
+        masked: the scores pass through an additive attention mask (text models; see
+            :func:`masked_scores_relprop`).
 
     Returns:
         The relevance of the block's input (``None`` if ``propagate_below`` is False) and the relevance of the
@@ -209,7 +237,12 @@ def block_relprop(
 
     query = split_heads(acts.query, num_heads)
     key = split_heads(acts.key, num_heads)
-    relevance_query, relevance_key_t = matmul_relprop(query, key.transpose(-1, -2), relevance_probabilities)
+    key_t = key.transpose(-1, -2)
+    product = query @ key_t
+    relevance_scores = relevance_probabilities  # the softmax passes relevance unchanged
+    if masked:
+        relevance_scores = masked_scores_relprop(product / math.sqrt(query.shape[-1]), relevance_scores)
+    relevance_query, relevance_key_t = matmul_relprop(query, key_t, relevance_scores, product)
     relevance_query = merge_heads(relevance_query / 2)
     relevance_key = merge_heads(relevance_key_t.transpose(-1, -2) / 2)
     relevance_value = merge_heads(relevance_value)
@@ -253,6 +286,7 @@ def attention_relevances(
     num_heads: int,
     norm_first: bool,
     start_layer: int = 0,
+    masked: bool = False,
 ) -> list[Tensor | None]:
     """LRP relevance of every block's attention probabilities, from the target logit down to ``start_layer``.
 
@@ -266,6 +300,7 @@ def attention_relevances(
         num_heads: attention heads.
         norm_first: pre-LayerNorm blocks (ViT) or post-LayerNorm blocks (BERT family).
         start_layer: the lowest block whose attention relevance is needed; blocks below are not visited.
+        masked: the attention scores pass through an additive mask (text models).
 
     Returns:
         One ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``).
@@ -275,7 +310,13 @@ def attention_relevances(
     cams: list[Tensor | None] = [None] * len(blocks)
     for index in range(len(blocks) - 1, start_layer - 1, -1):
         below, cams[index] = block_relprop(
-            blocks[index], weights[index], relevance, num_heads, norm_first, propagate_below=index > start_layer
+            blocks[index],
+            weights[index],
+            relevance,
+            num_heads,
+            norm_first,
+            propagate_below=index > start_layer,
+            masked=masked,
         )
         if below is None:
             break

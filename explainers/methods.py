@@ -208,6 +208,7 @@ def _relevance(ctx: MethodInputs) -> Tensor:
         ctx.arch.num_heads,
         ctx.arch.norm_first,
         start_layer,
+        masked=ctx.arch.modality == "text",
     )
     return kernels.relevance_scores(relevances, capture.attention_gradients, ctx.mask, start_layer)
 

@@ -140,7 +140,12 @@ def _oracle(model: nn.Module, inputs: dict[str, Tensor], target: int, start_laye
         r_probs, r_value = _matmul(probabilities[i].detach(), heads_of(v[f"{i}.v"][1]), heads_of(r_ctx))
         cams[i] = r_probs / 2
         q, k = heads_of(v[f"{i}.q"][1]), heads_of(v[f"{i}.k"][1])
-        r_q, r_kt = _matmul(q, k.transpose(-1, -2), cams[i])
+        r_scores = cams[i]
+        if not vit:  # the reference BERT code passes relevance through "scores + mask" (mask 0 here)
+            scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+            r_scores = scores * _divide(r_scores, scores)
+            r_scores = r_scores * cams[i].sum() / r_scores.sum()
+        r_q, r_kt = _matmul(q, k.transpose(-1, -2), r_scores)
         r_x = (
             _linear(x, names[f"{i}.q"].weight.detach(), merge(r_q / 2))
             + _linear(x, names[f"{i}.k"].weight.detach(), merge(r_kt.transpose(-1, -2) / 2))
