@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ VOCAB = 60
 NUM_LABELS = 3
 
 
-def _perturb(model: nn.Module, seed: int) -> nn.Module:
+def _perturb(model: Any, seed: int) -> Any:
     """Replace the near-zero default initialisation by weights large enough for distinct, confident logits."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -41,44 +42,48 @@ def _perturb(model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
-def _eager(model: nn.Module) -> nn.Module:
-    model.set_attn_implementation("eager")  # type: ignore[operator]
+def _labelled(config: Any) -> Any:
+    config.num_labels = NUM_LABELS
+    return config
+
+
+def _eager(model: Any) -> Any:
+    model.set_attn_implementation("eager")
     return model.eval()
 
 
-def build_bert() -> nn.Module:
+def build_bert() -> Any:
     config = BertConfig(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=64, num_labels=NUM_LABELS, hidden_act="gelu",
+        max_position_embeddings=64, hidden_act="gelu",
     )  # fmt: skip
-    return _eager(_perturb(BertForSequenceClassification(config), 1))
+    return _eager(_perturb(BertForSequenceClassification(_labelled(config)), 1))
 
 
-def build_roberta() -> nn.Module:
+def build_roberta() -> Any:
     config = RobertaConfig(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=72, num_labels=NUM_LABELS, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        max_position_embeddings=72, pad_token_id=1, bos_token_id=0, eos_token_id=2,
     )  # fmt: skip
-    return _eager(_perturb(RobertaForSequenceClassification(config), 2))
+    return _eager(_perturb(RobertaForSequenceClassification(_labelled(config)), 2))
 
 
-def build_distilbert() -> nn.Module:
+def build_distilbert() -> Any:
     config = DistilBertConfig(
         vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64,
-        num_labels=NUM_LABELS,
     )  # fmt: skip
-    return _eager(_perturb(DistilBertForSequenceClassification(config), 3))
+    return _eager(_perturb(DistilBertForSequenceClassification(_labelled(config)), 3))
 
 
-def build_vit(image_size: int | list[int] = 16, patch_size: int = 4) -> nn.Module:
+def build_vit(image_size: int | list[int] = 16, patch_size: int = 4) -> Any:
     config = ViTConfig(
         image_size=image_size, patch_size=patch_size, num_channels=3, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=64, num_labels=NUM_LABELS,
+        num_attention_heads=4, intermediate_size=64,
     )  # fmt: skip
-    return _eager(_perturb(ViTForImageClassification(config), 4))
+    return _eager(_perturb(ViTForImageClassification(_labelled(config)), 4))
 
 
-def build_vit_wide() -> nn.Module:
+def build_vit_wide() -> Any:
     """A non-square ViT: 12×20 pixels in 4×4 patches, a 3×5 grid."""
     return build_vit([12, 20], 4)
 
@@ -106,7 +111,7 @@ CASES = [
 LENGTHS = (7, 3, 9, 5)
 
 
-def text_batch(model: nn.Module, lengths: tuple[int, ...] = LENGTHS, seed: int = 0) -> dict[str, Tensor]:
+def text_batch(model: Any, lengths: tuple[int, ...] = LENGTHS, seed: int = 0) -> dict[str, Tensor]:
     """Right-padded random token ids with a first token of 0 ([CLS]-like) and the given real lengths."""
     generator = torch.Generator().manual_seed(seed)
     pad = model.config.pad_token_id or 0
@@ -123,7 +128,7 @@ def text_batch(model: nn.Module, lengths: tuple[int, ...] = LENGTHS, seed: int =
     return batch
 
 
-def image_batch(model: nn.Module, size: int = 3, seed: int = 0) -> dict[str, Tensor]:
+def image_batch(model: Any, size: int = 3, seed: int = 0) -> dict[str, Tensor]:
     """Random pixel values of the model's image size."""
     generator = torch.Generator().manual_seed(seed)
     height, width = (
@@ -133,7 +138,7 @@ def image_batch(model: nn.Module, size: int = 3, seed: int = 0) -> dict[str, Ten
     return {"pixel_values": pixels}
 
 
-def make_batch(case: Case, model: nn.Module) -> dict[str, Tensor]:
+def make_batch(case: Case, model: Any) -> dict[str, Tensor]:
     return text_batch(model) if case.is_text else image_batch(model)
 
 

@@ -75,12 +75,12 @@ class _Tape:
             handle.remove()
 
 
-def _oracle(model: nn.Module, inputs: dict[str, Tensor], target: int, start_layer: int) -> Tensor:
+def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int) -> Tensor:
     """Relevance of one example (batch 1, no padding), from scratch."""
     vit = model.config.model_type == "vit"
     base = model.vit if vit else getattr(model, model.config.model_type)
     layers = list(base.layers if vit else base.encoder.layer)
-    names: dict[str, nn.Module] = {}
+    names: dict[str, Any] = {}
     for i, layer in enumerate(layers):
         names[f"{i}.layer"] = layer
         attention = layer.attention if vit else layer.attention.self
