@@ -238,8 +238,16 @@ def _write_pngs(path: Path, inputs: Sequence[str | bytes], grouped: Sequence[Seq
 
 
 def entry_point() -> None:
-    """Console-script entry point (``explain``)."""
-    sys.exit(main())
+    """Console-script entry point (``explain``); a closed pipe (``explain … | head``) ends it quietly."""
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that flush cannot fail too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        status = 0
+    sys.exit(status)
 
 
 if __name__ == "__main__":

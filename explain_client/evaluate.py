@@ -89,6 +89,18 @@ class ModelResult:
             }
         return table
 
+    @classmethod
+    def from_dict(cls, document: dict[str, Any]) -> ModelResult:
+        """Read back :meth:`to_dict`'s output (e.g. to redraw the plot)."""
+        return cls(
+            document["model"],
+            document["task"],
+            int(document["n"]),
+            float(document["unperturbed_accuracy"]),
+            document["removal"],
+            document["curves"],
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return {
@@ -367,7 +379,9 @@ def plot(results: Sequence[ModelResult], path: Path) -> None:
                 axis.plot(percent, values, style, marker="o", markersize=3, label=f"{method} (AUC {auc:.1f})")
             better = "lower" if direction == "positive" else "higher"
             first = "most" if direction == "positive" else "least"
-            axis.set_title(f"{result.model}: {direction} perturbation ({first} relevant first; {better} is better)")
+            axis.set_title(
+                f"{result.model}: {direction} perturbation\n({first} relevant removed first; {better} is better)"
+            )
             axis.set_xlabel("removed tokens (%)" if result.task == "text" else "removed patches (%)")
             axis.set_ylabel("accuracy (%)")
             axis.grid(alpha=0.3)
@@ -392,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path("faithfulness"), help="output stem: .json, .md, .png")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--replot", type=Path, help="only redraw the PNG (next to it) from a results .json file")
     return parser
 
 
@@ -400,6 +415,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.replot is not None:
+        saved = json.loads(args.replot.read_text(encoding="utf-8"))
+        plot([ModelResult.from_dict(result) for result in saved["results"]], args.replot.with_suffix(".png"))
+        return 0
     models = args.model or ["sentiment"]
     if args.model_dir is not None and len(models) != 1:
         parser.error("--model-dir needs exactly one --model")
