@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from .faithfulness import (
     FRACTIONS,
+    PerturbationOutcome,
     area_under_curve,
     delete_tokens,
     mask_tokens,
@@ -256,6 +257,48 @@ class Evaluator:
         return predict
 
 
+Sums = dict[str, dict[str, dict[str, torch.Tensor]]]
+
+
+def empty_sums(methods: Sequence[str]) -> Sums:
+    """Per method, direction and metric (``accuracy``, ``probability``): a zero sum per fraction."""
+    return {
+        method: {
+            direction: {
+                metric: torch.zeros(len(FRACTIONS), dtype=torch.float64) for metric in ("accuracy", "probability")
+            }
+            for direction in ("positive", "negative")
+        }
+        for method in methods
+    }
+
+
+def accumulate(
+    sums: dict[str, torch.Tensor],
+    outcome: PerturbationOutcome,
+    predicted: torch.Tensor,
+    labels: torch.Tensor,
+    unperturbed: torch.Tensor,
+) -> None:
+    """Add one batch's outcome (fractions ``FRACTIONS[1:]``) and its unperturbed point (fraction 0, computed once
+    and shared by every method and direction) to one direction's sums."""
+    sums["accuracy"][0] += (predicted == labels).double().sum()
+    sums["accuracy"][1:] += outcome.correct.double().sum(dim=1)
+    sums["probability"][0] += unperturbed.gather(-1, predicted[:, None]).double().sum()
+    sums["probability"][1:] += outcome.target_probability.double().sum(dim=1)
+
+
+def finish_curves(sums: Sums, count: int) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """Sums → mean curves."""
+    return {
+        method: {
+            direction: {metric: (total / count).tolist() for metric, total in metrics.items()}
+            for direction, metrics in directions.items()
+        }
+        for method, directions in sums.items()
+    }
+
+
 def evaluate(
     name: str,
     model_dir: Path,
@@ -287,15 +330,7 @@ def evaluate(
     if evaluator.task != dataset.task:
         raise ValueError(f"{model_dir} is a {evaluator.task} model but the data are {dataset.task}")
     generator = torch.Generator().manual_seed(seed)
-    sums: dict[str, dict[str, dict[str, torch.Tensor]]] = {
-        method: {
-            direction: {
-                metric: torch.zeros(len(FRACTIONS), dtype=torch.float64) for metric in ("accuracy", "probability")
-            }
-            for direction in ("positive", "negative")
-        }
-        for method in methods
-    }
+    sums = empty_sums(methods)
     correct_unperturbed = 0
     bar = tqdm(total=len(dataset) * len(methods), desc=f"{name}: perturbation", unit="ex", disable=not progress)
     for start in range(0, len(dataset), batch_size):
@@ -305,9 +340,6 @@ def evaluate(
         unperturbed = evaluator.probabilities(inputs)
         predicted = unperturbed.argmax(dim=-1)
         correct_unperturbed += int((predicted == labels).sum())
-        # 0% removed is the unperturbed input: computed once above, shared by every method and direction.
-        base_correct = (predicted == labels).double().sum()
-        base_probability = unperturbed.gather(-1, predicted[:, None]).double().sum()
         for method in methods:
             if method == RANDOM:
                 scores = torch.rand(evaluator.score_shape(inputs), generator=generator)
@@ -322,19 +354,10 @@ def evaluate(
                 outcome = perturbation_outcome(
                     flat, candidates, predict, predicted, labels, direction == "positive", FRACTIONS[1:]
                 )
-                sums[method][direction]["accuracy"][0] += base_correct
-                sums[method][direction]["accuracy"][1:] += outcome.correct.double().sum(dim=1)
-                sums[method][direction]["probability"][0] += base_probability
-                sums[method][direction]["probability"][1:] += outcome.target_probability.double().sum(dim=1)
+                accumulate(sums[method][direction], outcome, predicted, labels, unperturbed)
             bar.update(len(labels))
     bar.close()
-    curves = {
-        method: {
-            direction: {metric: (total / len(dataset)).tolist() for metric, total in metrics.items()}
-            for direction, metrics in directions.items()
-        }
-        for method, directions in sums.items()
-    }
+    curves = finish_curves(sums, len(dataset))
     removal_text = REMOVAL_TEXT[removal] if evaluator.task == "text" else IMAGE_REMOVAL
     return ModelResult(name, evaluator.task, len(dataset), correct_unperturbed / len(dataset), removal_text, curves)
 
@@ -406,6 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path("faithfulness"), help="output stem: .json, .md, .png")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--served", action="store_true", help="text models: explain and predict through the running service (REST)"
+    )
+    parser.add_argument("--run-dir", type=Path, default=Path("run"), help="--served: folder of `make start`")
+    parser.add_argument("--url", help="--served: REST base URL (default: from --run-dir)")
+    parser.add_argument("--token-file", type=Path, help="--served: token file (default: the run folder's)")
+    parser.add_argument("--mask-token", default="[MASK]", help="--served: the served tokenizer's mask token text")
     parser.add_argument("--replot", type=Path, help="only redraw the PNG (next to it) from a results .json file")
     return parser
 
@@ -441,9 +471,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         task = "image" if json.loads((model_dir / "config.json").read_text())["model_type"] == "vit" else "text"
         started = time.perf_counter()
         dataset = held_out(task, root, args.n)
-        result = evaluate(
-            name, model_dir, dataset, methods, args.removal, args.batch_size, args.seed, not args.no_progress
-        )
+        if args.served:
+            result = _served(args, name, dataset, methods)
+        else:
+            result = evaluate(
+                name, model_dir, dataset, methods, args.removal, args.batch_size, args.seed, not args.no_progress
+            )
         logger.info("%s: %d examples in %.0f s", name, len(dataset), time.perf_counter() - started)
         results.append(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -462,6 +495,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(tables)
     print(f"wrote {args.out.with_suffix('.md')}, {args.out.with_suffix('.json')}, {args.out.with_suffix('.png')}")
     return 0
+
+
+def _served(args: argparse.Namespace, name: str, dataset: Dataset, methods: Sequence[str]) -> ModelResult:
+    from model_store.data import SENTIMENT_LABELS
+
+    from .client import ExplainClient
+    from .served_eval import evaluate_served
+
+    if args.url:
+        client = ExplainClient("rest", url=args.url, token_file=args.token_file)
+    else:
+        extra: dict[str, Any] = {"token_file": args.token_file} if args.token_file else {}
+        client = ExplainClient.from_run_dir(args.run_dir, "rest", **extra)
+    with client:
+        return evaluate_served(
+            client, name, dataset, SENTIMENT_LABELS, methods, args.mask_token, args.batch_size, args.seed,
+            not args.no_progress,
+        )  # fmt: skip
 
 
 def entry_point() -> None:

@@ -20,6 +20,7 @@ from explain_client.faithfulness import (
     removal_masks,
     zero_patches,
 )
+from tests.integration.conftest import archives, server  # noqa: F401  (the real TorchServe fixtures)
 from tests.serving_support import tiny_archives
 
 
@@ -114,12 +115,12 @@ def test_a_faithful_ranking_removes_the_prediction_fastest() -> None:
 
 @pytest.mark.slow
 def test_explain_eval_end_to_end_on_the_tiny_models(tmp_path: Path) -> None:
-    archives = tiny_archives()
+    tiny = tiny_archives()
     outputs = {}
     for name in ("sentiment", "digits"):
         out = tmp_path / name
         status = eval_main(
-            ["--model", name, "--model-dir", str(archives[name] / "model"), "--n", "24", "--methods",
+            ["--model", name, "--model-dir", str(tiny[name] / "model"), "--n", "24", "--methods",
              "attention,relevance", "--out", str(out), "--no-progress", "--batch-size", "8"]
         )  # fmt: skip
         assert status == 0
@@ -138,3 +139,54 @@ def test_explain_eval_end_to_end_on_the_tiny_models(tmp_path: Path) -> None:
                 assert 0 <= result["auc_percent"][method][f"{direction}_accuracy"] <= 100
     assert "[MASK]" in outputs["sentiment"]["results"][0]["removal"]
     assert "patches set to 0" in outputs["digits"]["results"][0]["removal"]
+
+
+def test_served_word_removal_retokenizes_to_masked_pieces() -> None:
+    """The text sent by ``--served`` tokenizes back into the original pieces with every piece of each removed word
+    masked (so served word removal = in-process [MASK] removal of those pieces)."""
+    from transformers import AutoTokenizer
+
+    from explain_client.render import merge_pieces
+    from explain_client.served_eval import words_to_text
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_archives()["sentiment"] / "model"))
+    texts = [
+        "@united flight UA1234 delayed... unbelievable!! #neveragain",
+        "Thanks for the upgrade, the lounge was LOVELY :)",
+        "what's the wifi password? it's 2015 ffs",
+    ]
+    split_words = 0
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        special = [token_id in tokenizer.all_special_ids for token_id in ids]
+        words = merge_pieces(pieces, [0.0] * len(pieces), special)
+        split_words += sum(len(word.pieces) > 1 for word in words)
+        remove = [index % 2 == 0 for index in range(len(words))]
+        sent = tokenizer(words_to_text(words, remove, tokenizer.mask_token))["input_ids"]
+        expected = list(ids)
+        position = 1  # after [CLS]
+        for word, removed in zip(words, remove, strict=True):
+            for offset in range(len(word.pieces)):
+                if removed:
+                    expected[position + offset] = tokenizer.mask_token_id
+            position += len(word.pieces)
+        assert sent == expected, (text, tokenizer.convert_ids_to_tokens(sent))
+    assert split_words >= 2  # the texts do exercise words of several pieces
+
+
+@pytest.mark.slow
+def test_explain_eval_served_matches_in_process_start(server, tmp_path: Path) -> None:  # noqa: F811
+    model_dir = tiny_archives()["sentiment"] / "model"
+    common = ["--model", "sentiment", "--model-dir", str(model_dir), "--n", "10", "--methods", "attention",
+              "--no-progress", "--batch-size", "5"]  # fmt: skip
+    assert eval_main([*common, "--served", "--run-dir", str(server.run_dir), "--out", str(tmp_path / "served")]) == 0
+    assert eval_main([*common, "--out", str(tmp_path / "local")]) == 0
+    served = json.loads((tmp_path / "served.json").read_text())["results"][0]
+    local = json.loads((tmp_path / "local.json").read_text())["results"][0]
+    assert "served model" in served["removal"] and served["n"] == local["n"] == 10
+    assert served["unperturbed_accuracy"] == local["unperturbed_accuracy"]
+    for direction in ("positive", "negative"):
+        curve = served["curves"]["attention"][direction]["probability"]
+        assert curve[0] == pytest.approx(local["curves"]["attention"][direction]["probability"][0], abs=1e-4)
+        assert len(curve) == len(FRACTIONS) and all(0.0 <= value <= 1.0 for value in curve)
