@@ -3,6 +3,7 @@ and the CLI against a real TorchServe (text, --compare, --grpc, many inputs from
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import re
@@ -200,3 +201,17 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: Any) -> None:
     with pytest.raises(SystemExit) as caught:
         main(["--url", "http://127.0.0.1:9"], stdin=io.StringIO(""))
     assert caught.value.code == 2 and "no input" in capsys.readouterr().err
+
+
+def test_html_page_embeds_image_overlays_and_errors() -> None:
+    from explain_client import ServiceError
+    from explain_client.render import html_page
+
+    explanation = Explanation("rollout", 3, "3", {}, tuple(float(i) for i in range(16)), grid=(4, 4))
+    prediction = Prediction("3", 3, {"3": 0.9, "5": 0.1}, False, explanation)
+    page = html_page([("digit.png", [prediction, ServiceError("unknown_method", "no such method: lime")])],
+                     images=[png_bytes((8, 8))])  # fmt: skip
+    uri = re.search(r'src="data:image/png;base64,([^"]+)"', page)
+    assert uri is not None and "unknown_method: no such method: lime" in page
+    overlay = Image.open(io.BytesIO(base64.b64decode(uri.group(1))))
+    assert overlay.size == (256, 256)
