@@ -38,6 +38,7 @@ class TextRecipe:
         weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
         warmup_fraction: Share of the steps spent warming up.
         freeze_word_embeddings: Keep the word-embedding matrix fixed.
+        freeze_layers: Keep the embeddings and this many lowest encoder layers fixed (no backward through them).
         tiny_hidden_size: Hidden size of the tiny BERT (``base="tiny"`` only).
         tiny_layers: Layers of the tiny BERT.
         tiny_heads: Attention heads of the tiny BERT.
@@ -48,7 +49,7 @@ class TextRecipe:
     seed: int = 13
     test_fraction: float = 0.15
     val_fraction: float = 0.05
-    train_examples: int | None = 12_000
+    train_examples: int | None = 10_000
     max_eval_examples: int | None = None
     max_length: int = 64
     serve_max_length: int = 128
@@ -59,6 +60,7 @@ class TextRecipe:
     weight_decay: float = 0.01
     warmup_fraction: float = 0.06
     freeze_word_embeddings: bool = True
+    freeze_layers: int = 2
     tiny_hidden_size: int = 32
     tiny_layers: int = 2
     tiny_heads: int = 2
@@ -66,7 +68,7 @@ class TextRecipe:
     @classmethod
     def tiny(cls) -> TextRecipe:
         """The seconds-long variant used by tests: tiny random-init BERT, 64 training rows, 128 evaluated rows."""
-        return cls(base="tiny", train_examples=64, max_eval_examples=128, max_length=32, batch_size=16)
+        return cls(base="tiny", train_examples=64, max_eval_examples=128, max_length=32, batch_size=16, freeze_layers=1)
 
     def input_files(self) -> dict[str, Path]:
         """Files whose bytes the recipe reads (hashed into the fingerprint)."""
@@ -116,11 +118,11 @@ class VisionRecipe:
     val_fraction: float = 0.1
     image_size: int = 32
     patch_size: int = 4
-    hidden_size: int = 64
+    hidden_size: int = 48
     layers: int = 4
     heads: int = 4
     mlp_ratio: int = 2
-    epochs: int = 30
+    epochs: int = 50
     max_train_examples: int | None = None
     batch_size: int = 32
     learning_rate: float = 2e-3

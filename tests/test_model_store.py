@@ -30,6 +30,7 @@ from transformers import (
 from model_store import REPO_ROOT
 from model_store import build as build_module
 from model_store.archive import MANIFEST_PATH, MODEL_CONFIG_FILE, ServingConfig
+from model_store.common import seed_everything
 from model_store.data import (
     DIGIT_LABELS,
     SENTIMENT_LABELS,
@@ -42,8 +43,8 @@ from model_store.data import (
     stratified_split_indices,
     stratified_subsample,
 )
-from model_store.recipes import VisionRecipe
-from model_store.train_text import length_bucketed_batches
+from model_store.recipes import TextRecipe, VisionRecipe
+from model_store.train_text import _build_model, length_bucketed_batches
 from model_store.train_vision import make_image_processor, preprocess, random_shift
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -288,6 +289,18 @@ def test_tiny_text_checkpoint_loads_offline_and_predicts(tiny_build: Path) -> No
         out = model(**batch, output_attentions=True)
     assert out.logits.shape == (2, 3)
     assert out.attentions is not None and len(out.attentions) == model.config.num_hidden_layers
+
+
+def test_tiny_text_training_moves_only_the_unfrozen_layers(tiny_build: Path) -> None:
+    recipe = TextRecipe.tiny()
+    assert recipe.freeze_layers == 1
+    trained = AutoModelForSequenceClassification.from_pretrained(tiny_build / "sentiment" / "model").state_dict()
+    seed_everything(recipe.seed)  # the recipe seeds right before building the model: same initial weights
+    initial = _build_model(recipe, vocab_size=trained["bert.embeddings.word_embeddings.weight"].shape[0], pad_id=0)
+    for name, value in initial.state_dict().items():
+        frozen = name.startswith(("bert.embeddings.", "bert.encoder.layer.0."))
+        same = torch.equal(value, trained[name])
+        assert same == frozen or name.endswith("position_ids"), name
 
 
 def test_tiny_image_checkpoint_and_processor_reproduce_training_preprocessing(tiny_build: Path) -> None:
