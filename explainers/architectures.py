@@ -9,7 +9,7 @@ layers of the classification head that read the first ([CLS] / class) token.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 from torch import nn
@@ -78,20 +78,37 @@ def _pair(value: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
     return int(first), int(second)
 
 
-def _bert_family(model: Any, base: Any, head: tuple[nn.Linear, ...]) -> Architecture:
-    blocks = tuple(
-        Block(
-            layer=layer,
-            attention=layer.attention.self,
-            query=layer.attention.self.query,
-            key=layer.attention.self.key,
-            value=layer.attention.self.value,
-            attention_output=layer.attention.output.dense,
-            ffn_in=layer.intermediate.dense,
-            ffn_out=layer.output.dense,
-        )
-        for layer in base.encoder.layer
-    )
+def _attribute(root: Any, path: str) -> Any:
+    """``root.a.b.c`` for ``path="a.b.c"``."""
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+@dataclass(frozen=True)
+class LayerPaths:
+    """Dotted paths, relative to an encoder layer, of the modules a :class:`Block` references (in field order)."""
+
+    attention: str
+    query: str
+    key: str
+    value: str
+    attention_output: str
+    ffn_in: str
+    ffn_out: str
+
+    def block(self, layer: nn.Module) -> Block:
+        """The :class:`Block` of ``layer``."""
+        return Block(layer, *(_attribute(layer, path) for path in astuple(self)))
+
+
+def _blocks(layers: Any, paths: LayerPaths) -> tuple[Block, ...]:
+    return tuple(paths.block(layer) for layer in layers)
+
+
+def _text(
+    model: Any, base: Any, blocks: tuple[Block, ...], head: tuple[nn.Linear, ...], keys: frozenset[str]
+) -> Architecture:
     config = model.config
     return Architecture(
         model_type=config.model_type,
@@ -101,64 +118,66 @@ def _bert_family(model: Any, base: Any, head: tuple[nn.Linear, ...]) -> Architec
         head=head,
         num_heads=config.num_attention_heads,
         input_embeddings=base.embeddings.word_embeddings,
-        input_keys=TEXT_KEYS,
+        input_keys=keys,
         required_keys=frozenset({"input_ids"}),
         grid=None,
     )
 
 
+_BERT_LAYER = LayerPaths(
+    attention="attention.self",
+    query="attention.self.query",
+    key="attention.self.key",
+    value="attention.self.value",
+    attention_output="attention.output.dense",
+    ffn_in="intermediate.dense",
+    ffn_out="output.dense",
+)
+
+
 def _bert(model: Any) -> Architecture:
-    return _bert_family(model, model.bert, (model.bert.pooler.dense, model.classifier))
+    base = model.bert
+    head = (base.pooler.dense, model.classifier)
+    return _text(model, base, _blocks(base.encoder.layer, _BERT_LAYER), head, TEXT_KEYS)
 
 
 def _roberta(model: Any) -> Architecture:
-    return _bert_family(model, model.roberta, (model.classifier.dense, model.classifier.out_proj))
+    base = model.roberta
+    head = (model.classifier.dense, model.classifier.out_proj)
+    return _text(model, base, _blocks(base.encoder.layer, _BERT_LAYER), head, TEXT_KEYS)
 
 
 def _distilbert(model: Any) -> Architecture:
     base = model.distilbert
-    blocks = tuple(
-        Block(
-            layer=layer,
-            attention=layer.attention,
-            query=layer.attention.q_lin,
-            key=layer.attention.k_lin,
-            value=layer.attention.v_lin,
-            attention_output=layer.attention.out_lin,
-            ffn_in=layer.ffn.lin1,
-            ffn_out=layer.ffn.lin2,
-        )
-        for layer in base.transformer.layer
+    blocks = _blocks(
+        base.transformer.layer,
+        LayerPaths(
+            "attention",
+            "attention.q_lin",
+            "attention.k_lin",
+            "attention.v_lin",
+            "attention.out_lin",
+            "ffn.lin1",
+            "ffn.lin2",
+        ),
     )
-    config = model.config
-    return Architecture(
-        model_type="distilbert",
-        modality="text",
-        norm_first=False,
-        blocks=blocks,
-        head=(model.pre_classifier, model.classifier),
-        num_heads=config.n_heads,
-        input_embeddings=base.embeddings.word_embeddings,
-        input_keys=frozenset({"input_ids", "attention_mask"}),
-        required_keys=frozenset({"input_ids"}),
-        grid=None,
-    )
+    head = (model.pre_classifier, model.classifier)
+    return _text(model, base, blocks, head, frozenset({"input_ids", "attention_mask"}))
 
 
 def _vit(model: Any) -> Architecture:
     base = model.vit
-    blocks = tuple(
-        Block(
-            layer=layer,
-            attention=layer.attention,
-            query=layer.attention.q_proj,
-            key=layer.attention.k_proj,
-            value=layer.attention.v_proj,
-            attention_output=layer.attention.o_proj,
-            ffn_in=layer.mlp.fc1,
-            ffn_out=layer.mlp.fc2,
-        )
-        for layer in (base.layers if hasattr(base, "layers") else base.encoder.layer)
+    blocks = _blocks(
+        base.layers if hasattr(base, "layers") else base.encoder.layer,
+        LayerPaths(
+            "attention",
+            "attention.q_proj",
+            "attention.k_proj",
+            "attention.v_proj",
+            "attention.o_proj",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
     )
     config = model.config
     image_h, image_w = _pair(config.image_size)
