@@ -1,9 +1,12 @@
-"""Shared fixtures: tiny Hugging Face classifiers built from configs (no downloads), with non-degenerate weights."""
+"""Shared fixtures: tiny Hugging Face classifiers built from configs (no downloads), with non-degenerate weights, and
+a real TorchServe (Java frontend + Python workers) serving the tiny archives on free loopback ports, started once per
+test session (on first use) and stopped by its pid, also when tests fail."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,9 @@ from transformers import (
     ViTConfig,
     ViTForImageClassification,
 )
+
+from model_store.serving.launcher import Ports, Server, start, stop
+from tests.serving_support import tiny_archives
 
 VOCAB = 60
 NUM_LABELS = 3
@@ -153,3 +159,20 @@ def row_inputs(batch: dict[str, Tensor], row: int) -> dict[str, Tensor]:
 @pytest.fixture(params=CASES, ids=[case.name for case in CASES])
 def case(request: pytest.FixtureRequest) -> Case:
     return request.param
+
+
+@pytest.fixture(scope="session")
+def archives() -> dict[str, Path]:
+    return tiny_archives()
+
+
+@pytest.fixture(scope="session")
+def server(archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    run_dir = tmp_path_factory.mktemp("run")
+    store = next(iter(archives.values())).parent.parent
+    models = {name: str(path.relative_to(store)) for name, path in archives.items()}
+    started = start(run_dir, store, models, Ports.free(), timeout=180)
+    try:
+        yield started
+    finally:
+        stop(run_dir)

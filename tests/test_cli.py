@@ -30,7 +30,6 @@ from explain_client.render import (
     terminal_prediction,
 )
 from model_store.serving.launcher import Server
-from tests.integration.conftest import archives, server  # noqa: F401  (the real TorchServe fixtures)
 from tests.serving_support import png_bytes
 
 TEXT = "the crew was rude and the flight late"
@@ -116,7 +115,7 @@ def test_overlay_puts_the_heat_on_the_relevant_patch() -> None:
 # ------------------------------------------------------------------------------------------------ against a server
 
 
-def run_cli(server: Server, *args: str, stdin: str = "") -> tuple[int, str]:  # noqa: F811
+def run_cli(server: Server, *args: str, stdin: str = "") -> tuple[int, str]:
     out = io.StringIO()
     status = main([*args, "--run-dir", str(server.run_dir), "--no-progress"], stdin=io.StringIO(stdin), stdout=out)
     return status, out.getvalue()
@@ -124,7 +123,7 @@ def run_cli(server: Server, *args: str, stdin: str = "") -> tuple[int, str]:  # 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", [[], ["--grpc"]], ids=["rest", "grpc"])
-def test_cli_prints_label_probabilities_and_coloured_words(server: Server, transport: list[str]) -> None:  # noqa: F811
+def test_cli_prints_label_probabilities_and_coloured_words(server: Server, transport: list[str]) -> None:
     status, output = run_cli(server, TEXT, "--method", "relevance", "--color", "always", *transport)
     assert status == 0, output
     label_line = output.splitlines()[0]
@@ -136,7 +135,7 @@ def test_cli_prints_label_probabilities_and_coloured_words(server: Server, trans
 
 
 @pytest.mark.slow
-def test_cli_compare_and_errors(server: Server) -> None:  # noqa: F811
+def test_cli_compare_and_errors(server: Server) -> None:
     status, output = run_cli(server, TEXT, "--compare", "attention,rollout,relevance", "--color", "never")
     assert status == 0, output
     header = next(line for line in output.splitlines() if line.startswith("word"))
@@ -150,7 +149,7 @@ def test_cli_compare_and_errors(server: Server) -> None:  # noqa: F811
 
 
 @pytest.mark.slow
-def test_cli_many_inputs_from_stdin_and_file(server: Server, tmp_path: Path) -> None:  # noqa: F811
+def test_cli_many_inputs_from_stdin_and_file(server: Server, tmp_path: Path) -> None:
     lines = [TEXT, json.dumps({"text": "what a lovely day"}), "", "thanks for nothing"]
     status, output = run_cli(
         server, "--method", "rollout", "--jsonl", str(tmp_path / "out.jsonl"), stdin="\n".join(lines)
@@ -167,7 +166,7 @@ def test_cli_many_inputs_from_stdin_and_file(server: Server, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_cli_png_for_an_image(server: Server, tmp_path: Path) -> None:  # noqa: F811
+def test_cli_png_for_an_image(server: Server, tmp_path: Path) -> None:
     image = tmp_path / "digit.png"
     image.write_bytes(png_bytes((32, 32), seed=3))
     out = tmp_path / "out.png"
@@ -181,7 +180,7 @@ def test_cli_png_for_an_image(server: Server, tmp_path: Path) -> None:  # noqa: 
 
 
 @pytest.mark.slow
-def test_console_script_is_installed(server: Server) -> None:  # noqa: F811
+def test_console_script_is_installed(server: Server) -> None:
     script = shutil.which("explain", path=str(Path(sys.executable).parent))
     assert script is not None, "the `explain` console script is not installed: pip install -e ."
     result = subprocess.run(

@@ -22,7 +22,6 @@ from explain_client import Explanation, Prediction
 from explain_client.cli import main
 from explain_client.render import html_page, score_rgb
 from model_store.serving.launcher import Server
-from tests.integration.conftest import archives, server  # noqa: F401  (the real TorchServe fixtures)
 
 WIDTH, HEIGHT = 1100, 700
 BOX_SCRIPT = """<script>
@@ -104,7 +103,7 @@ def test_html_token_colours_in_a_real_browser(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cli_html_page_from_the_server(server: Server, tmp_path: Path) -> None:  # noqa: F811
+def test_cli_html_page_from_the_server(server: Server, tmp_path: Path) -> None:
     page = tmp_path / "out.html"
     text = "the crew was rude and the flight late"
     jsonl = tmp_path / "out.jsonl"

@@ -14,7 +14,6 @@ import torch
 from explain_client import ExplainClient, Prediction, Request, ServiceError, read_token_file, resolve_token
 from explain_client.client import load_requests
 from model_store.serving.launcher import Server
-from tests.integration.conftest import archives, server  # noqa: F401  (the real TorchServe fixtures)
 from tests.integration.test_serving import LABELS, TEXT, expected, reference  # noqa: F401
 from tests.serving_support import png_bytes
 
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.slow
 TRANSPORTS = ("rest", "grpc")
 
 
-def client_for(server: Server, transport: str, **kwargs: Any) -> ExplainClient:  # noqa: F811
+def client_for(server: Server, transport: str, **kwargs: Any) -> ExplainClient:
     return ExplainClient.from_run_dir(server.run_dir, transport, **kwargs)  # type: ignore[arg-type]
 
 
@@ -45,7 +44,7 @@ def test_explain_text_matches_in_process(server: Server, reference: Any, transpo
     )
 
 
-def test_rest_and_grpc_give_the_same_result(server: Server) -> None:  # noqa: F811
+def test_rest_and_grpc_give_the_same_result(server: Server) -> None:
     results = {}
     for transport in TRANSPORTS:
         with client_for(server, transport) as client:
@@ -62,7 +61,7 @@ def test_rest_and_grpc_give_the_same_result(server: Server) -> None:  # noqa: F8
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_predict_only_and_image(server: Server, transport: str) -> None:  # noqa: F811
+def test_predict_only_and_image(server: Server, transport: str) -> None:
     with client_for(server, transport) as client:
         plain = client.predict("sentiment", TEXT)
         image = client.explain("digits", image=png_bytes(), method="relevance")
@@ -85,7 +84,7 @@ def test_predict_only_and_image(server: Server, transport: str) -> None:  # noqa
     ],
 )
 def test_row_error_is_a_service_error(
-    server: Server,  # noqa: F811
+    server: Server,
     transport: str,
     kwargs: dict[str, Any],
     code: str,
@@ -99,7 +98,7 @@ def test_row_error_is_a_service_error(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_unknown_model_and_wrong_input(server: Server, transport: str) -> None:  # noqa: F811
+def test_unknown_model_and_wrong_input(server: Server, transport: str) -> None:
     with client_for(server, transport) as client:
         with pytest.raises(ServiceError) as caught:
             client.predict("no_such_model", TEXT)
@@ -111,7 +110,7 @@ def test_unknown_model_and_wrong_input(server: Server, transport: str) -> None: 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_token_sources(
-    server: Server,  # noqa: F811
+    server: Server,
     transport: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -139,7 +138,7 @@ def test_token_sources(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_timeout_is_a_service_error(server: Server, transport: str) -> None:  # noqa: F811
+def test_timeout_is_a_service_error(server: Server, transport: str) -> None:
     # integrated_gradients with many steps takes far longer than 1 ms.
     with client_for(server, transport, timeout=0.001) as client, pytest.raises(ServiceError) as caught:
         client.explain("sentiment", TEXT, method="integrated_gradients", n_steps=64)
@@ -163,7 +162,7 @@ def test_unreachable_server_is_unavailable() -> None:
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_explain_many_is_concurrent_ordered_and_isolates_errors(server: Server, transport: str) -> None:  # noqa: F811
+def test_explain_many_is_concurrent_ordered_and_isolates_errors(server: Server, transport: str) -> None:
     texts = [f"{TEXT} number {index} " + "good " * (index % 4) for index in range(10)]
     requests: list[Request | str] = list(texts)
     requests.insert(4, Request(text=TEXT, method="relevance", target="furious"))

@@ -20,7 +20,6 @@ from explain_client.faithfulness import (
     removal_masks,
     zero_patches,
 )
-from tests.integration.conftest import archives, server  # noqa: F401  (the real TorchServe fixtures)
 from tests.serving_support import tiny_archives
 
 
@@ -176,7 +175,7 @@ def test_served_word_removal_retokenizes_to_masked_pieces() -> None:
 
 
 @pytest.mark.slow
-def test_explain_eval_served_matches_in_process_start(server, tmp_path: Path) -> None:  # noqa: F811
+def test_explain_eval_served_matches_in_process_start(server, tmp_path: Path) -> None:
     model_dir = tiny_archives()["sentiment"] / "model"
     common = ["--model", "sentiment", "--model-dir", str(model_dir), "--n", "10", "--methods", "attention",
               "--no-progress", "--batch-size", "5"]  # fmt: skip
