@@ -11,10 +11,12 @@ from typing import Literal
 
 from model_store.data import DIGIT_LABELS, SENTIMENT_LABELS, digits_data_path, minilm_checkpoint_path, tweets_csv_path
 
-#: Recipe source files (relative to ``model_store/``) whose content is part of the sentiment model's fingerprint.
-TEXT_SOURCE_FILES = ("recipes.py", "train_text.py", "data.py", "common.py", "files.py")
-#: Recipe source files whose content is part of the digits model's fingerprint.
-VISION_SOURCE_FILES = ("recipes.py", "train_vision.py", "data.py", "common.py", "files.py")
+#: Source files (relative to ``model_store/``) whose content is part of the sentiment model's fingerprint. This file
+#: is not among them: what it decides is in the fingerprint as the recipe's field values and input-file hashes, so
+#: changing the digits recipe does not retrain the sentiment model.
+TEXT_SOURCE_FILES = ("train_text.py", "data.py", "common.py", "files.py")
+#: Source files whose content is part of the digits model's fingerprint.
+VISION_SOURCE_FILES = ("train_vision.py", "data.py", "common.py", "files.py")
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class VisionRecipe:
     layers: int = 4
     heads: int = 4
     mlp_ratio: int = 2
-    epochs: int = 50
+    epochs: int = 40
     max_train_examples: int | None = None
     batch_size: int = 32
     learning_rate: float = 2e-3

@@ -13,7 +13,8 @@ background value.
 How the recipe was chosen (validation split, 180 images; one run each unless two seeds are given): width 64 with
 30 epochs of batch 64: 0.928; width 64, 40 × 64: 0.978; width 64, 30 × 32: 0.972 / 0.978; width 64, 40 × 32: 0.961;
 width 64, 30 × 32 with random rotations (±10°) and scaling (±10%): 0.956; width 48, 40 × 64: 0.967;
-width 48, 50 × 32 (the recipe): 0.994 / 0.994 (seeds 13 / 14).
+width 48, 50 × 32: 0.994 / 0.994 (seeds 13 / 14); width 48, 40 × 32 (the recipe: 20% fewer steps, so that the build
+stays under 3 minutes on a loaded machine): 0.989 / 0.989.
 """
 
 from __future__ import annotations

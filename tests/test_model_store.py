@@ -348,8 +348,13 @@ def test_tiny_build_is_reused_then_rebuilt_when_inputs_change(own_build: Path, h
     assert (repackaged.archive_dir / "image_handler_v2.py").is_file()
 
     changed = replace(digits, handler=new_handler, recipe=replace(digits.recipe, seed=14))
+    assert build_module.model_fingerprint(specs["sentiment"]) == build_module.model_fingerprint(
+        replace(specs["sentiment"], handler=new_handler)
+    ), "the model fingerprint must not depend on the handler (only the archive's does)"
     retrained = build_module.build_model(changed, tiny_build, progress=False, threads=1)
     assert retrained.trained and retrained.archived
+    sentiment = build_module.build_model(specs["sentiment"], tiny_build, progress=False, threads=1)
+    assert not sentiment.trained, "another model's recipe change must not retrain this one"
     assert retrained.metrics["seed"] == 14
     assert json.loads((tiny_build / "digits" / "archive" / "metrics.json").read_text())["seed"] == 14
 
