@@ -295,7 +295,8 @@ def build_model(
 def _changes(stored: dict[str, Any], document: dict[str, Any]) -> str:
     """Name the top-level parts of the fingerprint document that differ from the stored one."""
     previous = stored.get("model_inputs", {})
-    changed = [key for key in document if previous.get(key) != document[key]]
+    current = json.loads(json.dumps(document, default=str))  # as stored: tuples become lists
+    changed = [key for key in current if previous.get(key) != current[key]]
     return ", ".join(changed) or "unknown"
 
 
