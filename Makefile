@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving soak test-ops
+.PHONY: models setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving soak test-ops
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
@@ -29,6 +29,10 @@ unit: setup
 
 # The test command README.md gives and .ci/run calls: lint, types, then the whole suite.
 test: lint unit
+
+# Build the default models (sentiment, digits) into model_store/build; reused when up to date.
+models: setup
+	$(PY) -m model_store.build
 
 bench-explainers: setup
 	$(PY) -m bench.explainers
