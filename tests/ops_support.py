@@ -30,7 +30,7 @@ import pytest
 from explainers import available_methods
 from handlers import protos
 from model_store.serving.launcher import Ports, Server, start, stop
-from tests.serving_support import b64, http_post, png_bytes, tiny_archives
+from tests.serving_support import b64, http_call, http_post, png_bytes, tiny_archives
 
 logger = logging.getLogger(__name__)
 
@@ -94,15 +94,7 @@ def management(server: Server, path: str, method: str = "GET", token: str | None
     headers = {"Authorization": f"Bearer {server.keys[token]}"} if token else {}
     url = f"http://127.0.0.1:{server.ports.management}{path}"
     request = urllib.request.Request(url, headers=headers, method=method, data=b"" if method != "GET" else None)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            status, payload = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, payload = error.code, error.read()
-    try:
-        return status, json.loads(payload)
-    except ValueError:
-        return status, payload
+    return http_call(request, timeout=30)
 
 
 def worker_pids(server: Server, model: str) -> list[int]:

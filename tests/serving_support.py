@@ -46,7 +46,11 @@ def http_post(
     headers = {"Content-Type": content_type}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    return http_call(urllib.request.Request(url, data=body, headers=headers, method="POST"), timeout)
+
+
+def http_call(request: urllib.request.Request, timeout: float) -> tuple[int, Any]:
+    """Send ``request``; return (status, parsed JSON or raw bytes), HTTP errors included."""
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status, payload = response.status, response.read()
