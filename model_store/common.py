@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Sequence
@@ -11,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+
+from model_store.files import make_readable
 
 
 def seed_everything(seed: int) -> None:
@@ -76,3 +79,24 @@ def check_safetensors_only(model_dir: Path) -> None:
     pickled = [p.name for p in model_dir.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl"}]
     if pickled or not any(p.suffix == ".safetensors" for p in model_dir.iterdir()):
         raise RuntimeError(f"{model_dir}: expected safetensors weights only, found {sorted(os.listdir(model_dir))}.")
+
+
+def save_checkpoint(name: str, model_dir: Path, model: Any, preprocessor: Any, test_metrics: dict[str, Any]) -> None:
+    """Save a trained model and its tokenizer/image processor as a safetensors checkpoint folder and log its score.
+
+    Raises:
+        FileExistsError: if ``model_dir`` exists (a build never overwrites a checkpoint in place).
+        RuntimeError: if anything but safetensors weights ended up in the folder.
+    """
+    model_dir.mkdir(parents=True, exist_ok=False)
+    model.save_pretrained(model_dir)
+    preprocessor.save_pretrained(model_dir)
+    check_safetensors_only(model_dir)
+    make_readable(model_dir)
+    logging.getLogger(__name__).info(
+        "%s: test accuracy %.4f, macro-F1 %.4f (n=%d)",
+        name,
+        test_metrics["accuracy"],
+        test_metrics["macro_f1"],
+        test_metrics["n"],
+    )

@@ -26,9 +26,9 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from model_store.common import (
-    check_safetensors_only,
     classification_metrics,
     linear_warmup_decay,
+    save_checkpoint,
     seed_everything,
 )
 from model_store.data import (
@@ -39,7 +39,6 @@ from model_store.data import (
     split_tweets,
     stratified_subsample,
 )
-from model_store.files import make_readable
 from model_store.recipes import TextRecipe
 
 logger = logging.getLogger(__name__)
@@ -230,17 +229,7 @@ def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = Tru
         results[split_name] = classification_metrics([e.label for e in examples], predictions.tolist(), recipe.labels)
     eval_seconds = time.perf_counter() - eval_started
 
-    model_dir.mkdir(parents=True, exist_ok=False)
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    check_safetensors_only(model_dir)
-    make_readable(model_dir)
-    logger.info(
-        "sentiment: test accuracy %.4f, macro-F1 %.4f (n=%d)",
-        results["test"]["accuracy"],
-        results["test"]["macro_f1"],
-        results["test"]["n"],
-    )
+    save_checkpoint("sentiment", model_dir, model, tokenizer, results["test"])
     return {
         "model": "sentiment",
         "held_out": results["test"],

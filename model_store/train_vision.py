@@ -19,7 +19,6 @@ stays under 3 minutes on a loaded machine): 0.989 / 0.989.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -32,16 +31,13 @@ from tqdm.auto import tqdm
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
 
 from model_store.common import (
-    check_safetensors_only,
     classification_metrics,
     linear_warmup_decay,
+    save_checkpoint,
     seed_everything,
 )
 from model_store.data import load_digit_images, stratified_split_indices
-from model_store.files import make_readable
 from model_store.recipes import VisionRecipe
-
-logger = logging.getLogger(__name__)
 
 #: Config keyword that selects eager attention (the explainers need the attention probabilities).
 _EAGER: dict[str, Any] = {"attn_implementation": "eager"}
@@ -168,17 +164,7 @@ def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: bool = True
         name: classification_metrics(labels[idx].tolist(), predict_pixels(model, pixels[idx]).tolist(), recipe.labels)
         for name, idx in (("val", val_idx), ("test", test_idx))
     }
-    model_dir.mkdir(parents=True, exist_ok=False)
-    model.save_pretrained(model_dir)
-    processor.save_pretrained(model_dir)
-    check_safetensors_only(model_dir)
-    make_readable(model_dir)
-    logger.info(
-        "digits: test accuracy %.4f, macro-F1 %.4f (n=%d)",
-        results["test"]["accuracy"],
-        results["test"]["macro_f1"],
-        results["test"]["n"],
-    )
+    save_checkpoint("digits", model_dir, model, processor, results["test"])
     return {
         "model": "digits",
         "held_out": results["test"],
