@@ -214,6 +214,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _spawn(command: list[str], cwd: Path, env: dict[str, str], log: Path, pid_file: Path) -> subprocess.Popen[bytes]:
+    """Start ``command`` in its own session (so ``stop`` can kill its whole group), appending its output to ``log``
+    and recording its pid in ``pid_file``."""
+    with log.open("ab") as output:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    pid_file.write_text(str(process.pid))
+    return process
+
+
 def start(
     run_dir: Path = DEFAULT_RUN_DIR,
     model_store: Path = DEFAULT_MODEL_STORE,
@@ -264,29 +275,19 @@ def start(
     }
     store = _link_store(run_dir, model_store, models, overrides or {})
     config = write_config(run_dir, ports, store)
-    exporter_log = (run_dir / "exporter.log").open("ab")
-    exporter = subprocess.Popen(
+    exporter = _spawn(
         [
             *(sys.executable, "-m", "handlers.exporter", "--dir", str(metrics_dir)),
             *("--port", str(ports.exporter), "--address", bind_address("METRICS_ADDRESS")),
         ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=exporter_log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        REPO_ROOT,
+        env,
+        run_dir / "exporter.log",
+        run_dir / EXPORTER_PID,
     )
-    (run_dir / EXPORTER_PID).write_text(str(exporter.pid))
-    ts_log = (run_dir / "torchserve.out").open("ab")
-    java = subprocess.Popen(
-        _java_command(config, store, tmp_dir, list(models)),
-        cwd=run_dir,
-        env=env,
-        stdout=ts_log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    java = _spawn(
+        _java_command(config, store, tmp_dir, list(models)), run_dir, env, run_dir / "torchserve.out", run_dir / TS_PID
     )
-    (run_dir / TS_PID).write_text(str(java.pid))
     (run_dir / PORTS_FILE).write_text(json.dumps(asdict(ports)))
     server = Server(run_dir, ports, java.pid, exporter.pid, tuple(models))
     try:
