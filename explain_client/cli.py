@@ -76,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", type=Path, help="folder of a server started by `make start` (default: ./run)")
     parser.add_argument("--token", help="inference token (else $EXPLAIN_TOKEN, --token-file, $EXPLAIN_TOKEN_FILE)")
     parser.add_argument("--token-file", type=Path, help="TorchServe key_file.json or a file holding the token")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per call (default 60)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per attempt (default 60)")
+    parser.add_argument(
+        "--retries", type=int, default=1, help="more attempts after a timeout, unreachable server or dead worker (1)"
+    )
     parser.add_argument("--concurrency", type=int, default=8, help="parallel calls for many inputs (default 8)")
     parser.add_argument("--html", type=Path, help="write a self-contained HTML heatmap page")
     parser.add_argument("--png", type=Path, help="image models: write the patch relevance over the input image")
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 def make_client(args: argparse.Namespace) -> ExplainClient:
     """The client the arguments describe (explicit address, else the run folder, else the defaults)."""
     transport = "grpc" if args.grpc else "rest"
-    common: dict[str, Any] = {"timeout": args.timeout, "concurrency": args.concurrency}
+    common: dict[str, Any] = {"timeout": args.timeout, "concurrency": args.concurrency, "retries": args.retries}
     if args.token:
         common["token"] = args.token
     elif args.token_file:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +39,17 @@ MAX_MESSAGE_BYTES = 6_553_500
 
 Transport = Literal["rest", "grpc"]
 Target = str | int | None
+#: Seconds before the first retry; doubled before each further one.
+RETRY_BACKOFF_S = 0.2
+
+
+def is_retryable(error: ServiceError) -> bool:
+    """Whether a call that failed with ``error`` may succeed if sent again unchanged: no answer in time
+    (``timeout``: TorchServe 0.12 can drop the requests it was gathering into a batch for a worker that dies, and
+    never answers them), the service unreachable or its queue full (``unavailable``), or the worker that ran the
+    batch died (REST 507/500 and gRPC ``RESOURCE_EXHAUSTED``/``INTERNAL`` with "Worker died."). Row errors (4xx:
+    a bad input, method, target or option) are not: the same request fails the same way."""
+    return error.code in ("timeout", "unavailable") or "worker died" in error.message.lower()
 
 
 @dataclass(frozen=True)
@@ -274,8 +286,11 @@ class ExplainClient:
         grpc_address: gRPC inference ``host:port`` (default ``127.0.0.1:7070``).
         token: the inference token; see :func:`resolve_token` for the other sources.
         token_file: a file holding it (TorchServe's ``key_file.json`` or plain text).
-        timeout: seconds per call (REST socket timeout, gRPC deadline).
+        timeout: seconds per attempt (REST socket timeout, gRPC deadline).
         concurrency: parallel calls of :meth:`explain_many`.
+        retries: further attempts of a call that failed in a retryable way (see :func:`is_retryable`), after
+            ``RETRY_BACKOFF_S`` s, doubled each time. Safe because a prediction or explanation is a pure function of
+            the request. ``0`` turns retrying off.
     """
 
     def __init__(
@@ -288,6 +303,7 @@ class ExplainClient:
         token_file: str | Path | None = None,
         timeout: float = 60.0,
         concurrency: int = 8,
+        retries: int = 1,
     ) -> None:
         """Create the client (a gRPC channel is opened lazily by gRPC on the first call)."""
         if transport not in ("rest", "grpc"):
@@ -296,7 +312,10 @@ class ExplainClient:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if retries < 0:
+            raise ValueError(f"retries must be 0 or more, got {retries}")
         self.transport: Transport = transport
+        self.retries = retries
         self.timeout = timeout
         self.concurrency = concurrency
         resolved = resolve_token(token, token_file)
@@ -332,12 +351,23 @@ class ExplainClient:
         self._backend.close()
 
     def call(self, model: str, request: Request, timeout: float | None = None) -> Prediction:
-        """Send one :class:`Request`.
+        """Send one :class:`Request`, again up to ``retries`` times while it fails in a retryable way.
 
         Raises:
-            ServiceError: the row's error (code and message from the service's error table) or a transport error.
+            ServiceError: the row's error (code and message from the service's error table) or a transport error
+                (the last attempt's).
         """
-        return self._backend.call(model, request, timeout or self.timeout)
+        delay, attempt = RETRY_BACKOFF_S, 0
+        while True:
+            try:
+                return self._backend.call(model, request, timeout or self.timeout)
+            except ServiceError as error:
+                if attempt >= self.retries or not is_retryable(error):
+                    raise
+                attempt += 1
+                logger.warning("%s (attempt %d of %d); retrying in %.1f s", error, attempt, self.retries + 1, delay)
+            time.sleep(delay)
+            delay *= 2
 
     def predict(self, model: str, text: str | None = None, *, image: bytes | None = None) -> Prediction:
         """The prediction only (no explanation).

@@ -335,7 +335,8 @@ def _send(
         try:
             status, reply = rest_call(server, plan.model, plan.body, timeout=timeout)
         except OSError as error:
-            return False, "connection", repr(error)
+            timed_out = isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError)
+            return False, "TIMEOUT" if timed_out else "connection", repr(error)
         ok, detail = check_reply(plan, status, reply)
         return ok, str(status), detail
     try:

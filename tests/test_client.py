@@ -215,3 +215,62 @@ def test_request_and_client_validation() -> None:
         "text": "a",
         "explain": {"method": "rollout", "start_layer": 1, "target": 1},
     }
+
+
+class _FlakyBackend:
+    """A backend that fails with the given errors, in order, then answers; counts the calls."""
+
+    def __init__(self, *errors: ServiceError) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def call(self, model: str, request: Request, timeout: float) -> Prediction:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return Prediction(label="positive", label_id=2, probabilities={"positive": 1.0}, truncated=False)
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (ServiceError("timeout", "no answer within 1 s"), True),
+        (ServiceError("unavailable", "cannot reach 127.0.0.1:1"), True),
+        (ServiceError("http_507", "Worker died.", http_status=507), True),
+        (ServiceError("resource_exhausted", "Worker died.", grpc_code="RESOURCE_EXHAUSTED"), True),
+        (ServiceError("unknown_method", "unknown method 'x'", http_status=400), False),
+        (ServiceError("unauthorized", "Token Authorization failed", http_status=401), False),
+    ],
+)
+def test_retries_only_retryable_failures(error: ServiceError, retried: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr("explain_client.client.time.sleep", sleeps.append)
+    client = ExplainClient("rest", retries=2)
+    client._backend = backend = _FlakyBackend(error, error)
+    if retried:
+        assert client.predict("sentiment", TEXT).label == "positive"
+        assert backend.calls == 3 and sleeps == [0.2, 0.4]
+    else:
+        with pytest.raises(ServiceError) as caught:
+            client.predict("sentiment", TEXT)
+        assert caught.value is error and backend.calls == 1 and not sleeps
+
+
+def test_retries_give_up_with_the_last_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("explain_client.client.time.sleep", lambda seconds: None)
+    last = ServiceError("timeout", "no answer (third)")
+    client = ExplainClient("grpc", retries=2, grpc_address="127.0.0.1:1")
+    client._backend = backend = _FlakyBackend(ServiceError("unavailable", "down"), ServiceError("timeout", "x"), last)
+    with pytest.raises(ServiceError) as caught:
+        client.predict("sentiment", TEXT)
+    assert caught.value is last and backend.calls == 3
+    off = ExplainClient("rest", retries=0)
+    off._backend = backend = _FlakyBackend(ServiceError("timeout", "x"))
+    with pytest.raises(ServiceError):
+        off.predict("sentiment", TEXT)
+    assert backend.calls == 1
+    with pytest.raises(ValueError, match="retries"):
+        ExplainClient("rest", retries=-1)
