@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -115,10 +115,13 @@ class Capture:
 
         activations = None
         if self.activations is not None:
-            activations = [
-                BlockActivations(**{name: up(getattr(acts, name)) for name in acts.__dataclass_fields__})
-                for acts in self.activations
-            ]
+            activations = []
+            for acts in self.activations:
+                # A half-precision tensor (a linear layer's bf16 output, say): the forward ran in lower precision.
+                lowered = any(tensor.dtype in (torch.float16, torch.bfloat16) for tensor in acts.tensors().values())
+                activations.append(
+                    replace(acts.map_tensors(up), forward_precision=acts.forward_precision and not lowered)
+                )
         return Capture(
             logits=up(self.logits),
             targets=self.targets,
@@ -139,10 +142,7 @@ class Capture:
 
         activations = None
         if self.activations is not None:
-            activations = [
-                BlockActivations(**{name: getattr(acts, name)[index] for name in acts.__dataclass_fields__})
-                for acts in self.activations
-            ]
+            activations = [acts.map_tensors(lambda tensor: tensor[index]) for acts in self.activations]
         return Capture(
             logits=self.logits[index],
             targets=self.targets[index],
@@ -196,6 +196,7 @@ class _Recorder:
                     context=self.inputs[id(block.attention_output)],
                     attention_out=self.outputs[id(block.attention_output)],
                     ffn_input=self.inputs[id(block.ffn_in)],
+                    ffn_pre=self.outputs[id(block.ffn_in)],
                     ffn_hidden=self.inputs[id(block.ffn_out)],
                     ffn_out=self.outputs[id(block.ffn_out)],
                 )

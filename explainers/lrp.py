@@ -20,8 +20,9 @@ All functions take and return tensors; nothing here touches a model.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -40,17 +41,28 @@ def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
     return quotient.masked_fill_(denominator == 0, 0.0)
 
 
-def linear_relprop(inputs: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
+def linear_relprop(
+    inputs: Tensor, weight: Tensor, relevance: Tensor, output: Tensor | None = None, bias: Tensor | None = None
+) -> Tensor:
     """LRP-αβ rule with α=1, β=0 through ``y = x·Wᵀ (+ b)``; the bias takes no relevance.
 
     With ``x⁺ = max(x, 0)``, ``x⁻ = min(x, 0)`` and likewise for ``W``, each output's relevance is shared among
     the inputs in proportion to their positive contributions ``x⁺W⁺ + x⁻W⁻`` (the denominator is a sum of
     non-negative terms). A positive input's share comes through ``W⁺``, a negative input's through ``W⁻``.
 
+    The denominator costs two matmuls, or one when the forward's ``output`` is given: ``x⁺W⁺ + x⁻W⁻ =
+    (x·Wᵀ + |x|·|W|ᵀ) / 2`` with ``x·Wᵀ = y − b``. Only pass ``output`` if the forward computed it from these very
+    ``inputs`` and ``weight`` in this precision (not under a lower-precision autocast).
+
+    The stabiliser is the reference's ``+1e-9`` without its zero mask: the denominator is never negative, and where
+    it is exactly 0 every contribution to it is 0, so the masked entries would only ever be multiplied by 0.
+
     Args:
         inputs: ``(..., in_features)`` input of the linear layer.
         weight: ``(out_features, in_features)``.
         relevance: ``(..., out_features)`` relevance of the outputs.
+        output: ``(..., out_features)`` the layer's forward output ``x·Wᵀ + b`` (optional).
+        bias: ``(out_features,)`` the layer's bias, if it has one and ``output`` is given.
 
     Returns:
         ``(..., in_features)`` relevance of the inputs.
@@ -58,13 +70,20 @@ def linear_relprop(inputs: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
     shape = inputs.shape
     flat = inputs.reshape(-1, shape[-1])
     positive_weight = weight.clamp(min=0)
-    negative_weight = weight.clamp(max=0)
+    negative_weight = weight - positive_weight
     positive_inputs = flat.clamp(min=0)
-    negative_inputs = flat.clamp(max=0)
-    contributions = torch.addmm(positive_inputs @ positive_weight.T, negative_inputs, negative_weight.T)
-    scaled = safe_divide(relevance.reshape(-1, relevance.shape[-1]), contributions)
-    shares = torch.where(flat > 0, scaled @ positive_weight, scaled @ negative_weight)
-    return (flat * shares).view(shape)
+    negative_inputs = flat - positive_inputs
+    if output is None:
+        denominator = torch.addmm(positive_inputs @ positive_weight.T, negative_inputs, negative_weight.T)
+        denominator.add_(EPSILON)
+    else:
+        # (y + |x|·|W|ᵀ)/2 − b/2 + ε, floored at ε: rounding can push a true 0 slightly below it.
+        denominator = torch.addmm(output.reshape(-1, output.shape[-1]), flat.abs(), weight.abs().T, beta=0.5, alpha=0.5)
+        offset = -EPSILON if bias is None else bias * 0.5 - EPSILON
+        denominator.sub_(offset).clamp_(min=EPSILON)
+    scaled = relevance.reshape(-1, relevance.shape[-1]) / denominator
+    shares = (scaled @ positive_weight).mul_(positive_inputs)
+    return shares.addcmul_(negative_inputs, scaled @ negative_weight).view(shape)
 
 
 def matmul_relprop(
@@ -161,8 +180,11 @@ class BlockActivations:
         context: input of the attention output projection (``A·V``, heads merged).
         attention_out: output of the attention output projection.
         ffn_input: input of the first feed-forward layer.
+        ffn_pre: output of the first feed-forward layer (before the activation).
         ffn_hidden: input of the second feed-forward layer (after the activation).
         ffn_out: output of the second feed-forward layer.
+        forward_precision: the tensors are what the forward computed, in their own dtype (False once upcast from a
+            half-precision autocast forward); only then are layer outputs reused as products in the LRP rules.
     """
 
     hidden: Tensor
@@ -174,20 +196,46 @@ class BlockActivations:
     context: Tensor
     attention_out: Tensor
     ffn_input: Tensor
+    ffn_pre: Tensor
     ffn_hidden: Tensor
     ffn_out: Tensor
+    forward_precision: bool = True
+
+    def map_tensors(self, function: Callable[[Tensor], Tensor]) -> BlockActivations:
+        """The same activations with ``function`` applied to every tensor (e.g. row selection)."""
+        changed: dict[str, Any] = {name: function(tensor) for name, tensor in self.tensors().items()}
+        return replace(self, **changed)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The tensor fields, by name."""
+        values = {item.name: getattr(self, item.name) for item in fields(self)}
+        return {name: value for name, value in values.items() if isinstance(value, Tensor)}
+
+
+class Affine(NamedTuple):
+    """A linear layer's parameters: ``weight`` ``(out, in)`` and ``bias`` ``(out,)`` or ``None``."""
+
+    weight: Tensor
+    bias: Tensor | None
 
 
 @dataclass(frozen=True)
 class BlockWeights:
-    """The weight matrices of one block's six linear layers (``(out, in)`` each)."""
+    """The parameters of one block's six linear layers."""
 
-    query: Tensor
-    key: Tensor
-    value: Tensor
-    attention_output: Tensor
-    ffn_in: Tensor
-    ffn_out: Tensor
+    query: Affine
+    key: Affine
+    value: Affine
+    attention_output: Affine
+    ffn_in: Affine
+    ffn_out: Affine
+
+
+def _linear(inputs: Tensor, layer: Affine, relevance: Tensor, output: Tensor, exact: bool) -> Tensor:
+    """:func:`linear_relprop` through ``layer``, reusing the forward's ``output`` when ``exact``."""
+    if exact:
+        return linear_relprop(inputs, layer.weight, relevance, output, layer.bias)
+    return linear_relprop(inputs, layer.weight, relevance)
 
 
 def block_relprop(
@@ -215,20 +263,24 @@ def block_relprop(
         The relevance of the block's input (``None`` if ``propagate_below`` is False) and the relevance of the
         attention probabilities ``(batch, heads, n, n)`` (the "cam" of Chefer et al.).
     """
+    exact = acts.forward_precision
     # Second skip connection: out = [LN](residual + FFN(...)).
     residual = acts.hidden + acts.attention_out if norm_first else acts.ffn_input
     relevance_ffn, relevance_residual = add_relprop(acts.ffn_out, residual, relevance)
-    relevance_ffn = linear_relprop(acts.ffn_hidden, weights.ffn_out, relevance_ffn)
-    relevance_ffn = linear_relprop(acts.ffn_input, weights.ffn_in, relevance_ffn)
+    relevance_ffn = _linear(acts.ffn_hidden, weights.ffn_out, relevance_ffn, acts.ffn_out, exact)
+    relevance_ffn = _linear(acts.ffn_input, weights.ffn_in, relevance_ffn, acts.ffn_pre, exact)
     relevance_mid = clone_relprop(residual, (relevance_ffn, relevance_residual))
 
     # First skip connection: mid = [LN](hidden + Attention(...)).
     relevance_attention, relevance_skip = add_relprop(acts.attention_out, acts.hidden, relevance_mid)
-    relevance_context = linear_relprop(acts.context, weights.attention_output, relevance_attention)
+    relevance_context = _linear(acts.context, weights.attention_output, relevance_attention, acts.attention_out, exact)
 
     value = split_heads(acts.value, num_heads)
     relevance_probabilities, relevance_value = matmul_relprop(
-        acts.probabilities, value, split_heads(relevance_context, num_heads)
+        acts.probabilities,
+        value,
+        split_heads(relevance_context, num_heads),
+        split_heads(acts.context, num_heads) if exact else None,
     )
     relevance_probabilities = relevance_probabilities / 2
     if not propagate_below:
@@ -250,9 +302,9 @@ def block_relprop(
     relevance_projections = clone_relprop(
         acts.attention_input,
         (
-            linear_relprop(acts.attention_input, weights.query, relevance_query),
-            linear_relprop(acts.attention_input, weights.key, relevance_key),
-            linear_relprop(acts.attention_input, weights.value, relevance_value),
+            _linear(acts.attention_input, weights.query, relevance_query, acts.query, exact),
+            _linear(acts.attention_input, weights.key, relevance_key, acts.key, exact),
+            _linear(acts.attention_input, weights.value, relevance_value, acts.value, exact),
         ),
     )
     relevance_input = clone_relprop(acts.hidden, (relevance_projections, relevance_skip))

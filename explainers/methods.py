@@ -26,7 +26,7 @@ from .capture import (
     scaled_embedding_gradients,
 )
 from .errors import InvalidOptionError, UnknownMethodError
-from .lrp import BlockWeights, attention_relevances
+from .lrp import Affine, BlockWeights, attention_relevances
 
 
 @dataclass(frozen=True)
@@ -172,14 +172,18 @@ def _rollout(ctx: MethodInputs) -> Tensor:
 
 
 def _block_weights(arch: Architecture, dtype: torch.dtype) -> list[BlockWeights]:
+    def affine(linear: nn.Linear) -> Affine:
+        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        return Affine(linear.weight.detach().to(dtype), bias)
+
     return [
         BlockWeights(
-            query=block.query.weight.detach().to(dtype),
-            key=block.key.weight.detach().to(dtype),
-            value=block.value.weight.detach().to(dtype),
-            attention_output=block.attention_output.weight.detach().to(dtype),
-            ffn_in=block.ffn_in.weight.detach().to(dtype),
-            ffn_out=block.ffn_out.weight.detach().to(dtype),
+            query=affine(block.query),
+            key=affine(block.key),
+            value=affine(block.value),
+            attention_output=affine(block.attention_output),
+            ffn_in=affine(block.ffn_in),
+            ffn_out=affine(block.ffn_out),
         )
         for block in arch.blocks
     ]
