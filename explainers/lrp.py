@@ -41,6 +41,15 @@ def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
     return quotient.masked_fill_(denominator == 0, 0.0)
 
 
+def own_share(value: Tensor, relevance: Tensor) -> Tensor:
+    """``value · safe_divide(relevance, value)``, the z-rule share of a tensor divided by itself, in three passes.
+
+    The zero mask of :func:`safe_divide` is not needed here: where ``value`` is exactly 0 the product with it is 0
+    anyway (``relevance / 1e-9`` stays finite).
+    """
+    return value * (relevance / (value + EPSILON))
+
+
 def linear_relprop(
     inputs: Tensor, weight: Tensor, relevance: Tensor, output: Tensor | None = None, bias: Tensor | None = None
 ) -> Tensor:
@@ -136,7 +145,7 @@ def masked_scores_relprop(scores: Tensor, relevance: Tensor) -> Tensor:
         scores: ``(batch, heads, n, n)`` scaled attention scores ``Q·Kᵀ/√d`` before the mask.
         relevance: ``(batch, heads, n, n)`` relevance of the masked scores.
     """
-    share = scores * safe_divide(relevance, scores)
+    share = own_share(scores, relevance)
     dims = tuple(range(1, relevance.dim()))
     total = relevance.sum(dim=dims, keepdim=True)
     share_sum = share.sum(dim=dims, keepdim=True)
@@ -152,7 +161,7 @@ def clone_relprop(value: Tensor, relevances: Sequence[Tensor]) -> Tensor:
     total = relevances[0]
     for relevance in relevances[1:]:
         total = total + relevance
-    return value * safe_divide(total, value)
+    return own_share(value, total)
 
 
 def split_heads(tensor: Tensor, num_heads: int) -> Tensor:
@@ -326,7 +335,7 @@ def head_relprop(head_inputs: Sequence[Tensor], head_weights: Sequence[Tensor], 
     for inputs, weight in zip(reversed(head_inputs), reversed(head_weights), strict=True):
         relevance = linear_relprop(inputs, weight, relevance)
     first = head_inputs[0]
-    return first * safe_divide(relevance, first)
+    return own_share(first, relevance)
 
 
 def attention_relevances(
