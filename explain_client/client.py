@@ -13,13 +13,13 @@ The token (TorchServe's inference key) comes from, in order: the ``token`` argum
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import logging
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -133,29 +133,72 @@ _HTTP_CODES = {404: "model_not_found", 413: "request_too_large", 500: "internal"
 
 
 class _RestBackend:
-    """JSON over HTTP with ``urllib`` (thread-safe: one connection per call)."""
+    """JSON over HTTP/1.1 on kept-alive connections (``http.client``), pooled across calls and threads.
+
+    Reusing a connection saves a TCP handshake per call (about 3 ms of a ~13 ms call to a local server). A pooled
+    connection the server has closed meanwhile is replaced once and the request sent again (safe: every request is
+    a pure function of its input); after any other failure the connection is discarded.
+    """
+
+    #: Idle connections kept for reuse; more concurrent calls open more, and close the surplus when they finish.
+    MAX_IDLE = 64
 
     def __init__(self, url: str, token: str | None) -> None:
         self.url = url.rstrip("/")
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be http(s)://host[:port][/path], got {url!r}")
+        self._kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self._host, self._port, self._path = parts.hostname, parts.port, parts.path
         self.token = token
+        self._lock = threading.Lock()
+        self._idle: list[http.client.HTTPConnection] = []
+
+    def _take(self) -> http.client.HTTPConnection | None:
+        with self._lock:
+            return self._idle.pop() if self._idle else None
+
+    def _give(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < self.MAX_IDLE:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def _post(self, path: str, body: bytes, headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
+        while True:
+            pooled = self._take()
+            connection = pooled or self._kind(self._host, self._port, timeout=timeout)
+            reused = pooled is not None and pooled.sock is not None
+            connection.timeout = timeout
+            if connection.sock is not None:
+                connection.sock.settimeout(timeout)
+            try:
+                connection.request("POST", path, body, headers)
+                response = connection.getresponse()
+                status, payload = int(response.status), response.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                connection.close()
+                if reused:
+                    continue  # the server closed the idle connection: once more on a new one
+                raise
+            except BaseException:
+                connection.close()
+                raise
+            self._give(connection)
+            return status, payload
 
     def call(self, model: str, request: Request, timeout: float) -> Prediction:
         body = json.dumps(request.to_json()).encode("utf-8")
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        http_request = urllib.request.Request(f"{self.url}/predictions/{model}", body, headers, method="POST")
         try:
-            with urllib.request.urlopen(http_request, timeout=timeout) as response:
-                status, payload = int(response.status), response.read()
-        except urllib.error.HTTPError as error:
-            status, payload = int(error.code), error.read()
+            status, payload = self._post(f"{self._path}/predictions/{model}", body, headers, timeout)
         except TimeoutError as error:
             raise ServiceError("timeout", f"no answer from {self.url} within {timeout:g} s") from error
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, TimeoutError):
-                raise ServiceError("timeout", f"no answer from {self.url} within {timeout:g} s") from error
-            raise ServiceError("unavailable", f"cannot reach {self.url}: {error.reason}") from error
+        except (OSError, http.client.HTTPException) as error:
+            raise ServiceError("unavailable", f"cannot reach {self.url}: {error}") from error
         try:
             document = json.loads(payload)
         except ValueError:
@@ -171,7 +214,11 @@ class _RestBackend:
         raise ServiceError(code, message, http_status=status)
 
     def close(self) -> None:
-        return None
+        with self._lock:
+            idle = list(self._idle)
+            self._idle.clear()
+        for connection in idle:
+            connection.close()
 
 
 class _GrpcBackend:
@@ -347,7 +394,7 @@ class ExplainClient:
         self.close()
 
     def close(self) -> None:
-        """Close the gRPC channel (nothing to do for REST)."""
+        """Close the gRPC channel or the pooled REST connections."""
         self._backend.close()
 
     def call(self, model: str, request: Request, timeout: float | None = None) -> Prediction:

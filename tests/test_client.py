@@ -3,10 +3,11 @@ gRPC, equal to an in-process explanation, per-row errors as ServiceError, token 
 
 from __future__ import annotations
 
+import http.server
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -274,3 +275,63 @@ def test_retries_give_up_with_the_last_error(monkeypatch: pytest.MonkeyPatch) ->
     assert backend.calls == 1
     with pytest.raises(ValueError, match="retries"):
         ExplainClient("rest", retries=-1)
+
+
+def test_rest_connections_are_kept_alive_and_pooled(server: Server) -> None:
+    with client_for(server, "rest") as client:
+        pool = client._backend._idle  # type: ignore[attr-defined]
+        client.predict("sentiment", TEXT)
+        assert len(pool) == 1 and pool[0].sock is not None
+        first_socket = pool[0].sock
+        client.predict("sentiment", TEXT)
+        assert len(pool) == 1 and pool[0].sock is first_socket  # the same TCP connection, reused
+        with pytest.raises(ServiceError):
+            client.explain("sentiment", TEXT, method="no_such_method")
+        # TorchServe closes the connection after an error reply; the pooled connection reconnects on its next use.
+        client.predict("sentiment", TEXT)
+        second_socket = pool[0].sock
+        client.predict("sentiment", TEXT)
+        assert len(pool) == 1 and second_socket is not None and pool[0].sock is second_socket
+        results = client.explain_many("sentiment", [TEXT] * 12, method=None)
+        assert all(isinstance(result, Prediction) for result in results)
+        assert 1 <= len(pool) <= client.concurrency
+    assert not pool  # closed with the client
+
+
+class _OneRequestPerConnection(http.server.BaseHTTPRequestHandler):
+    """Answers each connection's first request as HTTP/1.1 (so the client may keep it), then drops the connection
+    without saying so, as a server or proxy closing idle keep-alive connections does."""
+
+    protocol_version = "HTTP/1.1"
+    client_ports: ClassVar[list[int]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"label": "positive", "label_id": 2, "probabilities": {"positive": 1.0}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.client_ports.append(self.client_address[1])
+        self.close_connection = True
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+
+def test_rest_client_resends_once_when_a_kept_connection_was_closed() -> None:
+    _OneRequestPerConnection.client_ports.clear()
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OneRequestPerConnection)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = ExplainClient("rest", url=f"http://127.0.0.1:{httpd.server_address[1]}", retries=0, timeout=5)
+        with client:
+            for _ in range(3):
+                assert client.predict("sentiment", TEXT).label == "positive"
+        # Each call after the first tried its kept connection, found it closed, and resent on a new one.
+        assert len(set(_OneRequestPerConnection.client_ports)) == 3
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
