@@ -1,7 +1,7 @@
 """Bounded load generator for the served explanation service (REST and gRPC).
 
 ``python -m bench.load [--tiny] [--requests N] [--methods ...]`` starts its own TorchServe on free loopback ports
-serving the sentiment model twice — ``batched`` (the ``cpu`` profile: batchSize 8, maxBatchDelay 5 ms) and ``b1``
+serving the sentiment model twice — ``batched`` (the ``cpu`` profile: batchSize 8, maxBatchDelay 2 ms) and ``b1``
 (batchSize 1) — then, for each variant, protocol (REST, gRPC), concurrency (1, 16) and method, sends a fixed number
 of requests of ~30-token texts and reports throughput and p50/p95/p99 latency. It also times the same rows
 in-process (the worker's own code path, one row at a time) so the serving overhead at concurrency 1 can be read off.
