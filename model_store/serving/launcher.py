@@ -384,13 +384,15 @@ Logs: {server.log_dir}. Docs: docs/SERVING.md.
 
 
 def _ensure_models(model_store: Path, models: Mapping[str, str]) -> None:
+    """Build the default models' archives if missing, or refresh them if their fingerprints changed (a handler or
+    recipe edit): ``model_store.build`` reuses what is up to date in a fraction of a second."""
     missing = _missing_archives(model_store, models)
     if missing:
         logger.info("building the default models %s (first run only)", missing)
-        command = [sys.executable, "-m", "model_store.build", "--out", str(model_store), "--no-progress"]
-        for name in missing:
-            command += ["--only", name]
-        subprocess.run(command, cwd=REPO_ROOT, check=True)
+    command = [sys.executable, "-m", "model_store.build", "--out", str(model_store), "--no-progress"]
+    for name in models:
+        command += ["--only", name]
+    subprocess.run(command, cwd=REPO_ROOT, check=True)
 
 
 def main(argv: list[str] | None = None) -> int:
