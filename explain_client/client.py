@@ -110,6 +110,15 @@ def read_token_file(path: Path) -> str:
     return text
 
 
+def token_file_in_use(token: str | None = None, token_file: str | Path | None = None) -> Path | None:
+    """The token file :func:`resolve_token` reads (``None`` when the token comes from ``token`` or
+    ``$EXPLAIN_TOKEN``, or when there is none)."""
+    if token or os.environ.get(TOKEN_ENV):
+        return None
+    path = token_file or os.environ.get(TOKEN_FILE_ENV)
+    return Path(path) if path else None
+
+
 def resolve_token(token: str | None = None, token_file: str | Path | None = None) -> str | None:
     """The token to send: ``token``, else ``$EXPLAIN_TOKEN``, else the token file (argument, then
     ``$EXPLAIN_TOKEN_FILE``); ``None`` when none is given (a server with token auth off)."""
@@ -117,13 +126,13 @@ def resolve_token(token: str | None = None, token_file: str | Path | None = None
         return token
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV]
-    path = token_file or os.environ.get(TOKEN_FILE_ENV)
-    if path:
-        return read_token_file(Path(path))
-    return None
+    path = token_file_in_use(token, token_file)
+    return read_token_file(path) if path else None
 
 
 class _Backend(Protocol):
+    token: str | None
+
     def call(self, model: str, request: Request, timeout: float) -> Prediction: ...
 
     def close(self) -> None: ...
@@ -239,7 +248,7 @@ class _GrpcBackend:
         ]
         self.channel = grpc.insecure_channel(address, options=options)
         self.stub = inference_grpc.InferenceAPIsServiceStub(self.channel)
-        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.token = token
 
     def _message(self, request: Request) -> Any:
         message = self.messages.ExplainRequest()
@@ -262,7 +271,8 @@ class _GrpcBackend:
         payload = self._message(request).SerializeToString()
         predictions_request = self.inference_pb2.PredictionsRequest(model_name=model, input={"request": payload})
         try:
-            reply = self.stub.Predictions(predictions_request, metadata=self.metadata, timeout=timeout)
+            metadata = [("authorization", f"Bearer {self.token}")] if self.token else []
+            reply = self.stub.Predictions(predictions_request, metadata=metadata, timeout=timeout)
         except grpc.RpcError as error:
             status = error.code()
             details = error.details() or str(status)
@@ -366,6 +376,8 @@ class ExplainClient:
         self.timeout = timeout
         self.concurrency = concurrency
         resolved = resolve_token(token, token_file)
+        self._token_file = token_file_in_use(token, token_file)
+        self._token_lock = threading.Lock()
         self._backend: _Backend = (
             _GrpcBackend(grpc_address, resolved) if transport == "grpc" else _RestBackend(url, resolved)
         )
@@ -404,17 +416,39 @@ class ExplainClient:
             ServiceError: the row's error (code and message from the service's error table) or a transport error
                 (the last attempt's).
         """
-        delay, attempt = RETRY_BACKOFF_S, 0
+        delay, attempt, reread = RETRY_BACKOFF_S, 0, False
         while True:
+            used = self._backend.token
             try:
                 return self._backend.call(model, request, timeout or self.timeout)
             except ServiceError as error:
+                if error.code == "unauthorized" and not reread and self._reread_token(used):
+                    reread = True  # the server's keys were renewed: once more with the token file's new key
+                    continue
                 if attempt >= self.retries or not is_retryable(error):
                     raise
                 attempt += 1
                 logger.warning("%s (attempt %d of %d); retrying in %.1f s", error, attempt, self.retries + 1, delay)
             time.sleep(delay)
             delay *= 2
+
+    def _reread_token(self, refused: str | None) -> bool:
+        """Read the token file again after the service refused the token ``refused`` (TorchServe rewrites
+        ``key_file.json`` when its keys are renewed); whether the file holds another token, which calls use from
+        now on."""
+        if self._token_file is None:
+            return False
+        try:
+            token = read_token_file(self._token_file)
+        except (OSError, ValueError):
+            return False
+        if token == refused:
+            return False
+        with self._token_lock:
+            if self._backend.token != token:
+                logger.warning("the service refused the token; using the new one in %s", self._token_file)
+                self._backend.token = token
+        return True
 
     def predict(self, model: str, text: str | None = None, *, image: bytes | None = None) -> Prediction:
         """The prediction only (no explanation).

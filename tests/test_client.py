@@ -224,6 +224,7 @@ class _FlakyBackend:
     def __init__(self, *errors: ServiceError) -> None:
         self.errors = list(errors)
         self.calls = 0
+        self.token: str | None = None
 
     def call(self, model: str, request: Request, timeout: float) -> Prediction:
         self.calls += 1

@@ -6,7 +6,8 @@
   or management;
 - management and metrics listen on loopback only (rendered config, and a connection through a non-loopback
   address of this machine is refused);
-- request and response sizes are bounded (413 from the frontend).
+- request and response sizes are bounded (413 from the frontend);
+- keys last a year, not TorchServe's hour, and rotate with the API key without stranding a key-file client.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ from __future__ import annotations
 import json
 import socket
 import zipfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import psutil
 import pytest
 
+from explain_client import ExplainClient
 from handlers import protos
-from model_store.serving.launcher import Server, write_config
+from model_store.serving.launcher import Ports, Server, start, stop, write_config
 from tests.ops_support import management, ops_server, rest_call, worker_pids
-from tests.serving_support import http_post
+from tests.serving_support import http_post, tiny_archives
 
 pytestmark = pytest.mark.slow
 
@@ -204,3 +207,53 @@ def test_sizes_are_bounded(server: Server) -> None:
     status, reply = rest_call(server, "sentiment", json.dumps({"text": "word " * 5_000}).encode())
     assert status == 413 and reply["error"]["code"] == "text_too_long"
     assert worker_pids(server, "digits") == pid, "an oversized request must not reach or kill a worker"
+
+
+def test_keys_last_a_year_and_rotate_with_the_api_key(tmp_path: Path) -> None:
+    """TorchServe's default key lifetime (60 min) would refuse every client an hour after start; the launcher sets
+    365 days (TOKEN_EXPIRATION_MIN). Rotation, as docs/OPERATIONS.md describes it: the never-expiring API key renews
+    the inference key, TorchServe rewrites key_file.json, the old key is refused at once on REST and gRPC, and an
+    ExplainClient that reads the key file carries on with the new key, on both transports."""
+    archive = tiny_archives()["sentiment"]
+    store = archive.parent.parent
+    server = start(tmp_path / "run", store, {"sentiment": str(archive.relative_to(store))}, Ports.free(), timeout=240)
+    try:
+        properties = _properties(server)
+        assert float(properties["token_expiration_min"]) == 525_600
+        document = json.loads((server.run_dir / "key_file.json").read_text())
+        for kind in ("inference", "management"):
+            expires = datetime.fromisoformat(document[kind]["expiration time"].replace("Z", "+00:00"))
+            assert expires - datetime.now(UTC) > timedelta(days=364), (kind, expires)
+        clients = [ExplainClient.from_run_dir(server.run_dir, transport, retries=0) for transport in ("rest", "grpc")]
+        for client in clients:
+            assert client.predict("sentiment", "before the rotation").label
+        old_key = server.keys["inference"]
+
+        status, reply = management(server, "/token?type=inference", token="API")
+        assert status == 200, reply
+        new_key = server.keys["inference"]
+        assert new_key != old_key
+        status, reply = http_post(f"{server.inference_url}/predictions/sentiment", TEXT, old_key)
+        assert status in (400, 401) and "label" not in str(reply), (status, reply)
+        inference_pb2, inference_grpc = protos.inference_stubs()
+        with grpc.insecure_channel(f"127.0.0.1:{server.ports.grpc_inference}") as channel:
+            stub = inference_grpc.InferenceAPIsServiceStub(channel)
+            with pytest.raises(grpc.RpcError):
+                stub.Predictions(
+                    inference_pb2.PredictionsRequest(model_name="sentiment", input={"body": TEXT}),
+                    metadata=[("authorization", f"Bearer {old_key}")],
+                    timeout=30,
+                )
+        status, reply = http_post(f"{server.inference_url}/predictions/sentiment", TEXT, new_key)
+        assert status == 200 and reply["explanation"]["method"] == "rollout", reply
+        for client in clients:  # refused once with the old key, then the key file's new one
+            with client:
+                assert client.predict("sentiment", "after the rotation").label
+        # The management key rotates the same way; the management key alone cannot renew keys.
+        assert management(server, "/token?type=inference", token="management")[0] in (400, 401)
+        old_management = server.keys["management"]
+        assert management(server, "/token?type=management", token="API")[0] == 200
+        assert server.keys["management"] != old_management
+        assert management(server, "/models")[0] == 200
+    finally:
+        stop(server.run_dir)

@@ -124,6 +124,31 @@ def bind_address(variable: str) -> str:
         raise ValueError(f"{variable}={value!r} is not an IP address (e.g. 127.0.0.1 or 0.0.0.0)") from None
 
 
+#: Default lifetime of TorchServe's inference and management keys, in minutes (365 days).
+DEFAULT_TOKEN_EXPIRATION_MIN = 525_600
+#: The longest lifetime accepted (100 years): TorchServe adds it to the current time and fails past Instant.MAX.
+MAX_TOKEN_EXPIRATION_MIN = 52_560_000
+
+
+def token_expiration_minutes() -> float:
+    """Lifetime of the keys TorchServe generates, from ``$TOKEN_EXPIRATION_MIN`` (minutes), else
+    :data:`DEFAULT_TOKEN_EXPIRATION_MIN`.
+
+    Raises:
+        ValueError: if the value is not a number of minutes in (0, :data:`MAX_TOKEN_EXPIRATION_MIN`].
+    """
+    value = os.environ.get("TOKEN_EXPIRATION_MIN") or str(DEFAULT_TOKEN_EXPIRATION_MIN)
+    try:
+        minutes = float(value)
+    except ValueError:
+        minutes = float("nan")
+    if not 0 < minutes <= MAX_TOKEN_EXPIRATION_MIN:
+        raise ValueError(
+            f"TOKEN_EXPIRATION_MIN={value!r} is not a number of minutes in (0, {MAX_TOKEN_EXPIRATION_MIN}]"
+        )
+    return minutes
+
+
 def write_config(run_dir: Path, ports: Ports, model_store: Path) -> Path:
     """Fill the template into ``run_dir/config.properties`` and return its path."""
     workflow_store = run_dir / "workflow-store"
@@ -140,6 +165,7 @@ def write_config(run_dir: Path, ports: Ports, model_store: Path) -> Path:
         model_store=model_store.resolve(),
         workflow_store=workflow_store.resolve(),
         metrics_config=METRICS_YAML,
+        token_expiration_min=f"{token_expiration_minutes():g}",
     )
     path = run_dir / "config.properties"
     path.write_text(text, encoding="utf-8")
