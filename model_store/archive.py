@@ -51,7 +51,9 @@ class ServingConfig:
         min_workers: TorchServe ``minWorkers``.
         max_workers: TorchServe ``maxWorkers``.
         batch_size: TorchServe ``batchSize``.
-        max_batch_delay_ms: TorchServe ``maxBatchDelay`` (ms): the latency floor of a lone request.
+        max_batch_delay_ms: TorchServe ``maxBatchDelay`` (ms): the latency floor of a lone request, which waits all
+            of it; under load batches fill from the queue while the worker is busy, so 2 ms loses no batching
+            (docs/SERVING.md, "Batching profiles"; TorchServe treats 0 as its 100 ms default).
         response_timeout_s: TorchServe ``responseTimeout`` (s); a slower batch kills the worker.
     """
 
@@ -67,7 +69,7 @@ class ServingConfig:
     min_workers: int = 1
     max_workers: int = 1
     batch_size: int = 8
-    max_batch_delay_ms: int = 20
+    max_batch_delay_ms: int = 2
     response_timeout_s: int = 60
     extra_handler_keys: Mapping[str, Any] = field(default_factory=dict)
 
