@@ -41,7 +41,7 @@ pytestmark = pytest.mark.slow
 
 SOAK = os.environ.get("SOAK") == "1"
 LOAD_SECONDS = 60.0 if SOAK else 10.0
-LOAD_MAX_REQUESTS = 30_000 if SOAK else 5_000
+LOAD_MAX_REQUESTS = 200_000 if SOAK else 5_000
 MEMORY_EXPLANATIONS = 5_000 if SOAK else 300
 FIGURES = REPO_ROOT / "build" / "ops-figures.jsonl"
 RECOVERY_LIMIT_S = 10.0
