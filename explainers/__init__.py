@@ -12,6 +12,7 @@ from .errors import (
     InvalidInputError,
     InvalidOptionError,
     InvalidTargetError,
+    NonFiniteScoresError,
     UnknownMethodError,
     UnsupportedModelError,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "InvalidOptionError",
     "InvalidTargetError",
     "Method",
+    "NonFiniteScoresError",
     "RowExplanation",
     "RowRequest",
     "UnknownMethodError",

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .architectures import Architecture, describe, model_config
 from .capture import GRADIENT_NEEDS, prepared_model, run_capture
-from .errors import ExplainError, InvalidInputError, InvalidTargetError
+from .errors import ExplainError, InvalidInputError, InvalidTargetError, NonFiniteScoresError
 from .methods import Method, MethodInputs, get_method
 
 
@@ -249,7 +249,8 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
 
     Rows are grouped by method and options; the forward is grad-enabled only if some row's method needs
     gradients, and the rows that need none are left out of the gradient. A row whose request is invalid
-    (unknown method, bad target or option) gets its :class:`ExplainError` in its place; the others are served.
+    (unknown method, bad target or option) gets its :class:`ExplainError` in its place, and so does a row whose
+    scores came out NaN or infinite (:class:`NonFiniteScoresError`); the others are served.
 
     Args:
         model: see :func:`explain`.
@@ -313,7 +314,14 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
                 )
             scores = _finish(arch, scores).detach()
             seconds = time.perf_counter() - started
+            finite = torch.isfinite(scores.flatten(1)).all(dim=1).tolist()
             for position, row_index in enumerate(indices):
+                if not finite[position]:
+                    results[row_index] = NonFiniteScoresError(
+                        f"method {name!r} gave NaN or infinite scores for this input (a numerical breakdown of the "
+                        "attribution; the other rows are unaffected); another method may still explain it"
+                    )
+                    continue
                 row_scores = scores[position]
                 if arch.modality == "text":
                     row_scores = row_scores[: int(mask[row_index].sum())]

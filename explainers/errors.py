@@ -30,3 +30,8 @@ class InvalidOptionError(ExplainError):
 
 class UnsupportedModelError(ExplainError):
     """The model's architecture is not one the explainers know how to explain."""
+
+
+class NonFiniteScoresError(ExplainError):
+    """A row's attribution came out NaN or infinite: a numerical breakdown on that input, not a bad call. Raised
+    per row by :func:`explainers.explain_batch` (the serving path), so that no NaN ever reaches a response."""

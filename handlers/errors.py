@@ -16,6 +16,7 @@ from explainers import (
     InvalidInputError,
     InvalidOptionError,
     InvalidTargetError,
+    NonFiniteScoresError,
     UnknownMethodError,
     UnsupportedModelError,
 )
@@ -48,6 +49,7 @@ ERROR_TABLE: dict[str, ErrorKind] = {
         ErrorKind("text_too_long", 413, "RESOURCE_EXHAUSTED", "more characters than max_text_chars"),
         ErrorKind("image_too_large", 413, "RESOURCE_EXHAUSTED", "more bytes than max_image_bytes or too many pixels"),
         ErrorKind("unsupported_input", 415, "INVALID_ARGUMENT", "an input this model cannot take (image for text)"),
+        ErrorKind("attribution_failed", 500, "INTERNAL", "the row's attribution came out NaN or infinite"),
         ErrorKind("internal", 500, "INTERNAL", "the batch failed on the server; see the server log"),
     )
 }
@@ -95,6 +97,7 @@ _EXPLAIN_CODES: tuple[tuple[type[ExplainError], str], ...] = (
     (InvalidOptionError, "invalid_option"),
     (InvalidInputError, "invalid_request"),
     (UnsupportedModelError, "internal"),
+    (NonFiniteScoresError, "attribution_failed"),
 )
 
 

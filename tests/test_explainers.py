@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+import explainers.methods as methods_module
 from explainers import (
     ExplainError,
     InvalidInputError,
     InvalidOptionError,
     InvalidTargetError,
+    NonFiniteScoresError,
     RowExplanation,
     RowRequest,
     UnknownMethodError,
@@ -334,6 +337,31 @@ def test_explain_batch_mixes_methods_rows_and_errors() -> None:
         assert torch.allclose(got.scores, alone.scores[0], atol=1e-10)
         assert got.target == int(alone.target[0])
     assert set(result.seconds) == {"forward", "backward"}
+
+
+def test_explain_batch_turns_non_finite_scores_into_that_rows_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN or infinity in one row's scores (a numerical breakdown) never reaches a response: that row gets a
+    NonFiniteScoresError, the other rows of the same method and of other methods are served unchanged."""
+    model = build_bert().double()
+    batch = text_batch(model)
+    rollout = methods_module.get_method("rollout")
+    alone = explain(model, row_inputs(batch, 0), method="rollout")  # before the method is broken below
+
+    def breaks_row_one(ctx: methods_module.MethodInputs) -> torch.Tensor:
+        scores = rollout.compute(ctx).clone()
+        scores[1, 1] = float("nan")
+        scores[2, 0] = float("inf")
+        return scores
+
+    monkeypatch.setitem(methods_module._REGISTRY, "rollout", dataclasses.replace(rollout, compute=breaks_row_one))
+    rows = [RowRequest("rollout"), RowRequest("rollout"), RowRequest("rollout"), RowRequest("attention")]
+    result = explain_batch(model, batch, rows)
+    assert isinstance(result.rows[1], NonFiniteScoresError) and "NaN or infinite" in str(result.rows[1])
+    assert isinstance(result.rows[2], NonFiniteScoresError)
+    served = result.rows[0]
+    assert isinstance(served, RowExplanation) and torch.isfinite(served.scores).all()
+    assert torch.allclose(served.scores, alone.scores[0], atol=1e-10)
+    assert isinstance(result.rows[3], RowExplanation) and result.rows[3].method == "attention"
 
 
 def test_explain_batch_prediction_only_needs_no_backward() -> None:

@@ -3,7 +3,9 @@ service with a tiny model (the real TorchServe path is in tests/integration)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +170,32 @@ def test_service_batch_rows_are_independent(text_service: ExplanationService) ->
     outcomes[2].encoding = Encoding.PROTOBUF
     failed = messages.ExplainResponse.FromString(encode_outcome(outcomes[2], config.labels)).error
     assert failed.code == "unknown_method" and failed.http_status == 400 and "relevance" in failed.message
+
+
+def test_service_answers_non_finite_scores_with_a_500_row_error(
+    text_service: ExplanationService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row whose attribution breaks down numerically gets ``attribution_failed`` (500 / INTERNAL), never a NaN
+    in the JSON or protobuf body; the batch's other rows are served."""
+    import explainers.methods as methods_module
+
+    rollout = methods_module.get_method("rollout")
+
+    def all_nan(ctx: methods_module.MethodInputs) -> torch.Tensor:
+        return torch.full_like(rollout.compute(ctx), float("nan"))
+
+    monkeypatch.setitem(methods_module._REGISTRY, "rollout", dataclasses.replace(rollout, compute=all_nan))
+    raw: list[dict[str, Any]] = [
+        {"body": {"text": "cold food", "explain": {"method": "rollout"}}},
+        {"body": {"text": "fine", "explain": True}},
+    ]
+    rows: list[DecodedRow | RowError] = [decode_row(row, False, text_service.config) for row in raw]
+    outcomes, _ = text_service.run(rows, [Encoding.JSON, Encoding.PROTOBUF])
+    assert outcomes[0].error is not None and outcomes[0].error.code == "attribution_failed"
+    document = json.loads(encode_outcome(outcomes[0], text_service.config.labels))
+    assert document["error"]["http_status"] == 500 and document["error"]["grpc_code"] == "INTERNAL"
+    assert outcomes[1].error is None and outcomes[1].scores is not None
+    assert all(math.isfinite(value) for value in outcomes[1].scores)
 
 
 def test_service_rejects_bad_images() -> None:
