@@ -145,8 +145,9 @@ class _RestBackend:
     """JSON over HTTP/1.1 on kept-alive connections (``http.client``), pooled across calls and threads.
 
     Reusing a connection saves a TCP handshake per call (about 3 ms of a ~13 ms call to a local server). A pooled
-    connection the server has closed meanwhile is replaced once and the request sent again (safe: every request is
-    a pure function of its input); after any other failure the connection is discarded.
+    connection the server has closed meanwhile is discarded and the request sent again on the next one, a new
+    connection at the latest (safe: every request is a pure function of its input); after any other failure the
+    connection is discarded and the error raised.
     """
 
     #: Idle connections kept for reuse; more concurrent calls open more, and close the surplus when they finish.
@@ -189,7 +190,7 @@ class _RestBackend:
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 connection.close()
                 if reused:
-                    continue  # the server closed the idle connection: once more on a new one
+                    continue  # the server closed this idle connection: again on the next one
                 raise
             except BaseException:
                 connection.close()
