@@ -47,6 +47,8 @@ FIGURES = REPO_ROOT / "build" / "ops-figures.jsonl"
 RECOVERY_LIMIT_S = 10.0
 #: Client deadline of the worker-kill load: how long a request TorchServe dropped keeps its caller waiting.
 KILL_REQUEST_TIMEOUT_S = 10.0
+#: Load outcome statuses of a request that got no answer before its client deadline (REST, gRPC).
+NO_ANSWER = frozenset({"TIMEOUT", "DEADLINE_EXCEEDED"})
 
 
 @pytest.fixture(scope="session")
@@ -185,8 +187,8 @@ def test_killed_worker_comes_back_and_only_in_flight_requests_fail(server: Serve
     restarted = _log_seconds_after(server, killed, "-> WORKER_MODEL_LOADED")
     sentiment = [outcome for outcome in report.outcomes if outcome.model == "sentiment"]
     failed = [outcome for outcome in report.outcomes if not outcome.ok]
-    unanswered = [outcome for outcome in failed if outcome.status in {"TIMEOUT", "DEADLINE_EXCEEDED"}]
-    answered = [outcome for outcome in report.outcomes if outcome not in unanswered]
+    unanswered = [outcome for outcome in failed if outcome.status in NO_ANSWER]
+    answered = [outcome for outcome in report.outcomes if outcome.status not in NO_ANSWER]
     # In flight = sent before TorchServe noticed the death (its batch may have been handed to the dying worker)
     # and not finished when it was killed.
     in_flight = [outcome for outcome in sentiment if outcome.started <= detected and outcome.finished > killed]
@@ -214,7 +216,7 @@ def test_killed_worker_comes_back_and_only_in_flight_requests_fail(server: Serve
     assert all(outcome.model == "sentiment" for outcome in failed), figures
     assert all(outcome.started <= detected and outcome.finished > killed for outcome in failed), figures
     assert all(outcome.status in {"500", "503", "507", "INTERNAL", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
-               for outcome in failed if outcome not in unanswered), figures  # fmt: skip
+               for outcome in failed if outcome.status not in NO_ANSWER), figures  # fmt: skip
     status, described = management(server, "/models/sentiment")
     assert status == 200, described
     assert len(unanswered) <= described[0]["batchSize"], figures  # the most one worker gathers
