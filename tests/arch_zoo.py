@@ -75,8 +75,8 @@ def perturb(model: Any, seed: int) -> Any:
     return model
 
 
-_TEXT = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
-_DECODER = {
+_TEXT: dict[str, Any] = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+_DECODER: dict[str, Any] = {
     **_TEXT,
     "intermediate_size": 48,
     "num_key_value_heads": 2,
@@ -86,6 +86,9 @@ _DECODER = {
     "eos_token_id": 2,
     "head_dim": 8,
 }
+
+
+_BUCKETS: dict[str, Any] = {"position_buckets": 8}
 
 
 def _configs() -> dict[str, Callable[[], Any]]:
@@ -109,7 +112,7 @@ def _configs() -> dict[str, Callable[[], Any]]:
             intermediate_size=48,
             max_position_embeddings=64,
             pad_token_id=PAD,
-            global_attn_every_n_layers=2,
+            layer_types=["full_attention", "sliding_attention", "full_attention"],
             local_attention=4,
             classifier_pooling="cls",
         ),
@@ -118,7 +121,7 @@ def _configs() -> dict[str, Callable[[], Any]]:
             intermediate_size=48,
             max_position_embeddings=64,
             pad_token_id=PAD,
-            global_attn_every_n_layers=2,
+            layer_types=["full_attention", "sliding_attention", "full_attention"],
             local_attention=4,
             classifier_pooling="mean",
         ),
@@ -127,7 +130,7 @@ def _configs() -> dict[str, Callable[[], Any]]:
             intermediate_size=48,
             max_position_embeddings=64,
             relative_attention=True,
-            position_buckets=8,
+            **_BUCKETS,
             pos_att_type=["p2c", "c2p"],
             type_vocab_size=2,
             pad_token_id=0,

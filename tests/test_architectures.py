@@ -51,7 +51,7 @@ def _model(name: str) -> Any:
     return BY_NAME[name].build()
 
 
-def _snapshot(model: nn.Module) -> dict[str, Any]:
+def _snapshot(model: Any) -> dict[str, Any]:
     configs = {id(model.config): model.config}
     for module in model.modules():
         config = getattr(module, "config", None)
@@ -123,8 +123,8 @@ def test_cell(variant: Variant, method: str) -> None:
         assert repr(variant.model_type) in message and reason in message
         assert all(name in message for name in supported_methods(variant.model_type))
         size = next(iter(batch.values())).shape[0]
-        row = explain_batch(model, batch, [RowRequest(method)] + [RowRequest(None)] * (size - 1)).rows[0]
-        assert isinstance(row, UnsupportedMethodError)
+        refused_row = explain_batch(model, batch, [RowRequest(method)] + [RowRequest(None)] * (size - 1)).rows[0]
+        assert isinstance(refused_row, UnsupportedMethodError)
         _assert_unchanged(model, before)
         return
     options = FAST.get(method, {})
