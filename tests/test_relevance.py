@@ -159,7 +159,7 @@ def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int
     for h, head_linears in enumerate(heads_linears):
         for j, linear in enumerate(head_linears):
             names[f"head{h}.{j}"] = (linear, 0)
-    modules = {name: module for name, (module, _) in names.items()}
+    modules: dict[str, Any] = {name: module for name, (module, _) in names.items()}
     tape = _Tape(names)
     try:
         output = model(**inputs)
