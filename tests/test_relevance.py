@@ -282,8 +282,9 @@ def test_relevance_of_albert_with_layer_groups_matches_the_oracle() -> None:
     """ALBERT with two groups of two shared layers (four layers, eight attention calls)."""
     config = AlbertConfig(
         vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=48,
-        embedding_size=16, num_hidden_groups=2, inner_group_num=2, num_labels=3,
+        embedding_size=16, num_hidden_groups=2, inner_group_num=2,
     )  # fmt: skip
+    config.num_labels = 3
     config._attn_implementation = "eager"
     model = perturb(AlbertForSequenceClassification(config), 5).double().eval()
     batch = text_batch(model)
