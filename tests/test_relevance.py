@@ -7,6 +7,7 @@ the rules, as in the authors' code), one example at a time, summing over the who
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -295,11 +296,21 @@ def test_relevance_of_albert_with_layer_groups_matches_the_oracle() -> None:
         assert torch.allclose(got, expected, atol=1e-6 * float(expected.abs().max()), rtol=0), row
 
 
-@pytest.mark.parametrize("build", [build_bert, build_roberta, build_vit], ids=["bert", "roberta", "vit"])
+def _zoo(name: str) -> Any:
+    return next(variant for variant in VARIANTS if variant.name == name).build()
+
+
+CONSERVATION_CASES = [build_bert, build_roberta, build_vit] + [
+    functools.partial(_zoo, name) for name in ("xlm-roberta", "electra", "albert", "distilbert", "deit")
+]
+CONSERVATION_IDS = ["bert", "roberta", "vit", "xlm-roberta", "electra", "albert", "distilbert", "deit"]
+
+
+@pytest.mark.parametrize("build", CONSERVATION_CASES, ids=CONSERVATION_IDS)
 def test_relevance_is_conserved_through_every_block(build: Any) -> None:
     """Chefer et al., Eq. 7–10: with α=1, β=0 and the skip-connection normalisation, Σ R is the same at every block."""
     model = build().double()
-    batch = image_batch(model) if model.config.model_type == "vit" else text_batch(model)
+    batch = image_batch(model) if model.config.model_type in ("vit", "deit") else text_batch(model)
     arch = describe(model)
     with prepared_model(model):
         capture = run_capture(
