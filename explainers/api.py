@@ -153,6 +153,15 @@ def _validate_inputs(arch: Architecture, model: nn.Module, inputs: Mapping[str, 
             raise InvalidInputError(
                 f"{key} must have the shape of input_ids {tuple(ids.shape)}, got {tuple(validated[key].shape)}"
             )
+    types = validated.get("token_type_ids")
+    type_count = getattr(model_config(model), "type_vocab_size", None)
+    if not isinstance(type_count, int) or type_count <= 0:
+        types = None  # the model has no segment embeddings (DeBERTa-v2 with type_vocab_size 0 ignores them)
+    if types is not None and isinstance(type_count, int) and bool(((types < 0) | (types >= type_count)).any()):
+        raise InvalidInputError(
+            f"token_type_ids of a {arch.model_type} model must be in [0, {type_count - 1}] (its type_vocab_size "
+            f"is {type_count}); a sentence pair for a model with one segment type needs no token_type_ids"
+        )
     mask = validated.setdefault("attention_mask", torch.ones_like(ids))
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise InvalidInputError("attention_mask must hold only 0 and 1")

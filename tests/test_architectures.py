@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor, nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, RobertaConfig, RobertaForSequenceClassification
 
 from explainers import (
     CAPTURE_IMPLEMENTATION,
@@ -384,6 +384,17 @@ def test_padding_sides_are_validated_per_architecture() -> None:
     mixed["attention_mask"][0] = torch.tensor([0, 1, 1, 1, 1, 1, 1, 0, 0])
     with pytest.raises(InvalidInputError, match=r"left-padded .* or right-padded"):
         explain(decoder, mixed, method="rollout")
+
+
+def test_token_types_beyond_the_models_segments_are_refused_clearly() -> None:
+    config = RobertaConfig(
+        vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+        max_position_embeddings=40, pad_token_id=1, type_vocab_size=1,  # as roberta-base: one segment type
+    )  # fmt: skip
+    model = RobertaForSequenceClassification(config).eval()
+    batch = pair_batch(model)
+    with pytest.raises(InvalidInputError, match=r"token_type_ids of a roberta model must be in \[0, 0\]"):
+        explain(model, batch, method="gae")
 
 
 def test_a_decoder_without_pad_token_id_explains_single_rows_only() -> None:
