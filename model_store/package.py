@@ -215,6 +215,15 @@ def _read_config(path: Path) -> dict[str, Any]:
     return document
 
 
+def _is_vocabulary(file_name: str) -> bool:
+    """Whether a file holds a tokenizer's vocabulary (tokenizers JSON, WordPiece/BPE vocabulary, sentencepiece)."""
+    return (
+        file_name in ("tokenizer.json", "merges.txt")
+        or file_name.startswith("vocab")
+        or file_name.endswith((".model", ".tiktoken"))
+    )
+
+
 def _task_of(architecture: str) -> Task | None:
     if architecture.endswith("ForSequenceClassification"):
         return "text"
@@ -477,13 +486,13 @@ def _validate_staged(
     image_size: tuple[int, int] | None = None
     pad_token_id: int | None = None
     if task == "text":
+        fix = "save it next to the model with tokenizer.save_pretrained(folder) (tokenizer.json or vocabulary files)"
+        if not any(_is_vocabulary(file_name) for file_name in files):
+            raise PackageError(f"{folder} has no loadable tokenizer (no tokenizer.json or vocabulary file); {fix}")
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(stage), local_files_only=True)
         except Exception as error:
-            raise PackageError(
-                f"{folder} has no loadable tokenizer ({type(error).__name__}: {error}); save it next to the model "
-                "with tokenizer.save_pretrained(folder) (tokenizer.json or vocab files, tokenizer_config.json)"
-            ) from None
+            raise PackageError(f"{folder} has no loadable tokenizer ({type(error).__name__}: {error}); {fix}") from None
         pad_token_id, pad_warnings = _pad_token(tokenizer, config)
         warnings += pad_warnings
     else:
@@ -618,7 +627,7 @@ class ModelEntry:
     """One model to package: its name, checkpoint folder and settings."""
 
     name: str
-    path: Path
+    path: Path | str
     settings: Settings
 
 
@@ -633,7 +642,7 @@ def parse_models(spec: str, defaults: Settings | None = None) -> list[ModelEntry
         name, separator, path = item.partition("=")
         if not separator or not path.strip():
             raise PackageError(f'MODELS entry {item!r} is not name=path, e.g. MODELS="reviews=/models/reviews"')
-        entries.append(ModelEntry(check_name(name.strip()), Path(path.strip()).expanduser(), defaults or Settings()))
+        entries.append(ModelEntry(check_name(name.strip()), path.strip(), defaults or Settings()))
     return _distinct(entries, "MODELS")
 
 
@@ -728,9 +737,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise PackageError("give either PATH --name NAME or --config FILE, not both")
             entries = read_models_file(args.config)
         else:
-            if not args.path or not args.name:
+            if not args.path or args.name is None:
                 parser.error("PATH and --name are required (or --config FILE)")
-            entries = [ModelEntry(check_name(args.name), Path(args.path), _settings_from_args(args))]
+            entries = [ModelEntry(check_name(args.name), args.path, _settings_from_args(args))]
         # validate all first: nothing is written if one is refused
         checked = [validate(entry.path, entry.name, entry.settings) for entry in entries]
         results = [

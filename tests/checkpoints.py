@@ -70,7 +70,7 @@ def _labelled(config: Any, labels: list[str], problem_type: str | None = None) -
 
 def save(model: Any, preprocessor: Any, folder: Path) -> Path:
     """``save_pretrained`` the model (safetensors) and its tokenizer / image processor into ``folder``."""
-    model.save_pretrained(folder, safe_serialization=True)
+    model.save_pretrained(folder)  # safetensors: the only format transformers 5 writes
     preprocessor.save_pretrained(folder)
     return folder
 
