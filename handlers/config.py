@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 from explainers import available_methods
 
+#: Multi-label threshold when neither the user nor the checkpoint's config sets one.
+DEFAULT_THRESHOLD = 0.5
+
 #: Keys the ``handler:`` section may hold.
 _KNOWN_KEYS = frozenset(
     {

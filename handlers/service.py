@@ -28,11 +28,10 @@ from transformers import (
     AutoTokenizer,
 )
 
-from explainers import ExplainError, RowExplanation, describe, explain_batch
+from explainers import ExplainError, RowExplanation, describe, explain_batch, head_type, pooled_position
 
-from .config import HandlerConfig
+from .config import DEFAULT_THRESHOLD, HandlerConfig
 from .errors import RowError, from_explain_error
-from .heads import DEFAULT_THRESHOLD, model_head_type, scores_of
 from .schema import DecodedRow, Encoding, RowOutcome
 
 logger = logging.getLogger(__name__)
@@ -78,7 +77,8 @@ class ExplanationService:
         checkpoint_labels = tuple(id2label[index] for index in range(len(id2label)))
         if checkpoint_labels != config.labels:
             raise ValueError(f"handler.labels {config.labels} differ from the checkpoint id2label {checkpoint_labels}")
-        self.head_type = model_head_type(model_config)
+        self.head_type = head_type(self.model)
+        self.pooled = pooled_position(self.model)
         self.threshold = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
         self.tokenizer: Any = None
         self.processor: Any = None
@@ -214,7 +214,7 @@ class ExplanationService:
             for index in valid:
                 outcomes[index].error = RowError("internal", "the batch failed on the server; see the server log")
             return outcomes, BatchTimings(0.0, 0.0)
-        values = scores_of(result.logits, self.head_type).cpu()
+        values = result.probabilities.float().cpu()  # softmax, sigmoid or the regression values (head_type)
         input_ids = inputs["input_ids"].cpu() if "input_ids" in inputs else None
         for position, index in enumerate(valid):
             outcome = outcomes[index]
@@ -253,6 +253,7 @@ class ExplanationService:
         outcome.target = explanation.target
         outcome.options = dict(explanation.options)
         outcome.attribution_seconds = explanation.seconds
+        outcome.pooled = explanation.pooled
         if scores.dim() == 2:
             outcome.grid = (int(scores.shape[0]), int(scores.shape[1]))
             outcome.scores = scores.flatten().tolist()

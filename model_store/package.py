@@ -51,6 +51,7 @@ SAFE_SUFFIXES = frozenset({".json", ".safetensors", ".txt", ".model", ".jinja", 
 #: Suffixes of pickle-based weight files (``torch.load`` of these runs code embedded in them).
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
 _GENERIC_LABEL = re.compile(r"LABEL_\d+")
+_PROBLEM_TYPES = (None, "single_label_classification", "multi_label_classification", "regression")
 #: The code an archive's behaviour depends on (hashed into the fingerprint).
 _CODE_FILES = ("model_store/package.py", "model_store/archive.py")
 
@@ -66,7 +67,8 @@ class Settings:
     """The per-model settings a user tunes (command-line options or a YAML file's keys of the same names).
 
     Attributes:
-        default_method: Method used when a request asks for an explanation without naming one.
+        default_method: Method used when a request asks for an explanation without naming one (``None``:
+            ``relevance`` where the architecture supports it, else ``gae``).
         max_length: Text: tokens per input (both segments of a pair together); longer inputs are truncated.
         batch_size: TorchServe ``batchSize``: rows per batch.
         max_batch_delay: TorchServe ``maxBatchDelay`` in ms: how long a partial batch waits (a lone request waits
@@ -79,7 +81,7 @@ class Settings:
         response_timeout: TorchServe ``responseTimeout`` in s: a slower batch kills the worker.
     """
 
-    default_method: str = "relevance"
+    default_method: str | None = None
     max_length: int = 128
     batch_size: int = 8
     max_batch_delay: int = 2
@@ -112,7 +114,7 @@ class Settings:
         """
         from explainers import available_methods
 
-        if self.default_method not in available_methods():
+        if self.default_method is not None and self.default_method not in available_methods():
             raise PackageError(f"{where}: default_method {self.default_method!r} is not one of {available_methods()}")
         for key, low in (("max_length", 3), ("batch_size", 1), ("max_batch_delay", 1), ("workers", 1)):
             value = getattr(self, key)
@@ -144,6 +146,7 @@ class Checkpoint:
         architecture: The classifier class (``config.architectures[0]``).
         head_type: ``single_label``, ``multi_label`` or ``regression``.
         labels: Label names in index order.
+        default_method: The method served when a request names none (one that works on this architecture).
         threshold: Multi-label heads: the threshold served.
         image_size: Image models: ``(height, width)``.
         pad_token_id: Text models: the pad token the handler sets on the tokenizer and ``config.pad_token_id``
@@ -159,6 +162,7 @@ class Checkpoint:
     architecture: str
     head_type: str
     labels: tuple[str, ...]
+    default_method: str = "relevance"
     threshold: float | None = None
     image_size: tuple[int, int] | None = None
     pad_token_id: int | None = None
@@ -447,8 +451,8 @@ def _validate_staged(
         AutoTokenizer,
     )
 
-    from explainers import ExplainError, describe
-    from handlers.heads import DEFAULT_THRESHOLD, head_type_of
+    from explainers import ExplainError, describe, head_type, supported_methods
+    from handlers.config import DEFAULT_THRESHOLD
 
     try:
         config = AutoConfig.from_pretrained(str(stage), local_files_only=True)
@@ -472,13 +476,23 @@ def _validate_staged(
     except ExplainError as error:
         raise PackageError(f"the explainers cannot explain this model: {error}") from None
     _check_head(skeleton, shapes, architecture)
-    try:
-        head_type = head_type_of(getattr(config, "problem_type", None), int(config.num_labels))
-    except ValueError as error:
-        raise PackageError(f"config.json: {error}") from None
-    labels, warnings = _labels(config, head_type)
+    methods = supported_methods(str(config.model_type))
+    default_method = settings.default_method or ("relevance" if "relevance" in methods else "gae")
+    if default_method not in methods:
+        raise PackageError(
+            f"default_method {default_method!r} does not work on {config.model_type} models; choose one of "
+            f"{', '.join(methods)}"
+        )
+    problem_type = getattr(config, "problem_type", None)
+    if problem_type not in _PROBLEM_TYPES:
+        raise PackageError(
+            f"config.json's problem_type {problem_type!r} is not one of {_PROBLEM_TYPES[1:]}: set it to the task the "
+            "head was trained for (or remove it)"
+        )
+    head = head_type(skeleton)
+    labels, warnings = _labels(config, head)
     threshold: float | None = None
-    if head_type == "multi_label":
+    if head == "multi_label":
         from_config = getattr(config, "threshold", None)
         threshold = float(settings.threshold or from_config or DEFAULT_THRESHOLD)
         if not 0 < threshold < 1:
@@ -510,8 +524,9 @@ def _validate_staged(
         task=task,
         model_type=str(config.model_type),
         architecture=architecture,
-        head_type=head_type,
+        head_type=head,
         labels=labels,
+        default_method=default_method,
         threshold=threshold,
         image_size=image_size,
         pad_token_id=pad_token_id,
@@ -533,7 +548,7 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
         max_length=settings.max_length if checkpoint.task == "text" else None,
         image_size=checkpoint.image_size,
         max_image_bytes=2_000_000 if checkpoint.task == "image" else None,
-        default_method=settings.default_method,
+        default_method=checkpoint.default_method,
         device=settings.device,
         autocast_bf16=settings.bf16,
         min_workers=settings.workers,

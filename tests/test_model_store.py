@@ -662,3 +662,37 @@ def test_models_spec_and_yaml_file(tmp_path: Path) -> None:
     models.write_text("models:\n  a: {path: /x, max_lenght: 3}\n")
     with pytest.raises(package_module.PackageError, match="unknown setting"):
         package_module.read_models_file(models)
+
+
+def test_a_decoder_classifier_pads_on_the_left_and_gets_a_supported_default_method(tmp_path: Path) -> None:
+    folder = checkpoints.decoder(tmp_path / "decoder")
+    checkpoint = package_module.validate(folder, "decoder")
+    assert checkpoint.pad_token_id is None and not checkpoint.warnings
+    assert checkpoint.default_method == "gae", "relevance has no LRP rule for decoders: the default falls back"
+    with pytest.raises(package_module.PackageError, match="default_method 'relevance' does not work on llama"):
+        package_module.validate(folder, "decoder", package_module.Settings(default_method="relevance"))
+
+
+def test_a_decoder_without_a_pad_token_is_padded_with_eos_and_says_so(tmp_path: Path) -> None:
+    folder = checkpoints.decoder(tmp_path / "decoder", pad=False)
+    checkpoint = package_module.validate(folder, "decoder")
+    assert checkpoint.pad_token_id == 2
+    assert len(checkpoint.warnings) == 1 and "padded with the EOS token '</s>' (id 2)" in checkpoint.warnings[0]
+    result = package_module.package(folder, "decoder", tmp_path / "store", checkpoint=checkpoint)
+    assert yaml.safe_load((result.archive / MODEL_CONFIG_FILE).read_text())["handler"]["pad_token_id"] == 2
+
+
+def test_a_decoder_that_cannot_be_padded_is_refused(tmp_path: Path) -> None:
+    from tokenizers import processors
+
+    folder = checkpoints.decoder(tmp_path / "appends-eos", pad=False)
+    tokenizer = checkpoints.decoder_tokenizer(pad=False)
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", tokenizer.eos_token_id)]
+    )
+    tokenizer.save_pretrained(folder)
+    _refused(folder, "m", tmp_path / "out", "ends every input with its EOS token", "add a pad token")
+    folder = checkpoints.decoder(tmp_path / "no-eos", pad=False)
+    document = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**document, "eos_token": None}))
+    _refused(folder, "m", tmp_path / "out", "neither the tokenizer nor config.json has a pad token", "pad_token_id")
