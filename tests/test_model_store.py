@@ -696,3 +696,34 @@ def test_a_decoder_that_cannot_be_padded_is_refused(tmp_path: Path) -> None:
     document = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**document, "eos_token": None}))
     _refused(folder, "m", tmp_path / "out", "neither the tokenizer nor config.json has a pad token", "pad_token_id")
+
+
+def test_a_new_head_is_announced_once_instead_of_the_missing_keys_report(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from model_store.data import minilm_checkpoint_path
+    from model_store.loading import REPORT_LOGGER, missing_head_keys, new_head_notice
+
+    reports: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            reports.append(record.getMessage())
+
+    collect = Collect(level=logging.WARNING)
+    logging.getLogger(REPORT_LOGGER).addHandler(collect)
+    try:
+        with caplog.at_level(logging.INFO, logger="model_store.loading"), new_head_notice():
+            for _ in range(2):
+                AutoModelForSequenceClassification.from_pretrained(str(minilm_checkpoint_path()), num_labels=3)
+        assert not [report for report in reports if "LOAD REPORT" in report]
+        notices = [record.getMessage() for record in caplog.records if record.name == "model_store.loading"]
+        assert notices == [
+            "initialising a new classification head (classifier.bias, classifier.weight); the recipe trains it"
+        ]
+        AutoModelForSequenceClassification.from_pretrained(str(minilm_checkpoint_path()), num_labels=3)
+        assert any("LOAD REPORT" in report for report in reports), "outside the block the report is unchanged"
+    finally:
+        logging.getLogger(REPORT_LOGGER).removeHandler(collect)
+    other = "X LOAD REPORT from: p\nKey | Status |\n---\nclassifier.bias | MISSING |\npooler.bias | UNEXPECTED |"
+    assert missing_head_keys(other) is None
