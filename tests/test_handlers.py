@@ -335,3 +335,16 @@ def test_a_decoder_is_left_padded_and_explains_its_last_token(own_services: dict
     assert document["explanation"]["pooled"] == "last"
     assert batch[2].error is not None and batch[2].error.code == "unsupported_method"
     assert "gae" in batch[2].error.message
+
+
+def test_docs_list_the_support_matrix_and_every_error_code() -> None:
+    from explainers import support_table, supported_model_types
+
+    root = Path(__file__).resolve().parent.parent
+    serving = (root / "docs" / "SERVING.md").read_text(encoding="utf-8")
+    assert support_table(available_methods()) in serving, "regenerate the support matrix of docs/SERVING.md"
+    for code, kind in ERROR_TABLE.items():
+        assert f"| `{code}` | {kind.http_status} | {kind.grpc_code} |" in serving, f"{code} not in the docs"
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Serve your own model") :]
+    assert all(f"`{model_type}`" in section for model_type in supported_model_types())
