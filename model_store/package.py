@@ -69,7 +69,8 @@ class Settings:
     Attributes:
         default_method: Method used when a request asks for an explanation without naming one (``None``:
             ``relevance`` where the architecture supports it, else ``gae``).
-        max_length: Text: tokens per input (both segments of a pair together); longer inputs are truncated.
+        max_length: Text: tokens per input (both segments of a pair together); longer inputs are truncated
+            (``None``: 128, or the model's position limit if smaller).
         batch_size: TorchServe ``batchSize``: rows per batch.
         max_batch_delay: TorchServe ``maxBatchDelay`` in ms: how long a partial batch waits (a lone request waits
             all of it).
@@ -82,7 +83,7 @@ class Settings:
     """
 
     default_method: str | None = None
-    max_length: int = 128
+    max_length: int | None = None
     batch_size: int = 8
     max_batch_delay: int = 2
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -118,6 +119,8 @@ class Settings:
             raise PackageError(f"{where}: default_method {self.default_method!r} is not one of {available_methods()}")
         for key, low in (("max_length", 3), ("batch_size", 1), ("max_batch_delay", 1), ("workers", 1)):
             value = getattr(self, key)
+            if key == "max_length" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise PackageError(f"{where}: {key} must be an integer >= {low}, got {value!r}")
         if isinstance(self.response_timeout, bool) or not isinstance(self.response_timeout, int):
@@ -147,6 +150,7 @@ class Checkpoint:
         head_type: ``single_label``, ``multi_label`` or ``regression``.
         labels: Label names in index order.
         default_method: The method served when a request names none (one that works on this architecture).
+        max_length: Text models: tokens per input served.
         threshold: Multi-label heads: the threshold served.
         image_size: Image models: ``(height, width)``.
         pad_token_id: Text models: the pad token the handler sets on the tokenizer and ``config.pad_token_id``
@@ -163,6 +167,7 @@ class Checkpoint:
     head_type: str
     labels: tuple[str, ...]
     default_method: str = "relevance"
+    max_length: int | None = None
     threshold: float | None = None
     image_size: tuple[int, int] | None = None
     pad_token_id: int | None = None
@@ -354,6 +359,34 @@ def _pad_token(tokenizer: Any, config: Any) -> tuple[int | None, list[str]]:
     ]
 
 
+#: Model types whose position ids start after the pad id (``max_position_embeddings`` counts those offsets).
+_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert"})
+DEFAULT_MAX_LENGTH = 128
+
+
+def _max_length(config: Any, requested: int | None) -> int:
+    """Tokens per input: ``requested``, else 128, never more than the model has positions for.
+
+    Raises:
+        PackageError: if ``requested`` exceeds the model's positions.
+    """
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or not getattr(config, "position_biased_input", True):
+        limit = None  # no absolute position embeddings (relative or rotary positions)
+    elif config.model_type in _OFFSET_POSITIONS:
+        limit = positions - int(getattr(config, "pad_token_id", 1) or 1) - 1
+    else:
+        limit = positions
+    if requested is None:
+        return min(DEFAULT_MAX_LENGTH, limit) if limit is not None else DEFAULT_MAX_LENGTH
+    if limit is not None and requested > limit:
+        raise PackageError(
+            f"max_length {requested} exceeds the {limit} positions of this {config.model_type} model: pass "
+            f"--max-length {limit} or less"
+        )
+    return requested
+
+
 def _image_size(config: Any) -> tuple[int, int]:
     size = getattr(config, "image_size", None)
     if isinstance(size, int) and size > 0:
@@ -499,7 +532,9 @@ def _validate_staged(
             raise PackageError(f"config.json's threshold {from_config!r} is not a probability in (0, 1)")
     image_size: tuple[int, int] | None = None
     pad_token_id: int | None = None
+    max_length: int | None = None
     if task == "text":
+        max_length = _max_length(config, settings.max_length)
         fix = "save it next to the model with tokenizer.save_pretrained(folder) (tokenizer.json or vocabulary files)"
         if not any(_is_vocabulary(file_name) for file_name in files):
             raise PackageError(f"{folder} has no loadable tokenizer (no tokenizer.json or vocabulary file); {fix}")
@@ -527,6 +562,7 @@ def _validate_staged(
         head_type=head,
         labels=labels,
         default_method=default_method,
+        max_length=max_length,
         threshold=threshold,
         image_size=image_size,
         pad_token_id=pad_token_id,
@@ -545,7 +581,7 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
     return ServingConfig(
         task=checkpoint.task,
         labels=checkpoint.labels,
-        max_length=settings.max_length if checkpoint.task == "text" else None,
+        max_length=checkpoint.max_length,
         image_size=checkpoint.image_size,
         max_image_bytes=2_000_000 if checkpoint.task == "image" else None,
         default_method=checkpoint.default_method,

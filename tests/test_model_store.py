@@ -727,3 +727,14 @@ def test_a_new_head_is_announced_once_instead_of_the_missing_keys_report(caplog:
         logging.getLogger(REPORT_LOGGER).removeHandler(collect)
     other = "X LOAD REPORT from: p\nKey | Status |\n---\nclassifier.bias | MISSING |\npooler.bias | UNEXPECTED |"
     assert missing_head_keys(other) is None
+
+
+def test_max_length_beyond_the_model_positions_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
+    assert package_module.validate(own["pairs"], "m").max_length == 128
+    capture = io.StringIO()
+    with contextlib.redirect_stderr(capture):
+        status = package_module.main(
+            [str(own["pairs"]), "--name", "m", "--out", str(tmp_path / "out"), "--max-length", "200"]
+        )
+    assert status == 2 and "max_length 200 exceeds the 128 positions of this bert model" in capture.getvalue()
+    assert "--max-length 128 or less" in capture.getvalue() and not (tmp_path / "out").exists()
