@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 from torch import nn
 from transformers import (
+    AutoConfig,
     AutoImageProcessor,
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
@@ -54,6 +55,21 @@ def select_device(requested: str) -> torch.device:
     return torch.device("cuda")
 
 
+def classifier_class(model_config: Any, task: str) -> Any:
+    """The class a checkpoint is loaded with: the one ``config.architectures`` names when the explainers accept it for
+    its model type (e.g. ``DeiTForImageClassificationWithTeacher``, which the Auto class would not pick), else the
+    Auto class of the task."""
+    import transformers
+
+    from explainers import FAMILIES
+
+    names = getattr(model_config, "architectures", None) or []
+    family = FAMILIES.get(str(getattr(model_config, "model_type", "")))
+    if names and family is not None and names[0] in family.classes and hasattr(transformers, names[0]):
+        return getattr(transformers, names[0])
+    return AutoModelForSequenceClassification if task == "text" else AutoModelForImageClassification
+
+
 class ExplanationService:
     """One loaded classifier and its tokenizer or image processor."""
 
@@ -65,9 +81,9 @@ class ExplanationService:
         """
         self.config = config
         self.device = device
-        auto = AutoModelForSequenceClassification if config.task == "text" else AutoModelForImageClassification
+        checkpoint_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
         # Local safetensors only: never a download, never a pickle file.
-        model: nn.Module = auto.from_pretrained(
+        model: nn.Module = classifier_class(checkpoint_config, config.task).from_pretrained(
             str(model_dir), attn_implementation="eager", local_files_only=True, use_safetensors=True
         )
         self.model = model.to(device).eval()

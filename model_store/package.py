@@ -236,7 +236,7 @@ def _is_vocabulary(file_name: str) -> bool:
 def _task_of(architecture: str) -> Task | None:
     if architecture.endswith("ForSequenceClassification"):
         return "text"
-    if architecture.endswith("ForImageClassification"):
+    if "ForImageClassification" in architecture:  # also DeiTForImageClassificationWithTeacher
         return "image"
     return None
 
@@ -432,6 +432,8 @@ def validate(path: Path | str, name: str, settings: Settings | None = None) -> C
 
     model_type = document.get("model_type")
     supported = supported_model_types()
+    if model_type is None:
+        raise PackageError("config.json has no model_type: re-save the model with model.save_pretrained(folder)")
     if model_type not in supported:
         raise PackageError(
             f"model type {model_type!r} is not supported by the explainers; supported: {', '.join(supported)}. "
@@ -446,7 +448,7 @@ def validate(path: Path | str, name: str, settings: Settings | None = None) -> C
             f"{model_type} ...ForSequenceClassification or ...ForImageClassification; fine-tune a classification "
             "head and save it with save_pretrained"
         )
-    if not any(name.endswith(".safetensors") for name in files):
+    if not any(file_name.endswith(".safetensors") for file_name in files):
         if pickled:
             raise PackageError(
                 f"the weights are pickle files only ({', '.join(pickled)}), and loading pickle runs code: they are "
@@ -476,16 +478,11 @@ def _validate_staged(
 ) -> Checkpoint:
     """The checks that load the config, the preprocessor and the model skeleton from the staged files."""
     import torch
-    from transformers import (
-        AutoConfig,
-        AutoImageProcessor,
-        AutoModelForImageClassification,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-    )
+    from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
     from explainers import ExplainError, describe, head_type, supported_methods
     from handlers.config import DEFAULT_THRESHOLD
+    from handlers.service import classifier_class
 
     try:
         config = AutoConfig.from_pretrained(str(stage), local_files_only=True)
@@ -493,10 +490,10 @@ def _validate_staged(
         raise PackageError(
             f"config.json cannot be loaded by transformers ({error}); re-save it with save_pretrained"
         ) from None
-    auto = AutoModelForSequenceClassification if task == "text" else AutoModelForImageClassification
+    model_class = classifier_class(config, task)
     try:
-        with torch.device("meta"):
-            skeleton = auto.from_config(config, attn_implementation="eager")
+        with torch.device("meta"):  # the skeleton only: no memory for weights
+            skeleton = model_class.from_config(config) if hasattr(model_class, "from_config") else model_class(config)
     except Exception as error:
         raise PackageError(f"transformers cannot build a {architecture} from config.json ({error})") from None
     if type(skeleton).__name__ != architecture:
