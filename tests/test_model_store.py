@@ -738,3 +738,45 @@ def test_max_length_beyond_the_model_positions_is_refused(own: dict[str, Path], 
         )
     assert status == 2 and "max_length 200 exceeds the 128 positions of this bert model" in capture.getvalue()
     assert "--max-length 128 or less" in capture.getvalue() and not (tmp_path / "out").exists()
+
+
+def test_the_class_config_json_names_is_served_when_the_explainers_accept_it(tmp_path: Path) -> None:
+    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher, ViTImageProcessorPil
+
+    config = DeiTConfig(
+        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    config.num_labels, config.id2label, config.label2id = 2, {0: "cat", 1: "dog"}, {"cat": 0, "dog": 1}
+    folder = tmp_path / "deit"
+    DeiTForImageClassificationWithTeacher(config).save_pretrained(folder)
+    ViTImageProcessorPil(size={"height": 16, "width": 16}).save_pretrained(folder)
+    checkpoint = package_module.validate(folder, "deit")
+    assert checkpoint.architecture == "DeiTForImageClassificationWithTeacher" and checkpoint.task == "image"
+
+
+def test_sharded_weights_and_symlinked_cache_snapshots(own: dict[str, Path], tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    snapshot.mkdir()
+    weights = load_file(str(own["pairs"] / "model.safetensors"))
+    names = sorted(weights)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in halves.items():
+        save_file({key: weights[key] for key in keys}, str(blobs / shard), metadata={"format": "pt"})
+    weight_map = {key: shard for shard, keys in halves.items() for key in keys}
+    (blobs / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    for source in own["pairs"].iterdir():
+        if source.suffix != ".safetensors":
+            shutil.copy(source, blobs / source.name)
+    for blob in blobs.iterdir():  # a Hugging Face cache snapshot: every file a link to a blob
+        (snapshot / blob.name).symlink_to(blob)
+    result = package_module.package(snapshot, "sharded", tmp_path / "store")
+    served = result.archive / "model"
+    assert all(path.is_file() and not path.is_symlink() for path in served.iterdir())
+    assert sorted(path.name for path in served.glob("*.safetensors")) == sorted(halves)
+    loaded = AutoModelForSequenceClassification.from_pretrained(str(served), use_safetensors=True)
+    torch.testing.assert_close(loaded.state_dict()["classifier.weight"], weights["classifier.weight"])
+    (snapshot / "model-00002-of-00002.safetensors").unlink()
+    _refused(snapshot, "m", tmp_path / "out", "model-00002-of-00002.safetensors", "not in the folder")
