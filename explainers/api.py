@@ -182,9 +182,9 @@ _READS = {"first": "first token", "mean": "mean of the real tokens", "last": "la
 def _token_mask(arch: Architecture, inputs: Mapping[str, Tensor], model: nn.Module) -> Tensor:
     if arch.modality == "text":
         return inputs["attention_mask"]
-    assert arch.grid is not None
+    grid = input_grid(arch, inputs)
     batch = inputs["pixel_values"].shape[0]
-    length = arch.prefix_tokens + arch.grid[0] * arch.grid[1]
+    length = arch.prefix_tokens + grid[0] * grid[1]
     return torch.ones(batch, length, dtype=torch.long, device=_model_device(model))
 
 
@@ -219,12 +219,18 @@ def _full_precision(device: torch.device) -> torch.autocast:
     return torch.autocast(device_type=device.type, enabled=False)
 
 
-def _finish(arch: Architecture, scores: Tensor) -> Tensor:
-    """Token-aligned scores → the public shape: text as is, images on the patch grid without the class token."""
+def input_grid(arch: Architecture, inputs: Mapping[str, Tensor]) -> tuple[int, int]:
+    """The patch grid of the images in ``inputs`` (the configured grid unless the input has another size)."""
+    assert arch.grid is not None and arch.patch is not None
+    height, width = inputs["pixel_values"].shape[-2:]
+    return int(height) // arch.patch[0], int(width) // arch.patch[1]
+
+
+def _finish(arch: Architecture, scores: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
+    """Token-aligned scores → the public shape: text as is, images on the patch grid without the prefix tokens."""
     if arch.modality == "text":
         return scores
-    assert arch.grid is not None
-    return scores[:, arch.prefix_tokens :].reshape(scores.shape[0], *arch.grid)
+    return scores[:, arch.prefix_tokens :].reshape(scores.shape[0], *input_grid(arch, inputs))
 
 
 @dataclass(frozen=True)
@@ -301,7 +307,7 @@ def explain(
         method=chosen.name,
         target=capture.targets,
         logits=capture.logits,
-        scores=_finish(arch, scores),
+        scores=_finish(arch, scores, validated),
         options=resolved,
         modality=arch.modality,
         attention_mask=text_mask,
@@ -390,7 +396,7 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
                         sub_readout.tokens,
                     )
                 )
-            scores = _finish(arch, scores).detach()
+            scores = _finish(arch, scores, validated).detach()
             seconds = time.perf_counter() - started
             finite = torch.isfinite(scores.flatten(1)).all(dim=1).tolist()
             for position, row_index in enumerate(indices):

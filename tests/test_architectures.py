@@ -407,3 +407,14 @@ def test_decoder_reads_the_token_the_head_reads() -> None:
         ).attentions
     expected = attentions[-1].mean(dim=1)[:, -1] * batch["attention_mask"]
     assert torch.allclose(result.scores, expected, atol=1e-12)
+
+
+def test_dinov2_is_explained_on_the_grid_of_the_image_it_gets() -> None:
+    """DINOv2 interpolates its position embeddings: a 24×20 image on 4-pixel patches is a 6×5 grid."""
+    model = _model("dinov2")
+    pixels = torch.randn((2, 3, 24, 20), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for method in ("rollout", "gae", "grad_x_input"):
+        result = explain(model, {"pixel_values": pixels}, method=method)
+        assert result.scores.shape == (2, 6, 5) and torch.isfinite(result.scores).all()
+        alone = explain(model, {"pixel_values": pixels[1:]}, method=method)
+        assert torch.allclose(result.scores[1], alone.scores[0], atol=1e-9 * float(alone.scores.abs().max()))

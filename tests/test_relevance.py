@@ -7,12 +7,14 @@ the rules, as in the authors' code), one example at a time, summing over the who
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import AlbertConfig, AlbertForSequenceClassification
 
 from explainers import explain
 from explainers.architectures import describe
@@ -20,7 +22,7 @@ from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, pre
 from explainers.lrp import block_relprop, head_relprop, linear_relprop
 from explainers.methods import _block_weights
 
-from .arch_zoo import VARIANTS, batch_for, row_alone
+from .arch_zoo import VARIANTS, batch_for, perturb, row_alone
 from .conftest import build_bert, build_roberta, build_vit, build_vit_wide, image_batch, row_inputs, text_batch
 
 
@@ -127,7 +129,8 @@ def _layers_and_heads(model: Any) -> tuple[list[nn.Module], list[list[nn.Linear]
     model_type = model.config.model_type
     if model_type == "albert":
         groups = model.albert.encoder.albert_layer_groups
-        layers = [layer for _ in range(model.config.num_hidden_layers) for layer in groups[0].albert_layers]
+        count, group_count = model.config.num_hidden_layers, model.config.num_hidden_groups
+        layers = [layer for i in range(count) for layer in groups[i * group_count // count].albert_layers]
         return layers, [[model.albert.pooler, model.classifier]], [0]
     if model_type in ("vit", "deit"):
         base = model.vit if model_type == "vit" else model.deit
@@ -276,11 +279,38 @@ def test_relevance_of_every_supported_family_matches_the_oracle(name: str) -> No
                 assert torch.allclose(padded, expected, atol=1e-6 * float(expected.abs().max()), rtol=0)
 
 
-@pytest.mark.parametrize("build", [build_bert, build_roberta, build_vit], ids=["bert", "roberta", "vit"])
+def test_relevance_of_albert_with_layer_groups_matches_the_oracle() -> None:
+    """ALBERT with two groups of two shared layers (four layers, eight attention calls)."""
+    config = AlbertConfig(
+        vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=48,
+        embedding_size=16, num_hidden_groups=2, inner_group_num=2,
+    )  # fmt: skip
+    config.num_labels = 3
+    config._attn_implementation = "eager"
+    model = perturb(AlbertForSequenceClassification(config), 5).double().eval()
+    batch = text_batch(model)
+    result = explain(model, batch, method="relevance")
+    for row in range(result.target.shape[0]):
+        expected = _oracle(model, row_inputs(batch, row), int(result.target[row]), 0)
+        got = result.scores[row][: expected.shape[0]]
+        assert torch.allclose(got, expected, atol=1e-6 * float(expected.abs().max()), rtol=0), row
+
+
+def _zoo(name: str) -> Any:
+    return next(variant for variant in VARIANTS if variant.name == name).build()
+
+
+CONSERVATION_CASES = [build_bert, build_roberta, build_vit] + [
+    functools.partial(_zoo, name) for name in ("xlm-roberta", "electra", "albert", "distilbert", "deit")
+]
+CONSERVATION_IDS = ["bert", "roberta", "vit", "xlm-roberta", "electra", "albert", "distilbert", "deit"]
+
+
+@pytest.mark.parametrize("build", CONSERVATION_CASES, ids=CONSERVATION_IDS)
 def test_relevance_is_conserved_through_every_block(build: Any) -> None:
     """Chefer et al., Eq. 7–10: with α=1, β=0 and the skip-connection normalisation, Σ R is the same at every block."""
     model = build().double()
-    batch = image_batch(model) if model.config.model_type == "vit" else text_batch(model)
+    batch = image_batch(model) if model.config.model_type in ("vit", "deit") else text_batch(model)
     arch = describe(model)
     with prepared_model(model):
         capture = run_capture(
