@@ -45,9 +45,13 @@ unit: setup
 # The test command README.md gives and .ci/run calls: system packages, lint, types, then the whole suite.
 test: system-test lint unit
 
-# Build the default models (sentiment, digits) into model_store/build; reused when up to date.
+# Build the default models (sentiment, digits) into model_store/build; reused when up to date. With
+# MODELS="name=path[,name=path...]" (or MODELS_FILE=models.yaml): validate and package those checkpoint folders instead
+# (model_store/build/packages; docs/SERVING.md, "Serve your own model").
+OWN_MODELS = MODELS="$(MODELS)" MODELS_FILE="$(MODELS_FILE)"
+
 models: setup
-	$(PY) -m model_store.build
+	$(if $(MODELS)$(MODELS_FILE),$(OWN_MODELS) $(PY) -m model_store.serving package,$(PY) -m model_store.build)
 
 bench-explainers: setup
 	$(PY) -m bench.explainers
@@ -64,12 +68,14 @@ SERVE_ENV = INFERENCE_PORT=$(or $(INFERENCE_PORT),8080) MANAGEMENT_PORT=$(or $(M
 	METRICS_PORT=$(or $(METRICS_PORT),8082) GRPC_INFERENCE_PORT=$(or $(GRPC_INFERENCE_PORT),7070) \
 	GRPC_MANAGEMENT_PORT=$(or $(GRPC_MANAGEMENT_PORT),7071) EXPORTER_PORT=$(or $(EXPORTER_PORT),8083)
 
+# MODELS="name=path[,name=path...]" (or MODELS_FILE=models.yaml) serves your own checkpoint folders instead of the
+# default models, each validated and packaged first (reused while unchanged).
 serve: setup
-	$(SERVE_ENV) $(PY) -m model_store.serving serve
+	$(SERVE_ENV) $(OWN_MODELS) $(PY) -m model_store.serving serve
 
 # The same in the background; `make stop` stops it by the pids in run/.
 start: setup
-	$(SERVE_ENV) $(PY) -m model_store.serving start
+	$(SERVE_ENV) $(OWN_MODELS) $(PY) -m model_store.serving start
 
 stop:
 	$(PY) -m model_store.serving stop
