@@ -42,8 +42,8 @@ def import_everything() -> dict[str, Any]:
 
     imported, refused = [], {}
     for module in pkgutil.walk_packages(explain_client.__path__, "explain_client."):
-        if module.name in ("explain_client.setup", "explain_client.__main__"):
-            continue  # the build hook and `python -m explain_client` (which runs the CLI)
+        if module.name == "explain_client.__main__":
+            continue  # `python -m explain_client`, which runs the CLI
         try:
             importlib.import_module(module.name)
             imported.append(module.name)

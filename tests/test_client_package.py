@@ -174,6 +174,37 @@ def test_the_stubs_in_use_come_from_the_shipped_protos_and_the_server_shares_the
     assert server_protos.inference_stubs() == (inference_pb2, inference_grpc)
 
 
+def _documented_program() -> str:
+    text = (REPO / "docs" / "CLIENT.md").read_text(encoding="utf-8")
+    after = text.split("<!-- plain-grpc-program", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_documented_plain_grpcio_program_works(server: Server, tmp_path: Path) -> None:
+    """docs/CLIENT.md's program, with stubs compiled from the shipped protos by the documented protoc command, in
+    a folder of its own (it imports only grpc and the generated modules)."""
+    from grpc_tools import protoc
+
+    args = ["grpc_tools.protoc", f"-I{REPO / 'proto'}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}"]
+    assert (
+        protoc.main([*args, str(REPO / "proto" / "explain.proto"), str(REPO / "proto" / "torchserve_inference.proto")])
+        == 0
+    )
+    program = _documented_program()
+    assert '"run/key_file.json"' in program and '"127.0.0.1:7070"' in program
+    program = program.replace('"run/key_file.json"', repr(str(server.run_dir / "key_file.json")))
+    program = program.replace('"127.0.0.1:7070"', repr(f"127.0.0.1:{server.ports.grpc_inference}"))
+    (tmp_path / "program.py").write_text(program, encoding="utf-8")
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    shown = subprocess.run(
+        [sys.executable, "program.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=environment
+    )
+    assert shown.returncode == 0, shown.stderr
+    label, pairs = shown.stdout.split(" ", 1)
+    assert label in LABELS and "('rude', " in pairs
+
+
 # ------------------------------------------------------------------------------------------- fresh virtualenv
 
 
@@ -251,6 +282,7 @@ def test_a_client_only_virtualenv_has_no_torch_and_imports_no_server_code(client
         report["imported"]
     )
     assert "explain_client._generated.torchserve_inference_pb2_grpc" in report["imported"]
+    assert "explain_client.setup" not in report["imported"]  # the build script is not part of the package
     # Pictures need the extra, and say how to get it.
     assert set(report["refused"]) == {"explain_client.pictures"}, report["refused"]
     assert "explain_client[pictures]" in report["refused"]["explain_client.pictures"]
