@@ -32,6 +32,7 @@ from .client import (
     TOKEN_ENV,
     TOKEN_FILE_ENV,
     ExplainClient,
+    PlainInput,
     Request,
     load_requests,
 )
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=MERGE_RULE,
     )
     parser.add_argument("text", nargs="?", help="the text to explain (omit to read --input or stdin)")
+    parser.add_argument(
+        "--text-pair", metavar="TEXT", help="the second text of a sentence pair (models that take pairs: NLI, ...)"
+    )
     parser.add_argument("--image", type=Path, help="a PNG/JPEG file to explain (image models)")
     parser.add_argument(
         "--input", help="file with many inputs, one per line or JSON lines ({'text'|'image'}); - = stdin"
@@ -172,19 +176,29 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[], object]]:
         yield bar.update
 
 
-def _read_inputs(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str | bytes], list[str]]:
+def _label(item: PlainInput, index: int) -> str:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, tuple):
+        return f"{item[0]}  ||  {item[1]}"
+    return f"image #{index + 1}"
+
+
+def _read_inputs(args: argparse.Namespace, stdin: TextIO) -> tuple[list[PlainInput], list[str]]:
     """The inputs and how to display each one."""
+    if args.text_pair is not None and args.text is None:
+        raise ValueError("--text-pair goes with a text argument (for many pairs: JSON lines with 'text_pair')")
     if args.image is not None:
         return [args.image.read_bytes()], [str(args.image)]
     if args.text is not None:
-        return [args.text], [args.text]
+        item: PlainInput = args.text if args.text_pair is None else (args.text, args.text_pair)
+        return [item], [_label(item, 0)]
     if args.input and args.input != "-":
         path = Path(args.input)
         inputs = load_requests(path.read_text(encoding="utf-8").splitlines(), image_base=path.parent)
     else:
         inputs = load_requests(stdin.read().splitlines(), image_base=Path.cwd())
-    labels = [item if isinstance(item, str) else f"image #{index + 1}" for index, item in enumerate(inputs)]
-    return inputs, labels
+    return inputs, [_label(item, index) for index, item in enumerate(inputs)]
 
 
 def _target(value: str | None) -> str | int | None:
@@ -217,11 +231,12 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
     target = _target(args.target)
     requests = [
         Request(
-            text=item if isinstance(item, str) else None,
+            text=item if isinstance(item, str) else item[0] if isinstance(item, tuple) else None,
             image=item if isinstance(item, bytes) else None,
             method=method,
             target=target,
             options=options,
+            text_pair=item[1] if isinstance(item, tuple) else None,
         )
         for item in inputs
         for method in methods
@@ -253,12 +268,14 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         else:
             for prediction in predictions:
                 out.write(terminal_prediction(prediction, color) + "\n")
-    if any(isinstance(item, str) for item in inputs):
+    if any(not isinstance(item, bytes) for item in inputs):
         out.write(f"({legend(color)})\n")
     if args.jsonl:
         with args.jsonl.open("w", encoding="utf-8") as handle:
             for request, result in zip(requests, results, strict=True):
                 record: dict[str, Any] = {"input": request.text if request.text is not None else "<image>"}
+                if request.text_pair is not None:
+                    record["text_pair"] = request.text_pair
                 record["method"] = request.method
                 if isinstance(result, Prediction):
                     record.update(result.to_dict())
@@ -284,7 +301,7 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
     return 1 if failed else 0
 
 
-def _write_pngs(path: Path, inputs: Sequence[str | bytes], grouped: Sequence[Sequence[Any]]) -> list[Path]:
+def _write_pngs(path: Path, inputs: Sequence[PlainInput], grouped: Sequence[Sequence[Any]]) -> list[Path]:
     images = [(index, item) for index, item in enumerate(inputs) if isinstance(item, bytes)]
     written: list[Path] = []
     if not images:

@@ -42,6 +42,8 @@ MAX_MESSAGE_BYTES = 6_553_500
 
 Transport = Literal["rest", "grpc"]
 Target = str | int | None
+#: A plain input of :meth:`ExplainClient.explain_many`: a text, a ``(text, text_pair)`` sentence pair, or image bytes.
+PlainInput = str | bytes | tuple[str, str]
 #: Seconds before the first retry; doubled before each further one.
 RETRY_BACKOFF_S = 0.2
 
@@ -62,6 +64,8 @@ class Request:
     Attributes:
         text: the text, for a text model.
         image: PNG or JPEG bytes, for an image model.
+        text_pair: the second text of a sentence pair (NLI, question/passage, …), for a text model that takes
+            pairs; ``None`` = a single text.
         method: the attribution method; ``None`` asks for the prediction only.
         target: the class to explain (label name or index); ``None`` = the predicted class.
         options: method options (``start_layer``, ``layer``, ``n_steps``, …).
@@ -72,17 +76,22 @@ class Request:
     method: str | None = None
     target: Target = None
     options: Mapping[str, int] = field(default_factory=dict)
+    text_pair: str | None = None
 
     def __post_init__(self) -> None:
-        """Exactly one input."""
+        """Exactly one input; a pair only with a text."""
         if (self.text is None) == (self.image is None):
             raise ValueError("give exactly one of text= or image=")
+        if self.text_pair is not None and self.text is None:
+            raise ValueError("text_pair= goes with text= (the second text of a sentence pair)")
 
     def to_json(self) -> dict[str, Any]:
         """The REST/JSON request document."""
         document: dict[str, Any] = {}
         if self.text is not None:
             document["text"] = self.text
+            if self.text_pair is not None:
+                document["text_pair"] = self.text_pair
         else:
             document["image"] = base64.b64encode(self.image or b"").decode("ascii")
         if self.method is None:
@@ -275,6 +284,8 @@ class _GrpcBackend:
         message = self.messages.ExplainRequest()
         if request.text is not None:
             message.text = request.text
+            if request.text_pair is not None:
+                message.text_pair = request.text_pair
         else:
             message.image = request.image or b""
         if request.method is not None:
@@ -473,13 +484,21 @@ class ExplainClient:
                 self._backend.token = token
         return True
 
-    def predict(self, model: str, text: str | None = None, *, image: bytes | None = None) -> Prediction:
+    def predict(
+        self, model: str, text: str | None = None, *, image: bytes | None = None, text_pair: str | None = None
+    ) -> Prediction:
         """The prediction only (no explanation).
+
+        Args:
+            model: the served model name.
+            text: the text, for a text model.
+            image: PNG/JPEG bytes, for an image model.
+            text_pair: the second text of a sentence pair, for a model that takes pairs.
 
         Raises:
             ServiceError: see :meth:`call`.
         """
-        return self.call(model, Request(text=text, image=image))
+        return self.call(model, Request(text=text, image=image, text_pair=text_pair))
 
     def explain(
         self,
@@ -487,6 +506,7 @@ class ExplainClient:
         text: str | None = None,
         *,
         image: bytes | None = None,
+        text_pair: str | None = None,
         method: str = "relevance",
         target: Target = None,
         **options: int,
@@ -497,6 +517,8 @@ class ExplainClient:
             model: the served model name (``sentiment``, ``digits``).
             text: the text, for a text model.
             image: PNG/JPEG bytes, for an image model.
+            text_pair: the second text of a sentence pair (the explanation then covers the tokens of both texts;
+                ``Explanation.segments`` says which text each token came from).
             method: the attribution method.
             target: the class to explain (name or index); ``None`` = the predicted class.
             **options: method options (``start_layer``, ``layer``, ``n_steps``).
@@ -504,12 +526,13 @@ class ExplainClient:
         Raises:
             ServiceError: see :meth:`call`.
         """
-        return self.call(model, Request(text=text, image=image, method=method, target=target, options=options))
+        request = Request(text=text, image=image, method=method, target=target, options=options, text_pair=text_pair)
+        return self.call(model, request)
 
     def explain_many(
         self,
         model: str,
-        requests: Iterable[Request | str | bytes],
+        requests: Iterable[Request | PlainInput],
         *,
         method: str | None = "relevance",
         target: Target = None,
@@ -520,8 +543,8 @@ class ExplainClient:
 
         Args:
             model: the served model name.
-            requests: :class:`Request` objects, or plain inputs (``str`` = text, ``bytes`` = image) that get
-                ``method``, ``target`` and ``options``.
+            requests: :class:`Request` objects, or plain inputs (``str`` = text, ``(text, text_pair)`` = a sentence
+                pair, ``bytes`` = image) that get ``method``, ``target`` and ``options``.
             method: for plain inputs; ``None`` = prediction only.
             target: for plain inputs.
             options: for plain inputs.
@@ -557,27 +580,33 @@ class ExplainClient:
 
     @staticmethod
     def _as_request(
-        item: Request | str | bytes, method: str | None, target: Target, options: Mapping[str, int]
+        item: Request | PlainInput, method: str | None, target: Target, options: Mapping[str, int]
     ) -> Request:
         if isinstance(item, Request):
             return item
         if isinstance(item, str):
             return Request(text=item, method=method, target=target, options=dict(options))
+        if isinstance(item, tuple) and len(item) == 2 and all(isinstance(part, str) for part in item):
+            return Request(text=item[0], text_pair=item[1], method=method, target=target, options=dict(options))
         if isinstance(item, bytes | bytearray):
             return Request(image=bytes(item), method=method, target=target, options=dict(options))
-        raise TypeError(f"expected a Request, str (text) or bytes (image), got {type(item).__name__}")
+        raise TypeError(
+            f"expected a Request, str (text), (text, text_pair) or bytes (image), got {type(item).__name__}"
+        )
 
 
-def load_requests(lines: Sequence[str], *, image_base: Path | None = None) -> list[str | bytes]:
+def load_requests(lines: Sequence[str], *, image_base: Path | None = None) -> list[PlainInput]:
     """Turn input lines into plain inputs for :meth:`ExplainClient.explain_many`.
 
-    A line is either plain text, or a JSON object (JSON lines) with ``"text"`` or ``"image"`` (a file path, relative
-    to ``image_base``, or base64 PNG/JPEG bytes). Blank lines are skipped.
+    A line is either plain text, or a JSON object (JSON lines) with ``"text"`` (and optionally ``"text_pair"``, the
+    second text of a sentence pair) or ``"image"`` (a file path, relative to ``image_base``, or base64 PNG/JPEG
+    bytes). Blank lines are skipped.
 
     Raises:
-        ValueError: for a JSON line without ``text``/``image``, naming the line number.
+        ValueError: for a JSON line without ``text``/``image`` or with a ``text_pair`` that is not a string, naming
+            the line number.
     """
-    inputs: list[str | bytes] = []
+    inputs: list[PlainInput] = []
     for number, raw in enumerate(lines, start=1):
         line = raw.rstrip("\n")
         if not line.strip():
@@ -587,8 +616,11 @@ def load_requests(lines: Sequence[str], *, image_base: Path | None = None) -> li
                 document = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"line {number}: invalid JSON ({error.msg})") from None
+            pair = document.get("text_pair")
+            if pair is not None and not (isinstance(pair, str) and isinstance(document.get("text"), str)):
+                raise ValueError(f"line {number}: 'text_pair' must be a string, next to a 'text' string")
             if isinstance(document.get("text"), str):
-                inputs.append(document["text"])
+                inputs.append(document["text"] if pair is None else (document["text"], pair))
             elif isinstance(document.get("image"), str):
                 inputs.append(_image_bytes(document["image"], image_base))
             else:

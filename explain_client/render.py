@@ -131,6 +131,18 @@ def _probabilities_line(prediction: Prediction) -> str:
     return "  ".join(f"{label} {probability:.3f}" for label, probability in ordered)
 
 
+def prediction_line(prediction: Prediction) -> str:
+    """What the model predicted, on one line: ``label: negative   (negative 0.955  neutral 0.030 …)``; multi-label
+    heads: ``labels: a, b (p ≥ 0.5)   (…)``; regression heads: ``value: 3.14``."""
+    if prediction.head_type == "regression":
+        return f"value: {prediction.value:.6g}" if prediction.value is not None else "value: none"
+    if prediction.head_type == "multi_label":
+        chosen = ", ".join(prediction.labels) or "none"
+        threshold = f" (p ≥ {prediction.threshold:g})" if prediction.threshold is not None else ""
+        return f"labels: {chosen}{threshold}   ({_probabilities_line(prediction)})"
+    return f"label: {prediction.label}   ({_probabilities_line(prediction)})"
+
+
 def terminal_words(words: Sequence[Word], color: bool = True) -> str:
     """Words on one line: coloured backgrounds (24-bit ANSI) or, without colour, ``word[+0.42]``."""
     values = normalise([word.score for word in words])
@@ -141,7 +153,7 @@ def terminal_words(words: Sequence[Word], color: bool = True) -> str:
 
 def terminal_prediction(prediction: Prediction, color: bool = True) -> str:
     """Label, probabilities and (for text) the words coloured by score, as terminal text."""
-    lines = [f"label: {prediction.label}   ({_probabilities_line(prediction)})"]
+    lines = [prediction_line(prediction)]
     if prediction.truncated:
         lines.append("note: the text was truncated to the model's max_length")
     explanation = prediction.explanation
@@ -179,7 +191,7 @@ def terminal_compare(predictions: Sequence[Prediction], color: bool = True) -> s
     if not explanations or any(explanation is None for explanation in explanations):
         raise ValueError("every prediction must carry an explanation")
     first = predictions[0]
-    header = [f"label: {first.label}   ({_probabilities_line(first)})"]
+    header = [prediction_line(first)]
     if any(explanation.grid is not None for explanation in explanations if explanation):
         for explanation in explanations:
             assert explanation is not None
@@ -278,7 +290,12 @@ def html_page(
                 for label, probability in first.probabilities.items()
             )
             truncated = " (truncated)" if first.truncated else ""
-            label = html.escape(first.label)
+            if first.head_type == "regression":
+                label = html.escape(f"{first.value:.6g}" if first.value is not None else "none")
+            elif first.head_type == "multi_label":
+                label = html.escape(", ".join(first.labels) or "none")
+            else:
+                label = html.escape(str(first.label))
             parts.append(f'<div class="pred">prediction: <b>{label}</b>{truncated} &nbsp; {probabilities}</div>')
         image = images[index] if images is not None and index < len(images) else None
         for result in results:
