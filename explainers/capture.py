@@ -247,6 +247,7 @@ def run_capture(
     needs: frozenset[str],
     resolve_targets: Callable[[Tensor], Tensor],
     gradient_rows: Tensor | None = None,
+    rules: Callable[[ExitStack], None] | None = None,
 ) -> Capture:
     """Run the model once and capture what ``needs`` lists.
 
@@ -258,6 +259,8 @@ def run_capture(
         resolve_targets: maps the logits to the ``(batch,)`` target classes.
         gradient_rows: optional ``(batch,)`` bool mask of the rows whose target logit is differentiated
             (the others get zero gradients and zero relevance); all rows by default.
+        rules: optional modified-gradient rules (a method's ``rules`` bound to the model), attached to the model
+            for this forward only; the gradients captured are then the rules' (values are unchanged).
 
     Returns:
         The :class:`Capture`.
@@ -276,6 +279,8 @@ def run_capture(
         leaf = _EmbeddingLeaf() if wants_gradients else None
         if leaf is not None:
             _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
+        if rules is not None:
+            rules(hooks)
         started = time.perf_counter()
         with torch.enable_grad() if wants_gradients else torch.no_grad():
             logits: Tensor = model(**inputs, return_dict=True).logits

@@ -9,7 +9,9 @@ request validation, the serving layer, metrics labels and the generated tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ from torch import Tensor, nn
 
 from . import kernels
 from .architectures import Architecture
+from .attnlrp import attach_rules
 from .capture import (
     ACTIVATIONS,
     ATTENTION_GRADIENTS,
@@ -73,6 +76,9 @@ class Method:
     needs: frozenset[str]
     options: tuple[Option, ...]
     compute: Callable[[MethodInputs], Tensor]
+    #: Modified-gradient rules attached to the model for the pass that computes this method's gradients
+    #: (``None``: true gradients). Rows of methods with different rules never share a gradient pass.
+    rules: Callable[[nn.Module, Architecture, ExitStack], None] | None = None
 
     @property
     def needs_gradients(self) -> bool:
@@ -97,14 +103,20 @@ _REGISTRY: dict[str, Method] = {}
 
 
 def register(
-    name: str, *, summary: str, class_specific: bool, needs: frozenset[str], options: tuple[Option, ...] = ()
+    name: str,
+    *,
+    summary: str,
+    class_specific: bool,
+    needs: frozenset[str],
+    options: tuple[Option, ...] = (),
+    rules: Callable[[nn.Module, Architecture, ExitStack], None] | None = None,
 ) -> Callable[[Callable[[MethodInputs], Tensor]], Callable[[MethodInputs], Tensor]]:
     """Register a compute function under ``name`` (a decorator)."""
 
     def decorate(compute: Callable[[MethodInputs], Tensor]) -> Callable[[MethodInputs], Tensor]:
         if name in _REGISTRY:
             raise ValueError(f"method {name!r} is already registered")
-        _REGISTRY[name] = Method(name, summary, class_specific, needs, options, compute)
+        _REGISTRY[name] = Method(name, summary, class_specific, needs, options, compute, rules)
         return compute
 
     return decorate
@@ -248,6 +260,30 @@ def _grad_x_input(ctx: MethodInputs) -> Tensor:
     capture = ctx.capture
     assert capture.embeddings is not None and capture.embedding_gradients is not None
     return _align((capture.embeddings * capture.embedding_gradients).sum(dim=-1), ctx)
+
+
+@register(
+    "attnlrp",
+    summary="AttnLRP (Achtibat et al., ICML 2024): LRP for attention as a modified gradient x input embedding",
+    class_specific=True,
+    needs=frozenset({EMBEDDING_GRADIENTS}),
+    rules=partial(attach_rules, variant="attnlrp"),
+)
+def _attnlrp(ctx: MethodInputs) -> Tensor:
+    """Relevance of each input token (patch): input embedding × AttnLRP's modified gradient, summed over hidden."""
+    return _grad_x_input(ctx)
+
+
+@register(
+    "cp_lrp",
+    summary="CP-LRP (Ali et al. 2022): AttnLRP's rules with no relevance through the attention weights (conserves)",
+    class_specific=True,
+    needs=frozenset({EMBEDDING_GRADIENTS}),
+    rules=partial(attach_rules, variant="cp_lrp"),
+)
+def _cp_lrp(ctx: MethodInputs) -> Tensor:
+    """Relevance of each input token (patch): input embedding × CP-LRP's modified gradient, summed over hidden."""
+    return _grad_x_input(ctx)
 
 
 @register(
