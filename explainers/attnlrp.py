@@ -17,7 +17,9 @@ The modules are found by type, not by per-architecture paths:
 * a functional activation between two linear layers of the classification head (RoBERTa's ``torch.tanh``,
   DistilBERT's ReLU): the identity rule from the first layer's output to the second's input;
 * attention: the uniform rule on the operands of ``Q·Kᵀ`` and ``A·V`` (gradient ×1/4 on the query and key,
-  ×1/2 on the value) or, for CP-LRP, query and key detached; see :func:`attention_operands`.
+  ×1/2 on the value) or, for CP-LRP, query and key detached; see :func:`attention_operands`. It is applied by an
+  observer of the generic attention capture (:mod:`explainers.attention_capture`) to the ``(query, key, value)``
+  every attention call hands the architecture's own eager attention, so it needs no per-architecture paths.
 
 Dropout needs nothing: the explainers run the model in eval mode.
 """
@@ -33,6 +35,7 @@ from torch import Tensor, nn
 
 from . import attnlrp_rules as rules
 from .architectures import Architecture
+from .attention_capture import AttentionCall, AttentionObserver
 
 Variant = Literal["attnlrp", "cp_lrp"]
 VARIANTS: tuple[Variant, ...] = ("attnlrp", "cp_lrp")
@@ -135,8 +138,14 @@ def _detach_output(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any
 
 def _attach_head_rules(arch: Architecture, hooks: ExitStack) -> None:
     """Identity rule for whatever elementwise function lies between consecutive linear layers of the head."""
-    head = tuple(getattr(arch, "head", ()))
-    for first, second in pairwise(head):
+    head = tuple(arch.head)
+    groups: list[tuple[nn.Module, ...]] = []
+    start = 0
+    for _, length in arch.head_paths or ((0, len(head)),):  # one group of linears per head (DeiT has two)
+        groups.append(head[start : start + length])
+        start += length
+    pairs = [pair for group in groups for pair in pairwise(group)]
+    for first, second in pairs:
         seen: dict[str, Tensor] = {}
 
         def keep(module: nn.Module, args: tuple[Any, ...], output: Any, seen: dict[str, Tensor] = seen) -> None:
@@ -155,25 +164,21 @@ def _attach_head_rules(arch: Architecture, hooks: ExitStack) -> None:
         hooks.callback(second.register_forward_pre_hook(link).remove)
 
 
-def _attach_attention_rules(arch: Architecture, variant: Variant, hooks: ExitStack) -> None:
-    """The rule of :func:`attention_operands` at the outputs of each block's query, key and value projections
-    (equivalent: the projections feed only the attention, and reshaping commutes with the gradient factors)."""
-    for block in arch.blocks:
-        if variant == "attnlrp":
-            factors = ((block.query, 0.25), (block.key, 0.25), (block.value, 0.5))
-            for linear, factor in factors:
+class _AttentionRules(AttentionObserver):
+    """The attention observer applying :func:`attention_operands` to every attention call of the pass."""
 
-                def scale(module: nn.Module, args: tuple[Any, ...], output: Any, factor: float = factor) -> Any:
-                    return rules.uniform_rule(output, factor) if isinstance(output, Tensor) else None
+    def __init__(self, variant: Variant) -> None:
+        self.operands = attention_operands(variant)
 
-                hooks.callback(linear.register_forward_hook(scale).remove)
-        else:
-            for linear in (block.query, block.key):
-                hooks.callback(linear.register_forward_hook(_detach_output).remove)
+    def before(self, call: AttentionCall, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.operands(query, key, value)
 
 
-def attach_rules(model: nn.Module, arch: Architecture, hooks: ExitStack, *, variant: Variant) -> None:
+def attach_rules(model: nn.Module, arch: Architecture, hooks: ExitStack, *, variant: Variant) -> AttentionObserver:
     """Attach ``variant``'s rules to ``model`` for the forward that follows; they are removed when ``hooks`` closes.
+
+    The rules on the modules are forward hooks registered on ``hooks``; the attention rule is the returned observer,
+    which the caller passes to :func:`explainers.attention_capture.capturing_attention` for the same forward.
 
     Args:
         model: the classifier (inside :func:`explainers.capture.prepared_model`, so in eval mode).
@@ -181,6 +186,9 @@ def attach_rules(model: nn.Module, arch: Architecture, hooks: ExitStack, *, vari
         variant: ``attnlrp`` (AttnLRP, Achtibat et al. 2024) or ``cp_lrp`` (CP-LRP, Ali et al. 2022: AttnLRP's
             rules except that no relevance flows through the attention weights or the gates).
         hooks: where the hook handles are registered (closing it removes them).
+
+    Returns:
+        The attention observer that applies the attention rule to each attention call.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown LRP variant {variant!r}; valid: {', '.join(VARIANTS)}")
@@ -197,4 +205,4 @@ def attach_rules(model: nn.Module, arch: Architecture, hooks: ExitStack, *, vari
                 gate = module.get_submodule("gate_proj")
                 hooks.callback(gate.register_forward_hook(_detach_output).remove)
     _attach_head_rules(arch, hooks)
-    _attach_attention_rules(arch, variant, hooks)
+    return _AttentionRules(variant)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from . import kernels
 from .architectures import Architecture
+from .attention_capture import AttentionObserver
 from .attnlrp import attach_rules
 from .capture import (
     ACTIVATIONS,
@@ -30,6 +31,7 @@ from .capture import (
 )
 from .errors import InvalidOptionError, UnknownMethodError
 from .lrp import Affine, BlockWeights, attention_relevances
+from .lrp import safe_divide as lrp_safe_divide
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class MethodInputs:
     inputs: Mapping[str, Tensor]
     mask: Tensor
     options: Mapping[str, int]
+    readout: Tensor | None = None
+    read_tokens: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class Method:
     compute: Callable[[MethodInputs], Tensor]
     #: Modified-gradient rules attached to the model for the pass that computes this method's gradients
     #: (``None``: true gradients). Rows of methods with different rules never share a gradient pass.
-    rules: Callable[[nn.Module, Architecture, ExitStack], None] | None = None
+    rules: Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None] | None = None
 
     @property
     def needs_gradients(self) -> bool:
@@ -109,7 +113,7 @@ def register(
     class_specific: bool,
     needs: frozenset[str],
     options: tuple[Option, ...] = (),
-    rules: Callable[[nn.Module, Architecture, ExitStack], None] | None = None,
+    rules: Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None] | None = None,
 ) -> Callable[[Callable[[MethodInputs], Tensor]], Callable[[MethodInputs], Tensor]]:
     """Register a compute function under ``name`` (a decorator)."""
 
@@ -153,7 +157,7 @@ START_LAYER = Option(
 
 @register(
     "attention",
-    summary="attention of the first token in one layer, mean over heads (cheap, class-agnostic, not faithful)",
+    summary="attention of the explained row in one layer, mean over heads (cheap, class-agnostic, not faithful)",
     class_specific=False,
     needs=frozenset({ATTENTIONS}),
     options=(
@@ -168,7 +172,7 @@ START_LAYER = Option(
 )
 def _attention(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return kernels.raw_attention(ctx.capture.attentions[ctx.options["layer"]]) * ctx.mask
+    return kernels.raw_attention(ctx.capture.attentions[ctx.options["layer"]], ctx.readout) * ctx.mask
 
 
 @register(
@@ -180,7 +184,7 @@ def _attention(ctx: MethodInputs) -> Tensor:
 )
 def _rollout(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return kernels.rollout_matrix(ctx.capture.attentions, ctx.options["start_layer"])[:, 0] * ctx.mask
+    return kernels.rollout_scores(ctx.capture.attentions, ctx.options["start_layer"], ctx.readout) * ctx.mask
 
 
 def _block_weights(arch: Architecture, dtype: torch.dtype) -> list[BlockWeights]:
@@ -225,8 +229,32 @@ def _relevance(ctx: MethodInputs) -> Tensor:
         ctx.arch.norm_first,
         start_layer,
         masked=ctx.arch.modality == "text",
+        head_paths=ctx.arch.head_paths,
+        head_shares=_head_shares(ctx, dtype),
     )
-    return kernels.relevance_scores(relevances, capture.attention_gradients, ctx.mask, start_layer)
+    return kernels.relevance_scores(
+        relevances, capture.attention_gradients, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
+    )
+
+
+def _head_shares(ctx: MethodInputs, dtype: torch.dtype) -> list[Tensor] | None:
+    """Per head, its magnitude share ``|z_h| / Σ|z|`` of the target logit, when the model averages several heads."""
+    paths = ctx.arch.head_paths
+    if len(paths) < 2:
+        return None
+    assert ctx.capture.head_inputs is not None
+    targets = ctx.capture.targets.view(-1, 1)
+    magnitudes = []
+    first = 0
+    for _, count in paths:
+        last = ctx.arch.head[first + count - 1]
+        inputs = ctx.capture.head_inputs[first + count - 1].to(dtype)
+        bias = None if last.bias is None else last.bias.detach().to(dtype)
+        logits = torch.nn.functional.linear(inputs, last.weight.detach().to(dtype), bias)
+        magnitudes.append(logits.gather(1, targets).abs())
+        first += count
+    total = torch.stack(magnitudes).sum(dim=0)
+    return [lrp_safe_divide(magnitude, total) for magnitude in magnitudes]
 
 
 @register(
@@ -239,7 +267,12 @@ def _relevance(ctx: MethodInputs) -> Tensor:
 def _gae(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None and ctx.capture.attention_gradients is not None
     return kernels.gae_scores(
-        ctx.capture.attentions, ctx.capture.attention_gradients, ctx.mask, ctx.options["start_layer"]
+        ctx.capture.attentions,
+        ctx.capture.attention_gradients,
+        ctx.mask,
+        ctx.options["start_layer"],
+        ctx.readout,
+        ctx.read_tokens,
     )
 
 

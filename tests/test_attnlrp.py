@@ -19,6 +19,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from explainers import RowExplanation, RowRequest, describe, explain, explain_batch
 from explainers import attnlrp_rules as rules
+from explainers.attention_capture import capturing_attention
 from explainers.attnlrp import attach_rules
 from explainers.capture import prepared_model
 
@@ -239,7 +240,6 @@ def _relevances(
     outputs of the modules ``at``, and per attention call its probabilities and their modified gradients."""
     arch = describe(model)
     outputs: dict[str, Tensor] = {}
-    probabilities: list[Tensor] = []
     batch = targets.shape[0]
 
     def keep(name: str) -> Callable[[nn.Module, Any, Tensor], Tensor]:
@@ -251,18 +251,14 @@ def _relevances(
 
         return hook
 
-    def keep_probabilities(module: nn.Module, args: Any, output: Any) -> None:
-        probabilities.append(output[1])
-
     with prepared_model(model) as hooks, torch.enable_grad():
         for name, module in at.items():
             hooks.callback(module.register_forward_hook(keep(name)).remove)
-        for block in arch.blocks:
-            hooks.callback(block.attention.register_forward_hook(keep_probabilities).remove)
-        attach_rules(model, arch, hooks, variant=variant)  # type: ignore[arg-type]
+        observer = attach_rules(model, arch, hooks, variant=variant)  # type: ignore[arg-type]
+        recorded = hooks.enter_context(capturing_attention(model, keep="heads", observer=observer))
         logits = model(**inputs).logits
         selected = logits.gather(1, targets[:, None]).sum()
-        probabilities = [p for p in probabilities if p.requires_grad]  # CP-LRP: constants
+        probabilities = [p for p in recorded.probabilities if p.requires_grad]  # CP-LRP: constants
         gradients = torch.autograd.grad(selected, [*outputs.values(), *probabilities])
     relevance = {
         name: (tensor * gradient).sum(-1).detach()

@@ -23,6 +23,7 @@ from explainers import (
     available_methods,
     explain,
     explain_batch,
+    supported_model_types,
 )
 
 from .conftest import NUM_LABELS, Case, build_bert, build_vit, make_batch, row_inputs, text_batch
@@ -318,7 +319,7 @@ def test_wrong_input_keys() -> None:
 
 
 def test_unsupported_model() -> None:
-    with pytest.raises(UnsupportedModelError, match="bert, distilbert, roberta, vit"):
+    with pytest.raises(UnsupportedModelError, match=", ".join(supported_model_types())):
         explain(nn.Linear(2, 2), {"input_ids": torch.zeros(1, 2, dtype=torch.long)})
 
 
