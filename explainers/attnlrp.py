@@ -12,8 +12,9 @@ The modules are found by type, not by per-architecture paths:
 * RMSNorm (``nn.RMSNorm`` or a class named ``…RMSNorm``) → :func:`~explainers.attnlrp_rules.ratio_rule`;
 * elementwise activation modules (torch's GELU/SiLU/tanh/ReLU family, every ``transformers.activations`` class)
   → :func:`~explainers.attnlrp_rules.identity_rule`;
-* gated MLPs (a module with ``gate_proj``, ``up_proj`` and ``down_proj``): AttnLRP halves the gradient of the
-  product (the uniform rule, at the input of ``down_proj``); CP-LRP stops the gradient into the gate;
+* gated MLPs (a module with ``gate_proj``, ``up_proj`` and ``down_proj``; or ModernBERT's ``Wi``/``Wo`` GLU whose
+  ``Wi`` holds both halves): AttnLRP halves the gradient of the product (the uniform rule, at the input of the
+  output projection); CP-LRP stops the gradient into the gate (the activated factor);
 * a functional activation between two linear layers of the classification head (RoBERTa's ``torch.tanh``,
   DistilBERT's ReLU): the identity rule from the first layer's output to the second's input;
 * attention: the uniform rule on the operands of ``Q·Kᵀ`` and ``A·V`` (gradient ×1/4 on the query and key,
@@ -31,6 +32,7 @@ from contextlib import ExitStack
 from itertools import pairwise
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 
 from . import attnlrp_rules as rules
@@ -63,9 +65,20 @@ def is_rms_norm(module: nn.Module) -> bool:
     return isinstance(module, nn.RMSNorm) or type(module).__name__.endswith("RMSNorm")
 
 
+def _has(module: nn.Module, *names: str) -> bool:
+    return all(isinstance(getattr(module, name, None), nn.Module) for name in names)
+
+
 def is_gated_mlp(module: nn.Module) -> bool:
-    """Whether ``module`` is a gated MLP ``down_proj(act(gate_proj(x)) * up_proj(x))`` (SwiGLU/GeGLU)."""
-    return all(isinstance(getattr(module, name, None), nn.Module) for name in ("gate_proj", "up_proj", "down_proj"))
+    """Whether ``module`` is a gated MLP ``down_proj(act(gate_proj(x)) * up_proj(x))`` (SwiGLU/GeGLU: Llama, Qwen,
+    Mistral, Gemma)."""
+    return _has(module, "gate_proj", "up_proj", "down_proj")
+
+
+def is_chunked_glu(module: nn.Module) -> bool:
+    """Whether ``module`` is a GLU whose input projection holds both halves, ``Wo(act(a) * b)`` with
+    ``a, b = Wi(x).chunk(2)`` (ModernBERT)."""
+    return _has(module, "Wi", "Wo", "act")
 
 
 def attention_operands(variant: Variant) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
@@ -136,6 +149,14 @@ def _detach_output(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any
     return output.detach() if isinstance(output, Tensor) else None
 
 
+def _detach_first_half(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+    """CP-LRP on a chunked GLU: the activated half (the gate) becomes a constant, the other half keeps its gradient."""
+    if not isinstance(output, Tensor):
+        return None
+    first, second = output.chunk(2, dim=-1)
+    return torch.cat([first.detach(), second], dim=-1)
+
+
 def _attach_head_rules(arch: Architecture, hooks: ExitStack) -> None:
     """Identity rule for whatever elementwise function lies between consecutive linear layers of the head."""
     head = tuple(arch.head)
@@ -197,12 +218,16 @@ def attach_rules(model: nn.Module, arch: Architecture, hooks: ExitStack, *, vari
             hooks.callback(module.register_forward_hook(_output_rule(_layer_norm), with_kwargs=True).remove)
         elif is_rms_norm(module) or is_elementwise_activation(module):
             hooks.callback(module.register_forward_hook(_output_rule(_elementwise), with_kwargs=True).remove)
-        if is_gated_mlp(module):
-            if variant == "attnlrp":
-                down = module.get_submodule("down_proj")
+        if is_gated_mlp(module) or is_chunked_glu(module):
+            gated = is_gated_mlp(module)
+            if variant == "attnlrp":  # the uniform rule on the product: half the gradient to each factor
+                down = module.get_submodule("down_proj" if gated else "Wo")
                 hooks.callback(down.register_forward_pre_hook(_gradient_scale(0.5)).remove)
-            else:
+            elif gated:  # CP-LRP: the gate is a constant
                 gate = module.get_submodule("gate_proj")
                 hooks.callback(gate.register_forward_hook(_detach_output).remove)
+            else:
+                both = module.get_submodule("Wi")
+                hooks.callback(both.register_forward_hook(_detach_first_half).remove)
     _attach_head_rules(arch, hooks)
     return _AttentionRules(variant)

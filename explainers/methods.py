@@ -277,9 +277,10 @@ def _gae(ctx: MethodInputs) -> Tensor:
 
 
 def _align(per_embedding: Tensor, ctx: MethodInputs) -> Tensor:
-    """Align embedding-level scores with the model's token sequence (the ViT class token has no input: 0)."""
+    """Align embedding-level scores with the model's token sequence (the prefix tokens of an image model, class and
+    distillation, have no input: 0)."""
     if ctx.arch.modality == "image":
-        per_embedding = torch.nn.functional.pad(per_embedding, (1, 0))
+        per_embedding = torch.nn.functional.pad(per_embedding, (ctx.arch.prefix_tokens, 0))
     return per_embedding * ctx.mask
 
 

@@ -429,3 +429,111 @@ def test_the_rules_do_not_leak_into_a_later_true_gradient() -> None:
     explain(model, batch, method="attnlrp")
     assert torch.equal(explain(model, batch, method="grad_x_input").scores, first.scores)
     assert not torch.allclose(explain(model, batch, method="attnlrp").scores, first.scores, atol=1e-3)
+
+
+# ---- every architecture family -----------------------------------------------------------------------------
+
+_COMMON: dict[str, Any] = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+_DECODER: dict[str, Any] = {"vocab_size": 60, "num_key_value_heads": 2, "pad_token_id": 0, **_COMMON}
+
+
+def _families() -> dict[str, Callable[[], Any]]:
+    t = transformers
+
+    def text(config: Any, cls: type) -> Callable[[], Any]:
+        return lambda: cls(_labelled(config))
+
+    return {
+        "xlm-roberta": text(
+            t.XLMRobertaConfig(vocab_size=60, max_position_embeddings=72, pad_token_id=1, **_COMMON),
+            t.XLMRobertaForSequenceClassification,
+        ),
+        "electra": text(
+            t.ElectraConfig(vocab_size=60, embedding_size=16, max_position_embeddings=64, **_COMMON),
+            t.ElectraForSequenceClassification,
+        ),
+        "albert": text(
+            t.AlbertConfig(vocab_size=60, embedding_size=16, max_position_embeddings=64, **_COMMON),
+            t.AlbertForSequenceClassification,
+        ),
+        "modernbert": text(
+            t.ModernBertConfig(vocab_size=60, max_position_embeddings=64, pad_token_id=0, **_COMMON),
+            t.ModernBertForSequenceClassification,
+        ),
+        "deberta-v2": text(
+            t.DebertaV2Config(
+                vocab_size=60,
+                max_position_embeddings=64,
+                relative_attention=True,
+                pos_att_type=["p2c", "c2p"],
+                **_COMMON,
+            ),
+            t.DebertaV2ForSequenceClassification,
+        ),
+        "llama": text(t.LlamaConfig(**_DECODER), t.LlamaForSequenceClassification),
+        "qwen2": text(t.Qwen2Config(**_DECODER), t.Qwen2ForSequenceClassification),
+        "qwen3": text(t.Qwen3Config(head_dim=8, **_DECODER), t.Qwen3ForSequenceClassification),
+        "mistral": text(t.MistralConfig(**_DECODER), t.MistralForSequenceClassification),
+        "gemma2": text(t.Gemma2Config(head_dim=8, **_DECODER), t.Gemma2ForSequenceClassification),
+        "gpt2": text(
+            t.GPT2Config(vocab_size=60, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=0),
+            t.GPT2ForSequenceClassification,
+        ),
+        "deit": text(t.DeiTConfig(image_size=16, patch_size=4, **_COMMON), t.DeiTForImageClassification),
+        "dinov2": text(t.Dinov2Config(image_size=16, patch_size=4, **_COMMON), t.Dinov2ForImageClassification),
+    }
+
+
+FAMILIES = _families()
+DECODERS = ("llama", "qwen2", "qwen3", "mistral", "gemma2")  # rotary: the word embedding is the only input embedding
+
+
+def _family_model(name: str) -> Any:
+    return _eager(_perturb(FAMILIES[name](), 5)).double()
+
+
+def _family_batch(model: Any, lengths: tuple[int, ...] = (7, 3, 6)) -> dict[str, Tensor]:
+    if model.config.model_type in ("deit", "dinov2"):
+        return image_batch(model, size=2)
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = torch.randint(3, 60, (length,), generator=generator)
+        mask[row, :length] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_batched_equals_alone_padding_zero_model_unchanged(family: str, method: str) -> None:
+    model = _family_model(family)
+    batch = _family_batch(model)
+    before = _snapshot(model)
+    result = explain(model, batch, method=method)
+    _assert_same(before, _snapshot(model))
+    with torch.no_grad():
+        assert torch.allclose(result.logits, model(**batch).logits, atol=1e-10)
+    assert torch.isfinite(result.scores).all() and result.scores.abs().sum() > 0
+    if "attention_mask" in batch:
+        assert (result.scores[batch["attention_mask"] == 0] == 0).all()
+    for row in range(result.target.shape[0]):
+        alone = explain(model, row_inputs(batch, row), method=method)
+        expected = alone.scores[0]
+        got = result.scores[row][: expected.shape[0]] if "attention_mask" in batch else result.scores[row]
+        scale = float(expected.abs().max())
+        assert torch.allclose(got, expected, atol=1e-9 * scale, rtol=0), (family, row)
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_cp_lrp_conserves_on_decoders_with_zero_biases(family: str) -> None:
+    """Rotary decoders: the word embeddings are all that enters the first layer, so they carry the whole logit."""
+    model = _zero_biases(_family_model(family))
+    batch = _family_batch(model)
+    result = explain(model, batch, method="cp_lrp")
+    target_logits = result.logits.gather(1, result.target[:, None])[:, 0]
+    # transformers computes RMSNorm and rotary embeddings in float32 even in a float64 model; measured ~1e-9 here
+    assert torch.allclose(result.scores.sum(-1), target_logits, atol=1e-5, rtol=0), (
+        result.scores.sum(-1),
+        target_logits,
+    )
