@@ -155,6 +155,15 @@ def _validate_inputs(arch: Architecture, model: nn.Module, inputs: Mapping[str, 
             raise InvalidInputError(
                 f"{key} must have the shape of input_ids {tuple(ids.shape)}, got {tuple(validated[key].shape)}"
             )
+    types = validated.get("token_type_ids")
+    type_count = getattr(model_config(model), "type_vocab_size", None)
+    if not isinstance(type_count, int) or type_count <= 0:
+        types = None  # the model has no segment embeddings (DeBERTa-v2 with type_vocab_size 0 ignores them)
+    if types is not None and isinstance(type_count, int) and bool(((types < 0) | (types >= type_count)).any()):
+        raise InvalidInputError(
+            f"token_type_ids of a {arch.model_type} model must be in [0, {type_count - 1}] (its type_vocab_size "
+            f"is {type_count}); a sentence pair for a model with one segment type needs no token_type_ids"
+        )
     mask = validated.setdefault("attention_mask", torch.ones_like(ids))
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise InvalidInputError("attention_mask must hold only 0 and 1")
@@ -184,9 +193,9 @@ _READS = {"first": "first token", "mean": "mean of the real tokens", "last": "la
 def _token_mask(arch: Architecture, inputs: Mapping[str, Tensor], model: nn.Module) -> Tensor:
     if arch.modality == "text":
         return inputs["attention_mask"]
-    assert arch.grid is not None
+    grid = input_grid(arch, inputs)
     batch = inputs["pixel_values"].shape[0]
-    length = arch.prefix_tokens + arch.grid[0] * arch.grid[1]
+    length = arch.prefix_tokens + grid[0] * grid[1]
     return torch.ones(batch, length, dtype=torch.long, device=_model_device(model))
 
 
@@ -221,12 +230,18 @@ def _full_precision(device: torch.device) -> torch.autocast:
     return torch.autocast(device_type=device.type, enabled=False)
 
 
-def _finish(arch: Architecture, scores: Tensor) -> Tensor:
-    """Token-aligned scores → the public shape: text as is, images on the patch grid without the class token."""
+def input_grid(arch: Architecture, inputs: Mapping[str, Tensor]) -> tuple[int, int]:
+    """The patch grid of the images in ``inputs`` (the configured grid unless the input has another size)."""
+    assert arch.grid is not None and arch.patch is not None
+    height, width = inputs["pixel_values"].shape[-2:]
+    return int(height) // arch.patch[0], int(width) // arch.patch[1]
+
+
+def _finish(arch: Architecture, scores: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
+    """Token-aligned scores → the public shape: text as is, images on the patch grid without the prefix tokens."""
     if arch.modality == "text":
         return scores
-    assert arch.grid is not None
-    return scores[:, arch.prefix_tokens :].reshape(scores.shape[0], *arch.grid)
+    return scores[:, arch.prefix_tokens :].reshape(scores.shape[0], *input_grid(arch, inputs))
 
 
 @dataclass(frozen=True)
@@ -324,7 +339,7 @@ def explain(
         method=chosen.name,
         target=capture.targets,
         logits=capture.logits,
-        scores=_finish(arch, scores),
+        scores=_finish(arch, scores, validated),
         options=resolved,
         modality=arch.modality,
         attention_mask=text_mask,
@@ -445,7 +460,7 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
                         sub_readout.tokens,
                     )
                 )
-            scores = _finish(arch, scores).detach()
+            scores = _finish(arch, scores, validated).detach()
             seconds = time.perf_counter() - started
             finite = torch.isfinite(scores.flatten(1)).all(dim=1).tolist()
             for position, row_index in enumerate(indices):

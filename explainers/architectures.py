@@ -52,7 +52,10 @@ class Architecture:
         input_embeddings: the module whose output is the per-token / per-patch input embedding
             (used by ``grad_x_input`` and ``integrated_gradients``).
         input_keys: keys the model accepts in ``inputs``; ``required_keys`` must be present.
-        grid: for images, ``(grid_h, grid_w)`` patches; ``None`` for text.
+        grid: for images, ``(grid_h, grid_w)`` patches of the configured image size; ``None`` for text (a model
+            that interpolates its position embeddings, such as DINOv2, is explained on the grid of the input it
+            gets: see ``patch``).
+        patch: for images, ``(patch_h, patch_w)`` pixels per patch; ``None`` for text.
         prefix_tokens: tokens before the patches for images (class, distillation); 0 for text.
         pooled: where the head reads (:func:`explainers.heads.pooled_position`).
         head_type: ``single_label``, ``multi_label`` or ``regression`` (:func:`explainers.heads.head_type`).
@@ -82,6 +85,7 @@ class Architecture:
     blocks: tuple[Block, ...] = ()
     head: tuple[nn.Linear, ...] = ()
     head_paths: tuple[tuple[int, int], ...] = ()
+    patch: tuple[int, int] | None = None
 
     @property
     def has_blocks(self) -> bool:
@@ -254,10 +258,12 @@ def describe(model: nn.Module) -> Architecture:
     lrp = None if "relevance" in known.refused else _lrp(model)
     modality: Modality = "image" if known.kind == "vision" else "text"
     grid = None
+    patch = None
     if modality == "image":
         image_h, image_w = _pair(config.image_size)
         patch_h, patch_w = _pair(config.patch_size)
         grid = (image_h // patch_h, image_w // patch_w)
+        patch = (patch_h, patch_w)
         keys = frozenset({"pixel_values"})
         if not isinstance(getattr(model, "classifier", None) or getattr(model, "cls_classifier", None), nn.Linear):
             raise UnsupportedModelError(
@@ -272,7 +278,7 @@ def describe(model: nn.Module) -> Architecture:
         model_type=str(model_type),
         kind=known.kind,
         modality=modality,
-        num_layers=int(text_config.num_hidden_layers),
+        num_layers=_attention_calls(text_config),
         num_heads=int(text_config.num_attention_heads),
         input_embeddings=embeddings,
         input_keys=keys,
@@ -286,7 +292,13 @@ def describe(model: nn.Module) -> Architecture:
         blocks=() if lrp is None else lrp.blocks,
         head=() if lrp is None else lrp.head,
         head_paths=() if lrp is None else lrp.head_paths,
+        patch=patch,
     )
+
+
+def _attention_calls(config: Any) -> int:
+    """Attention calls per forward: one per layer; ALBERT runs ``inner_group_num`` shared layers per layer."""
+    return int(config.num_hidden_layers) * int(getattr(config, "inner_group_num", 1) or 1)
 
 
 _SINGLE_SEGMENT = frozenset({"distilbert", "modernbert", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gpt2"})

@@ -6,7 +6,8 @@ file's ``eager_attention_forward``. This module registers **one new name**, :dat
 ``AttentionInterface`` (and the eager mask builder under the same new name in ``AttentionMaskInterface``, so the
 masks are the eager ones). No existing entry, class or module function is replaced. The registered function
 delegates to the calling module's own ``eager_attention_forward`` (found from the module's class, walking its
-MRO to the modeling module that defines one), so the forward is numerically that of eager attention.
+MRO to the modeling module that defines one), so the forward is numerically that of eager attention (one
+deliberate exception, for float64 models only, is described at :func:`_float32_safe`).
 
 :func:`attention_implementation` switches a model (its config and every sub-config and submodule config) to
 that name and back, also on exceptions. :func:`capturing_attention` does the same and, for the length of the
@@ -53,6 +54,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -154,11 +156,30 @@ def eager_attention_of(module: nn.Module) -> Callable[..., tuple[Tensor, Tensor]
     )
 
 
+_FLOAT32_LOWEST = torch.finfo(torch.float32).min
+
+
+def _float32_safe(attention_mask: Tensor | None) -> Tensor | None:
+    """A float64 additive mask with its ``-1.8e308`` entries raised to float32's lowest value.
+
+    Several architectures' eager attention (Llama, Mistral, Gemma, ModernBERT, ...) runs its softmax in float32:
+    in a float64 model, the float64 mask value becomes ``-inf`` there, and a query that sees no key (a padding
+    query under a sliding window or left padding) gets NaN probabilities, which ``0 · NaN`` then spreads to the
+    real tokens of the next layer. With the mask at float32's lowest value every query that sees a real key gets
+    bit-identical probabilities (the masked terms are exactly 0 either way) and a fully masked query gets uniform
+    ones instead of NaN. Masks of any other dtype are passed unchanged.
+    """
+    if attention_mask is None or attention_mask.dtype != torch.float64:
+        return attention_mask
+    return attention_mask.clamp(min=_FLOAT32_LOWEST)
+
+
 def _capturing_attention(
     module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
 ) -> tuple[Tensor, Tensor]:
     """The function registered as :data:`CAPTURE_IMPLEMENTATION`: the module's own eager attention, recorded."""
     eager = eager_attention_of(module)
+    attention_mask = _float32_safe(attention_mask)
     capture = _ACTIVE.get()
     if capture is None:
         return eager(module, query, key, value, attention_mask, **kwargs)

@@ -207,5 +207,5 @@ def support_table(methods: Sequence[str]) -> str:
                 cells.append(f"refused ({number})")
         lines.append(f"| `{model_type}` | {known.title} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines += [f"({number}) {reason}." for reason, number in reasons.items()]
+    lines += [f"- ({number}) {reason}." for reason, number in reasons.items()]
     return "\n".join(lines)
