@@ -7,9 +7,9 @@ method, the median ratio of its time to a forward timed just before it (pairs, s
 machine's speed cancels), plus, at one batch size, the cost of explaining each example alone (the research-code
 way), so the gain of batching is visible. Methods an architecture refuses are shown as ``refused``.
 
-``--memory`` instead reports the peak memory of chosen methods at chosen lengths (batch 1), each measured in a
-fresh child process as its peak resident set size above the size after loading the model (CPU), or as the CUDA
-allocator's peak above the loaded model (GPU), next to the plain forward's.
+``--memory`` instead reports the peak memory of chosen methods at chosen lengths (batch ``--memory-batch``,
+default 1), each measured in a fresh child process as its peak resident set size above the size after loading the
+model (CPU), or as the CUDA allocator's peak above the loaded model (GPU), next to the plain forward's.
 
     python -m bench.explainers                      # CPU, batch 1/8/32, length 32/128
     python -m bench.explainers --device cuda --bf16  # GPU, bf16 autocast forward, fp32 attribution maths
@@ -127,7 +127,7 @@ def _peak_child(args: argparse.Namespace, model: nn.Module, what: str, length: i
     """Peak memory (MiB) of one forward (``what="forward"``) or one explanation, above the loaded model."""
     import resource
 
-    inputs = make_inputs(model, 1, length, args.device)
+    inputs = make_inputs(model, args.memory_batch, length, args.device)
     if args.device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -187,14 +187,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--heads", type=int, default=6)
     parser.add_argument("--intermediate", type=int, default=1536)
-    parser.add_argument("--memory", action="store_true", help="peak memory per method at --lengths, batch 1")
+    parser.add_argument("--memory", action="store_true", help="peak memory per method at --lengths, --memory-batch")
+    parser.add_argument("--memory-batch", type=int, default=1, help="batch size of the --memory measurements")
     parser.add_argument("--memory-child", nargs=2, metavar=("WHAT", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.memory and args.memory_child is None:
         model_args = ["--device", args.device, "--layers", str(args.layers), "--hidden", str(args.hidden)]
         model_args += ["--heads", str(args.heads), "--intermediate", str(args.intermediate)]
-        model_args += ["--lengths", str(max(args.lengths))]
+        model_args += ["--lengths", str(max(args.lengths)), "--memory-batch", str(args.memory_batch)]
         model_args += ["--arch", args.arch] if args.arch else []
         model_args += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
         args.passthrough = model_args

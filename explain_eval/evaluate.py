@@ -5,7 +5,7 @@ folder that the served archive was built from, loaded like the handler does, exp
 
 Examples::
 
-    explain-eval --model sentiment --methods attention,rollout,relevance,gae,grad_x_input --n 500
+    explain-eval --model sentiment --methods attention,rollout,relevance,gae,grad_x_input,attnlrp --n 500
     explain-eval --model sentiment --model digits --out docs/faithfulness
 
 Writes ``<out>.json`` (curves, AUCs, settings), ``<out>.md`` (the AUC table) and ``<out>.png`` (the curves).
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUILD_DIR = REPO_ROOT / "model_store" / "build"
-DEFAULT_METHODS = ("attention", "rollout", "relevance", "gae", "grad_x_input")
+DEFAULT_METHODS = ("attention", "rollout", "relevance", "gae", "grad_x_input", "attnlrp", "cp_lrp")
 RANDOM = "random"
 Removal = Literal["mask", "delete"]
 REMOVAL_TEXT = {

@@ -4,15 +4,17 @@ whose rows each ask for their own method, target and options (one forward for al
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .architectures import Architecture, describe, model_config
-from .capture import GRADIENT_NEEDS, prepared_model, run_capture
+from .attention_capture import AttentionObserver
+from .capture import GRADIENT_NEEDS, Capture, prepared_model, run_capture
 from .errors import ExplainError, InvalidInputError, InvalidTargetError, NonFiniteScoresError
 from .heads import head_probabilities, last_positions, readout_tokens, readout_weights
 from .methods import Method, MethodInputs, available_methods, get_method
@@ -267,6 +269,27 @@ def _check_method(arch: Architecture, method: Method) -> None:
     check_method(arch.model_type, method.name, available_methods())
 
 
+Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
+RulesKey = Rules | None
+
+
+def _bind(rules: Rules, model: nn.Module, arch: Architecture) -> Callable[[ExitStack], AttentionObserver | None]:
+    """Modified-gradient ``rules`` bound to ``model``: attach them to a pass's hook stack."""
+    return lambda hooks: rules(model, arch, hooks)
+
+
+def _bound_rules(
+    method: Method, model: nn.Module, arch: Architecture
+) -> Callable[[ExitStack], AttentionObserver | None] | None:
+    """``method``'s modified-gradient rules bound to ``model`` (``None`` for true gradients)."""
+    return None if method.rules is None else _bind(method.rules, model, arch)
+
+
+def _fixed_targets(targets: Tensor) -> Callable[[Tensor], Tensor]:
+    """A target resolver that ignores the logits (a row's target was resolved by the shared forward)."""
+    return lambda logits: targets
+
+
 def explain(
     model: nn.Module, inputs: Mapping[str, Any], method: str = "relevance", target: Any = None, **options: Any
 ) -> Attribution:
@@ -306,7 +329,7 @@ def explain(
     mask = _token_mask(arch, validated, model)
     readout = _readout(arch, model, validated, mask)
     with prepared_model(model):
-        capture = run_capture(model, arch, validated, chosen.needs, resolve)
+        capture = run_capture(model, arch, validated, chosen.needs, resolve, rules=_bound_rules(chosen, model, arch))
         with _full_precision(mask.device):
             scores = chosen.compute(
                 MethodInputs(capture, arch, model, validated, mask, resolved, readout.weights, readout.tokens)
@@ -372,10 +395,17 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
         groups.setdefault((method.name, tuple(sorted(options.items()))), []).append(index)
 
     needs: frozenset[str] = frozenset().union(*(method.needs for method in methods.values()))
-    gradient_rows = torch.zeros(batch, dtype=torch.bool)
+    # Rows whose gradients come from different rules (true gradients, AttnLRP's, CP-LRP's) never share a gradient
+    # pass: the shared forward serves the true-gradient rows (or, if there are none, one kind of modified-gradient
+    # rows, so that a batch of one method still costs one forward and one backward); any other kind gets a
+    # grad-enabled pass of its own over its rows. The logits of every row come from the shared forward.
+    kinds: dict[RulesKey, list[int]] = {}
     for (name, _), indices in groups.items():
         if methods[name].needs & GRADIENT_NEEDS:
-            gradient_rows[indices] = True
+            kinds.setdefault(methods[name].rules, []).extend(indices)
+    shared_kind: RulesKey = None if None in kinds or not kinds else next(iter(kinds))
+    gradient_rows = torch.zeros(batch, dtype=torch.bool)
+    gradient_rows[kinds.get(shared_kind, [])] = True
 
     def resolve(logits: Tensor) -> Tensor:
         chosen = explicit.to(logits.device)
@@ -384,12 +414,37 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
     mask = _token_mask(arch, validated, model)
     readout = _readout(arch, model, validated, mask)
     with prepared_model(model):
-        capture = run_capture(model, arch, validated, needs, resolve, gradient_rows.to(mask.device))
+        shared_rules = None if shared_kind is None else _bind(shared_kind, model, arch)
+        capture = run_capture(model, arch, validated, needs, resolve, gradient_rows.to(mask.device), shared_rules)
+        own: dict[int, tuple[Capture, int]] = {}  # row -> (its kind's own capture, its position in it)
+        for kind, kind_rows in kinds.items():
+            if kind is shared_kind:
+                continue
+            assert kind is not None
+            ordered = sorted(kind_rows)
+            picked = torch.tensor(ordered, device=mask.device)
+            kind_needs = frozenset().union(*(m.needs for m in methods.values() if m.rules is kind))
+            kind_capture = run_capture(
+                model,
+                arch,
+                {key: value[picked] for key, value in validated.items()},
+                kind_needs,
+                _fixed_targets(capture.targets[picked]),
+                rules=_bind(kind, model, arch),
+            )
+            kind_capture = replace(kind_capture, logits=capture.logits[picked])
+            own.update({row: (kind_capture, position) for position, row in enumerate(ordered)})
         for (name, options_key), indices in groups.items():
             started = time.perf_counter()
             selected = torch.tensor(indices, device=mask.device)
             whole = len(indices) == batch
-            sub_capture = capture if whole else capture.rows(selected)
+            if indices[0] in own:  # rows with their own gradient pass: its time counts as theirs
+                kind_capture = own[indices[0]][0]
+                positions = torch.tensor([own[index][1] for index in indices], device=mask.device)
+                sub_capture = kind_capture.rows(positions)
+                started -= sum(kind_capture.seconds.values())
+            else:
+                sub_capture = capture if whole else capture.rows(selected)
             sub_inputs = validated if whole else {key: value[selected] for key, value in validated.items()}
             sub_readout = readout if whole else readout.rows(selected)
             with _full_precision(mask.device):

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from .architectures import Architecture
-from .attention_capture import Keep, attention_implementation, capturing_attention
+from .attention_capture import AttentionObserver, Keep, attention_implementation, capturing_attention
 from .errors import UnsupportedModelError
 from .lrp import BlockActivations
 
@@ -226,6 +226,7 @@ def run_capture(
     needs: frozenset[str],
     resolve_targets: Callable[[Tensor], Tensor],
     gradient_rows: Tensor | None = None,
+    rules: Callable[[ExitStack], AttentionObserver | None] | None = None,
 ) -> Capture:
     """Run the model once and capture what ``needs`` lists.
 
@@ -237,6 +238,9 @@ def run_capture(
         resolve_targets: maps the logits to the ``(batch,)`` target classes.
         gradient_rows: optional ``(batch,)`` bool mask of the rows whose target logit is differentiated
             (the others get zero gradients and zero relevance); all rows by default.
+        rules: optional modified-gradient rules (a method's ``rules`` bound to the model): called with this
+            forward's hook stack, they attach their hooks there and return the attention observer to run (or
+            ``None``); the gradients captured are then the rules' (values are unchanged).
 
     Returns:
         The :class:`Capture`.
@@ -253,7 +257,8 @@ def run_capture(
         leaf = _EmbeddingLeaf() if wants_gradients else None
         if leaf is not None:
             _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
-        recorded = hooks.enter_context(capturing_attention(model, keep=keep))
+        observer = None if rules is None else rules(hooks)
+        recorded = hooks.enter_context(capturing_attention(model, keep=keep, observer=observer))
         started = time.perf_counter()
         with torch.enable_grad() if wants_gradients else torch.no_grad():
             logits: Tensor = model(**inputs, return_dict=True).logits

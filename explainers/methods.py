@@ -9,7 +9,9 @@ request validation, the serving layer, metrics labels and the generated tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -17,6 +19,8 @@ from torch import Tensor, nn
 
 from . import kernels
 from .architectures import Architecture
+from .attention_capture import AttentionObserver
+from .attnlrp import attach_rules
 from .capture import (
     ACTIVATIONS,
     ATTENTION_GRADIENTS,
@@ -76,6 +80,9 @@ class Method:
     needs: frozenset[str]
     options: tuple[Option, ...]
     compute: Callable[[MethodInputs], Tensor]
+    #: Modified-gradient rules attached to the model for the pass that computes this method's gradients
+    #: (``None``: true gradients). Rows of methods with different rules never share a gradient pass.
+    rules: Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None] | None = None
 
     @property
     def needs_gradients(self) -> bool:
@@ -100,14 +107,20 @@ _REGISTRY: dict[str, Method] = {}
 
 
 def register(
-    name: str, *, summary: str, class_specific: bool, needs: frozenset[str], options: tuple[Option, ...] = ()
+    name: str,
+    *,
+    summary: str,
+    class_specific: bool,
+    needs: frozenset[str],
+    options: tuple[Option, ...] = (),
+    rules: Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None] | None = None,
 ) -> Callable[[Callable[[MethodInputs], Tensor]], Callable[[MethodInputs], Tensor]]:
     """Register a compute function under ``name`` (a decorator)."""
 
     def decorate(compute: Callable[[MethodInputs], Tensor]) -> Callable[[MethodInputs], Tensor]:
         if name in _REGISTRY:
             raise ValueError(f"method {name!r} is already registered")
-        _REGISTRY[name] = Method(name, summary, class_specific, needs, options, compute)
+        _REGISTRY[name] = Method(name, summary, class_specific, needs, options, compute, rules)
         return compute
 
     return decorate
@@ -264,7 +277,8 @@ def _gae(ctx: MethodInputs) -> Tensor:
 
 
 def _align(per_embedding: Tensor, ctx: MethodInputs) -> Tensor:
-    """Align embedding-level scores with the model's token sequence (the ViT class token has no input: 0)."""
+    """Align embedding-level scores with the model's token sequence (the prefix tokens of an image model, class and
+    distillation, have no input: 0)."""
     if ctx.arch.modality == "image":
         per_embedding = torch.nn.functional.pad(per_embedding, (ctx.arch.prefix_tokens, 0))
     return per_embedding * ctx.mask
@@ -280,6 +294,30 @@ def _grad_x_input(ctx: MethodInputs) -> Tensor:
     capture = ctx.capture
     assert capture.embeddings is not None and capture.embedding_gradients is not None
     return _align((capture.embeddings * capture.embedding_gradients).sum(dim=-1), ctx)
+
+
+@register(
+    "attnlrp",
+    summary="AttnLRP (Achtibat et al., ICML 2024): LRP for attention as a modified gradient x input embedding",
+    class_specific=True,
+    needs=frozenset({EMBEDDING_GRADIENTS}),
+    rules=partial(attach_rules, variant="attnlrp"),
+)
+def _attnlrp(ctx: MethodInputs) -> Tensor:
+    """Relevance of each input token (patch): input embedding × AttnLRP's modified gradient, summed over hidden."""
+    return _grad_x_input(ctx)
+
+
+@register(
+    "cp_lrp",
+    summary="CP-LRP (Ali et al. 2022): AttnLRP's rules with no relevance through the attention weights (conserves)",
+    class_specific=True,
+    needs=frozenset({EMBEDDING_GRADIENTS}),
+    rules=partial(attach_rules, variant="cp_lrp"),
+)
+def _cp_lrp(ctx: MethodInputs) -> Tensor:
+    """Relevance of each input token (patch): input embedding × CP-LRP's modified gradient, summed over hidden."""
+    return _grad_x_input(ctx)
 
 
 @register(

@@ -64,7 +64,7 @@ class HandlerConfig:
     task: Literal["text", "image"]
     labels: tuple[str, ...]
     model_dir: str = "model"
-    default_method: str = "relevance"
+    default_method: str = "attnlrp"
     max_length: int = 128
     max_text_chars: int = 20_000
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -97,7 +97,7 @@ class HandlerConfig:
             raise ConfigError("handler.labels must be a non-empty list of class names")
         if len(set(labels)) != len(labels):
             raise ConfigError(f"handler.labels must be distinct, got {labels}")
-        default_method = section.get("default_method", "relevance")
+        default_method = section.get("default_method", "attnlrp")
         if default_method not in available_methods():
             raise ConfigError(f"handler.default_method {default_method!r} is not one of {available_methods()}")
         device = section.get("device", "auto")

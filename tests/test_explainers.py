@@ -33,7 +33,16 @@ FAST_OPTIONS: dict[str, dict[str, int]] = {"integrated_gradients": {"n_steps": 8
 
 
 def test_registry_lists_the_issue_methods() -> None:
-    assert set(METHODS) == {"attention", "rollout", "relevance", "gae", "grad_x_input", "integrated_gradients"}
+    assert set(METHODS) == {
+        "attention",
+        "rollout",
+        "relevance",
+        "gae",
+        "grad_x_input",
+        "integrated_gradients",
+        "attnlrp",
+        "cp_lrp",
+    }
 
 
 def _plain_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -62,10 +62,10 @@ def test_decode_json_variants() -> None:
     assert decode_row({"body": b'{"text": "hi"}'}, False, TEXT_CONFIG).request.method is None
     assert decode_row({"body": b'{"text": "hi"}'}, True, TEXT_CONFIG).request.method == TEXT_CONFIG.default_method
     assert decode_row({"body": b'{"text": "hi", "explain": false}'}, True, TEXT_CONFIG).request.method is None
-    assert decode_row({"body": b'{"text": "hi", "explain": true}'}, False, TEXT_CONFIG).request.method == "relevance"
+    assert decode_row({"body": b'{"text": "hi", "explain": true}'}, False, TEXT_CONFIG).request.method == "attnlrp"
     assert decode_row({"data": "plain text body"}, False, TEXT_CONFIG).text == "plain text body"
     image = decode_row({"body": bytearray(png_bytes())}, True, IMAGE_CONFIG)
-    assert image.image == png_bytes() and image.request.method == "relevance"
+    assert image.image == png_bytes() and image.request.method == "attnlrp"
     assert decode_row({"body": {"image": b64(png_bytes())}}, False, IMAGE_CONFIG).image == png_bytes()
 
 
@@ -114,7 +114,7 @@ def test_error_table_is_consistent() -> None:
 def test_decode_protobuf_request() -> None:
     messages = protos.explain_messages()
     message = messages.ExplainRequest(
-        text="hi", explain=messages.ExplainOptions(target_id=1, options={"start_layer": 1})
+        text="hi", explain=messages.ExplainOptions(method="relevance", target_id=1, options={"start_layer": 1})
     )
     row = {"request": message.SerializeToString()}
     decoded = decode_row(row, False, TEXT_CONFIG)

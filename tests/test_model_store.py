@@ -209,7 +209,7 @@ def test_text_model_config_has_the_agreed_keys() -> None:
     assert document["handler"] == {
         "task": "text",
         "model_dir": "model",
-        "default_method": "relevance",
+        "default_method": "attnlrp",
         "max_length": 128,
         "labels": ["negative", "neutral", "positive"],
         "device": "auto",
