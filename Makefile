@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: models setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving soak test-ops
+.PHONY: models setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving soak test-ops \
+	container-up container-down container-token
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
@@ -74,6 +75,26 @@ soak: setup
 
 bench-serving: setup
 	$(PY) -m bench.load
+
+# The compose stack (docs/OPERATIONS.md): build the image, start explain + prometheus + process-exporter (+ grafana
+# where its image exists), wait until healthy, print the addresses and how to read the token. Needs only Docker and
+# Python 3 (no virtualenv). On the shared build machines the engine and the CPU torch wheel index come from
+# ENGINE_SH (skipped where that file does not exist: plain Docker). MODEL_STORE_DIR=model_store/build serves models
+# built on the host (`make models`) instead of building them into the image (~10 min once); see deploy/stack.py for
+# the other settings (ports, image tag, project name).
+ENGINE_SH ?= ../shared/container/engine.sh
+STACK = ENGINE_SH=$(ENGINE_SH) $(PYTHON) -m deploy.stack
+
+container-up:
+	$(STACK) up
+
+# The inference key of the running stack, read inside the container (KEY=management or KEY=API for the others).
+container-token:
+	@$(STACK) token --key $(or $(KEY),inference)
+
+# VOLUMES=1 also removes the volumes (tokens, Prometheus data, Grafana state).
+container-down:
+	$(STACK) down $(if $(filter 1 yes true,$(VOLUMES)),--volumes)
 
 clean:
 	rm -rf $(VENV) model_store/build run .pytest_cache .mypy_cache .ruff_cache
