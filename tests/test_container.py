@@ -137,6 +137,9 @@ def _host_store(tmp_path: Path, names: tuple[str, ...]) -> Path:
 
 def test_container_up_prints_the_addresses_and_how_to_read_the_token(stack: Stack) -> None:
     output = stack.outputs[0]
+    figures = re.search(r"image built in [\d.]+ s; up to healthy in [\d.]+ s.*", output)
+    assert figures, output
+    logger.warning("first make container-up: %s", figures.group(0))
     assert f"http://127.0.0.1:{stack.ports['rest']}" in output and f"127.0.0.1:{stack.ports['grpc']}" in output
     assert f"http://127.0.0.1:{stack.ports['prometheus']}" in output
     assert "make -s container-token" in output and "key_file.json" in output
