@@ -6,7 +6,7 @@ take seconds), starts ``explain``, ``prometheus`` and ``process-exporter`` from 
 healthy, and prints the published addresses and how to read the token. ``down`` stops and removes the project's
 containers and network (``--volumes``: its volumes too: tokens, Prometheus data, Grafana state).
 
-The engine: where ``$ENGINE_SH`` names an executable (the Makefile passes ``../shared/container/engine.sh``, the
+The engine: where ``$ENGINE_SH`` names a file (the Makefile passes ``../shared/container/engine.sh``, the
 script that installs and starts a Docker engine on machines without an image registry), ``up`` runs its ``start``
 and builds with ``--network host`` against the CPU torch wheel index its ``torch-index`` serves; elsewhere plain
 Docker, with the Dockerfile's default index (``TORCH_INDEX_URL`` overrides it).
@@ -100,10 +100,11 @@ def engine() -> Engine:
     """
     value = os.environ.get("ENGINE_SH", "")
     script = (REPO_ROOT / value).resolve() if value else None
-    if script is not None and os.access(script, os.X_OK):
+    if script is not None and script.is_file():
+        # run through bash: a copy of the script may have lost its executable bit
         logger.info("engine: %s start", script)
-        _run([str(script), "start"])
-        index = os.environ.get("TORCH_INDEX_URL") or _run([str(script), "torch-index"], capture=True).strip()
+        _run(["bash", str(script), "start"])
+        index = os.environ.get("TORCH_INDEX_URL") or _run(["bash", str(script), "torch-index"], capture=True).strip()
         return Engine(script, index)
     try:
         _run(["docker", "info", "--format", "{{.ServerVersion}}"], capture=True, timeout=30)
