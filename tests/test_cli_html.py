@@ -1,7 +1,7 @@
 """The HTML heatmap page, rendered by headless Chromium (Debian ``chromium``): the screenshot's pixels at each
 token's box have the colour of that token's score. Token boxes come from the same page laid out by the same
 browser (``--dump-dom`` after a script appended to the *end* of the body writes every token's bounding box, so the
-tokens' layout is unchanged). Fails, never skips, when Chromium is missing: ``.ci/run`` installs it."""
+tokens' layout is unchanged). Fails, never skips, when Chromium is missing: ``make test`` installs it."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.fail("headless Chromium is missing: apt-get install -y chromium (.ci/run installs it)")
+    pytest.fail("headless Chromium is missing: `make test` installs it through scripts/system_setup.py")
 
 
 def run_chromium(*args: str) -> subprocess.CompletedProcess[str]:

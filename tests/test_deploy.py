@@ -160,7 +160,7 @@ def test_expression_metrics_parser() -> None:
 def test_promtool_accepts_the_prometheus_files(path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.fail("promtool is missing: install it (apt-get install -y prometheus; .ci/run does)")
+        pytest.fail("promtool is missing: `make test` installs it (scripts/system_setup.py)")
     command = "config" if path == PROMETHEUS else "rules"
     result = subprocess.run([promtool, "check", command, str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -231,7 +231,7 @@ def test_real_prometheus_loads_the_compose_config_and_answers_the_dashboard(serv
     every dashboard query is valid PromQL, with data for the explanation panels."""
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.fail("the `prometheus` binary is missing: install it (apt-get install -y prometheus; .ci/run does)")
+        pytest.fail("the `prometheus` binary is missing: `make test` installs it (scripts/system_setup.py)")
     for method in ("none", "relevance", "rollout", "attention"):
         document: dict[str, Any] = {"text": "the crew were lovely"}
         if method != "none":
@@ -240,7 +240,7 @@ def test_real_prometheus_loads_the_compose_config_and_answers_the_dashboard(serv
     assert rest_call(server, "sentiment", b'{"text": "x", "explain": {"method": "lime"}}')[0] == 400
     exporter = shutil.which("prometheus-process-exporter") or shutil.which("process-exporter")
     if exporter is None:
-        pytest.fail("process-exporter is missing: apt-get install -y prometheus-process-exporter (.ci/run does)")
+        pytest.fail("process-exporter is missing: install it (`make test` does, through scripts/system_setup.py)")
     exporter_port = Ports.free().inference
     config = yaml.safe_load(PROMETHEUS.read_text())
     config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"

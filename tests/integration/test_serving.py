@@ -275,7 +275,7 @@ def test_concurrent_mixed_batch(server: Server, reference: Any) -> None:
 def test_prometheus_scrapes_and_answers_histogram_quantile(server: Server, tmp_path: Path) -> None:
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.fail("the `prometheus` binary is missing: install it (apt-get install -y prometheus; .ci/run does)")
+        pytest.fail("the `prometheus` binary is missing: `make test` installs it (scripts/system_setup.py)")
     for method in available_methods():  # make sure every method has observations
         status, _ = rest(server, "predictions", "sentiment", {"text": TEXT, "explain": {"method": method}})
         assert status == 200
