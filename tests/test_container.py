@@ -49,6 +49,8 @@ PRIVATE_PORTS = (8081, 7071, 8082, 8083, 9256)
 SCRAPE_WAIT = 90
 #: Grafana's $__rate_interval for a 15 s scrape interval (four intervals).
 RATE_INTERVAL = "1m"
+#: The first test also brings the stack up (a cold image build included): pytest-timeout's bound covers that.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(support.COLD_UP_TIMEOUT + support.HEALTH_TIMEOUT)]
 
 
 @pytest.fixture(scope="module")
