@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import time
@@ -167,8 +168,46 @@ class Stack:
         return result.stdout + result.stderr
 
 
+#: Project names of the test: ``explain-test-<pid of the pytest process>-<suffix>``.
+PROJECT_PREFIX = "explain-test-"
+
+
+def remove_stale_stacks() -> list[str]:
+    """Tear down the stacks of earlier test runs whose pytest process is gone (killed before its teardown ran);
+    returns their project names. Only projects named by this module are touched."""
+    result = subprocess.run(
+        ["docker", "ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}'],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    stale = []
+    for project in sorted(set(result.stdout.split())):
+        found = re.fullmatch(re.escape(PROJECT_PREFIX) + r"(\d+)-\d+", project)
+        if found and not _alive(int(found.group(1))):
+            ports = dict.fromkeys(("rest", "grpc", "prometheus", "grafana"), 0)  # unused by `down`
+            Stack(project=project, ports=ports, models_dir=ARCHIVE_CACHE).teardown()
+            stale.append(project)
+    return stale
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def new_stack() -> Stack:
-    """A stack with a unique project name, free host ports and the tiny archives as its model folder."""
+    """A stack with a unique project name, free host ports and the tiny archives as its model folder (stacks left
+    by killed earlier runs are removed first)."""
+    stale = remove_stale_stacks()
+    if stale:
+        logger.warning("removed the stacks of earlier, killed test runs: %s", stale)
     tiny_archives()
     free = Ports.free()
     ports = {"rest": free.inference, "grpc": free.grpc_inference, "prometheus": free.metrics, "grafana": free.exporter}
