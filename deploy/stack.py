@@ -301,7 +301,10 @@ def up() -> str:
     text = usage(compose, published_ports(compose), grafana)
     if grafana and generated_password:
         password = os.environ["GRAFANA_ADMIN_PASSWORD"]
-        text += f"\nGrafana admin password (generated; set GRAFANA_ADMIN_PASSWORD to choose one): {password}"
+        text += (
+            f"\nGrafana admin password (generated; set GRAFANA_ADMIN_PASSWORD to choose one): {password}"
+            " (Grafana takes it only on its first start, with an empty grafana-data volume)"
+        )
     return text
 
 
