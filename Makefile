@@ -12,7 +12,8 @@ export ENGINE_SH
 SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is required to check the system packages"; exit 1; }; \
 	$(SYSTEM_PYTHON) scripts/system_setup.py
 
-.PHONY: system-serve system-test models setup test lint unit bench-explainers clean protos serve start stop test-serving bench-serving soak test-ops
+.PHONY: system-serve system-test models setup test lint unit bench-explainers clean protos serve start stop test-serving \
+	bench-serving soak test-ops container-up container-down container-token
 
 $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
@@ -97,6 +98,25 @@ soak: setup
 
 bench-serving: setup
 	$(PY) -m bench.load
+
+# The compose stack (docs/OPERATIONS.md): build the image, start explain + prometheus + process-exporter (+ grafana
+# where its image exists), wait until healthy, print the addresses and how to read the token. Needs only Docker and
+# Python 3 (no virtualenv). On the shared build machines the engine and the CPU torch wheel index come from
+# ENGINE_SH (skipped where that file does not exist: plain Docker). MODEL_STORE_DIR=model_store/build serves models
+# built on the host (`make models`) instead of building them into the image (~10 min once); see deploy/stack.py for
+# the other settings (ports, image tag, project name).
+STACK = $(SYSTEM_PYTHON) -m deploy.stack
+
+container-up:
+	$(STACK) up
+
+# The inference key of the running stack, read inside the container (KEY=management or KEY=API for the others).
+container-token:
+	@$(STACK) token --key $(or $(KEY),inference)
+
+# VOLUMES=1 also removes the volumes (tokens, Prometheus data, Grafana state).
+container-down:
+	$(STACK) down $(if $(filter 1 yes true,$(VOLUMES)),--volumes)
 
 clean:
 	rm -rf $(VENV) model_store/build run .pytest_cache .mypy_cache .ruff_cache

@@ -5,6 +5,7 @@ reference files that exist, and use metric names the service really exports."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -318,3 +319,95 @@ def test_real_prometheus_loads_the_compose_config_and_answers_the_dashboard(serv
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+def _compose_binary() -> list[str] | None:
+    """``docker compose`` (plugin or the v1 shim) or ``docker-compose``, whichever answers; None if neither."""
+    for command in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(command[0]) is None:
+            continue
+        if subprocess.run([*command, "version"], capture_output=True, timeout=60).returncode == 0:
+            return command
+    return None
+
+
+def _compose_config(*files: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    compose = _compose_binary()
+    if compose is None:
+        pytest.skip(
+            "no `docker compose` here: install Docker Compose (apt-get install -y docker-compose; on the shared "
+            "build machines `../shared/container/engine.sh start` does) to validate the compose files"
+        )
+    command = [*compose, "-p", "explain-config-check", *(item for path in files for item in ("-f", str(path)))]
+    clean = {
+        key: value for key, value in os.environ.items() if key not in {"GRAFANA_ADMIN_PASSWORD", "MODEL_STORE_DIR"}
+    }
+    return subprocess.run(
+        [*command, "config"], cwd=REPO_ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_docker_compose_config_accepts_the_gpu_and_models_overrides(tmp_path: Path) -> None:
+    """``docker compose config`` (the real Compose) merges docker-compose.yml with each override: the GPU one keeps
+    the base's hardening and adds the CUDA build, the GPU profile and one reserved GPU; the models one mounts a host
+    folder read-only as the served model store. Without a Grafana password the file is refused."""
+    password = {"GRAFANA_ADMIN_PASSWORD": "config-check"}
+    result = _compose_config(COMPOSE, env=password)
+    assert result.returncode == 0, result.stderr
+    base = yaml.safe_load(result.stdout)["services"]["explain"]
+    result = _compose_config(COMPOSE, GPU_OVERRIDE, env=password)
+    assert result.returncode == 0, result.stderr
+    gpu = yaml.safe_load(result.stdout)["services"]["explain"]
+    assert gpu["image"] == "explain-service:gpu" and gpu["environment"]["PROFILE"] == "gpu"
+    assert "/whl/cu" in gpu["build"]["args"]["TORCH_INDEX_URL"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"] == [
+        {"capabilities": ["gpu"], "count": 1, "driver": "nvidia"}
+    ]
+    for key in ("cap_drop", "security_opt", "ports", "volumes"):
+        assert sorted(gpu[key]) == sorted(base[key]), key
+    assert gpu["environment"]["METRICS_ADDRESS"] == base["environment"]["METRICS_ADDRESS"] == "127.0.0.1"
+    models = DEPLOY / "docker-compose.models.yml"
+    result = _compose_config(COMPOSE, models, env={**password, "MODEL_STORE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    served = yaml.safe_load(result.stdout)["services"]["explain"]
+    assert f"{tmp_path}:/srv/explain/models:ro" in served["volumes"]
+    assert served["environment"]["MODEL_STORE"] == "/srv/explain/models"
+    refused = _compose_config(COMPOSE, env={})
+    assert refused.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in refused.stderr
+    refused = _compose_config(COMPOSE, models, env=password)
+    assert refused.returncode != 0 and "MODEL_STORE_DIR" in refused.stderr
+
+
+#: Fields of a KServe predictor that are not PodSpec fields (KServe's ComponentExtensionSpec; the rest of the
+#: predictor is a PodSpec, validated as one).
+KSERVE_COMPONENT_FIELDS = {
+    "minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "containerConcurrency", "timeout",
+    "canaryTrafficPercent", "logger", "batcher", "labels", "annotations", "deploymentStrategy",
+}  # fmt: skip
+
+
+def test_kubernetes_manifests_pass_the_kubernetes_schemas() -> None:
+    """Every manifest against the Kubernetes API's own OpenAPI schemas (``kubernetes-validate``, strict: unknown
+    fields are errors). The KServe InferenceService's predictor is validated as the PodSpec it extends; the
+    PodMonitor (a prometheus-operator CRD) and the Kustomization have no schema there and are checked by
+    test_kubernetes_manifests_are_consistent only."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    checked = []
+    for document in _kubernetes_documents():
+        kind = document["kind"]
+        if kind in {"Kustomization", "PodMonitor"}:
+            continue
+        if kind == "InferenceService":
+            predictor = document["spec"]["predictor"]
+            spec = {key: value for key, value in predictor.items() if key not in KSERVE_COMPONENT_FIELDS}
+            document = {"apiVersion": "v1", "kind": "Pod", "metadata": document["metadata"], "spec": spec}
+        try:
+            kubernetes_validate.validate(document, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{kind} {document['metadata']['name']}: {error.message} at {list(error.path)}")
+        checked.append(kind)
+    assert sorted(checked) == sorted(
+        ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy", "InferenceService"]
+    ), checked

@@ -425,8 +425,25 @@ Logs: {server.log_dir}. Docs: docs/SERVING.md.
 
 def _ensure_models(model_store: Path, models: Mapping[str, str]) -> None:
     """Build the default models' archives if missing, or refresh them if their fingerprints changed (a handler or
-    recipe edit): ``model_store.build`` reuses what is up to date in a fraction of a second."""
+    recipe edit): ``model_store.build`` reuses what is up to date in a fraction of a second.
+
+    A model store this process cannot write (a host folder mounted into the container, owned by another user or
+    mounted read-only) is served as it is: a build would have to write its lock and fingerprint files there.
+
+    Raises:
+        FileNotFoundError: if such a read-only store lacks an archive (it cannot be built there).
+    """
     missing = _missing_archives(model_store, models)
+    if model_store.is_dir() and not os.access(model_store, os.W_OK):
+        if missing:
+            raise FileNotFoundError(
+                f"no archive for {missing} under {model_store}, which this user (uid {os.getuid()}) cannot write, "
+                "so they cannot be built here: build them where the folder is writable (on the host: "
+                "python -m model_store.build --out <that folder>) or serve a folder that has them"
+            )
+        uid = os.getuid()
+        logger.info("model store %s is not writable by uid %d: serving its archives as they are", model_store, uid)
+        return
     if missing:
         logger.info("building the default models %s (first run only)", missing)
     command = [sys.executable, "-m", "model_store.build", "--out", str(model_store), "--no-progress"]
