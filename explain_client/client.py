@@ -346,14 +346,23 @@ def _from_protobuf(response: Any) -> Prediction:
             special_tokens=None if grid else tuple(bool(flag) for flag in proto.special_tokens),
             grid=(grid[0], grid[1]) if grid else None,
             seconds=float(proto.seconds),
+            pooled=proto.pooled or "first",
+            segments=tuple(int(value) for value in proto.segments) if proto.segments and not grid else None,
         )
+    head_type = response.head_type or "single_label"
+    regression = head_type == "regression"
     # A protobuf map has no order (REST keeps the class order); compare probabilities as a mapping.
     return Prediction(
-        label=response.label,
-        label_id=int(response.label_id),
+        label=None if regression else response.label,
+        label_id=None if regression else int(response.label_id),
         probabilities={str(key): float(value) for key, value in response.probabilities.items()},
         truncated=bool(response.truncated),
         explanation=explanation,
+        head_type=head_type,
+        labels=tuple(response.labels),
+        # float32 on the wire: shown with float32's precision (0.3, not 0.30000001192092896)
+        threshold=float(f"{response.threshold:.7g}") if head_type == "multi_label" else None,
+        value=float(response.value) if response.HasField("value") else None,
     )
 
 
