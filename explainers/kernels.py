@@ -101,10 +101,16 @@ def rollout_scores(attentions: Sequence[Tensor], start_layer: int = 0, readout: 
     row: Tensor | None = None
     for attention in reversed(attentions[start_layer:]):
         mixed = head_mean(attention)
-        augmented = _row_normalise(0.5 * (mixed + _identity_like(mixed)))
-        row = _row_times(_readout(readout, mixed) if row is None else row, augmented)
+        row = _times_normalised_plus_identity(_readout(readout, mixed) if row is None else row, mixed, 1.0)
     assert row is not None
     return row
+
+
+def _times_normalised_plus_identity(row: Tensor, matrix: Tensor, weight: float) -> Tensor:
+    """``row · norm(weight·M + I)`` without forming the matrix: with ``s`` the row sums of ``weight·M + I``,
+    ``row · diag(1/s) · (weight·M + I) = (row/s)·M·weight + row/s`` (one matrix-vector product per layer)."""
+    scaled = row / (weight * matrix.sum(dim=-1) + 1)
+    return weight * _row_times(scaled, matrix) + scaled
 
 
 def _suppress_read_tokens(scores: Tensor, mask: Tensor, read_tokens: Tensor | None) -> Tensor:
@@ -164,8 +170,7 @@ def relevance_scores(
         if relevance is None:
             raise ValueError("relevance of a layer at or above start_layer is missing")
         weighted = gradient_weighted(relevance, gradient)
-        augmented = _row_normalise(weighted + _identity_like(weighted))
-        row = _row_times(_readout(readout, weighted) if row is None else row, augmented)
+        row = _times_normalised_plus_identity(_readout(readout, weighted) if row is None else row, weighted, 1.0)
     assert row is not None
     return _suppress_read_tokens(row, mask, read_tokens) * mask
 
