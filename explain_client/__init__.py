@@ -1,5 +1,7 @@
-"""Python client of the explanation service: :class:`ExplainClient` over REST or gRPC, the ``explain`` CLI, the
-renderers (terminal, HTML, image overlays) and the faithfulness evaluation (``explain-eval``)."""
+"""Python client of the explanation service: :class:`ExplainClient` over REST or gRPC, the ``explain`` CLI and the
+renderers (terminal and HTML in :mod:`~explain_client.render`; image overlays in :mod:`~explain_client.pictures`,
+with the ``pictures`` extra). Its own distribution (``pip install ./explain_client``): urllib3, grpcio and protobuf,
+no torch and no server code; the gRPC stubs are generated when it is built (:mod:`~explain_client.protos`)."""
 
 from .client import ExplainClient, Request, is_retryable, read_token_file, resolve_token
 from .results import Explanation, Prediction, ServiceError

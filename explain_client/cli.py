@@ -8,8 +8,10 @@ Examples::
     explain --input tweets.txt --method rollout --jsonl results.jsonl      # one text per line, or JSON lines
 
 Where the server is: ``--url``/``--grpc-address`` (or ``$EXPLAIN_URL``/``$EXPLAIN_GRPC_ADDRESS``), else the server
-started by ``make start`` (``--run-dir``, default ``./run``: its ports and token file). The token: ``--token``,
-``$EXPLAIN_TOKEN``, ``--token-file``, ``$EXPLAIN_TOKEN_FILE``, else the run folder's ``key_file.json``.
+started by ``make start`` (``--run-dir``, default ``./run``: its ports and token file). The token: ``--token=KEY``,
+``$EXPLAIN_TOKEN``, ``--token-file``, ``$EXPLAIN_TOKEN_FILE``, else the run folder's ``key_file.json`` (also for an
+explicit ``--url``/``--grpc-address``). TorchServe keys may begin with ``-``; ``--token=KEY`` always works, and
+``--token KEY`` does too unless KEY is one of this command's options.
 """
 
 from __future__ import annotations
@@ -19,19 +21,55 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from tqdm.auto import tqdm
-
-from .client import DEFAULT_GRPC_ADDRESS, DEFAULT_REST_URL, ExplainClient, Request, load_requests
-from .render import MERGE_RULE, html_page, image_panel, terminal_compare, terminal_prediction
+from .client import (
+    DEFAULT_GRPC_ADDRESS,
+    DEFAULT_REST_URL,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    ExplainClient,
+    PlainInput,
+    Request,
+    load_requests,
+)
+from .render import MERGE_RULE, html_page, legend, terminal_compare, terminal_prediction
 from .results import Prediction, ServiceError
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUN_DIR = Path("run")
+#: Options whose value may begin with "-" (a TorchServe key is base64url): ``--token -Uz…`` is read as a value.
+DASH_VALUE_OPTIONS = ("--token",)
+
+
+def join_dash_values(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``--token -UzNKxHY`` → ``--token=-UzNKxHY``, so that argparse does not take a key that begins with ``-`` for
+    an option; a following word that is one of the parser's options (or an abbreviation of one) is left alone.
+    """
+    known = [option for action in parser._actions for option in action.option_strings]
+    joined: list[str] = []
+    words = list(argv)
+    index = 0
+    while index < len(words):
+        word = words[index]
+        following = words[index + 1] if index + 1 < len(words) else None
+        if (
+            word in DASH_VALUE_OPTIONS
+            and following is not None
+            and following.startswith("-")
+            and following != "--"
+            and not any(option.startswith(following.split("=", 1)[0]) for option in known)
+        ):
+            joined.append(f"{word}={following}")
+            index += 2
+            continue
+        joined.append(word)
+        index += 1
+    return joined
 
 
 def _options(values: Sequence[str]) -> dict[str, int]:
@@ -55,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=MERGE_RULE,
     )
     parser.add_argument("text", nargs="?", help="the text to explain (omit to read --input or stdin)")
+    parser.add_argument(
+        "--text-pair", metavar="TEXT", help="the second text of a sentence pair (models that take pairs: NLI, ...)"
+    )
     parser.add_argument("--image", type=Path, help="a PNG/JPEG file to explain (image models)")
     parser.add_argument(
         "--input", help="file with many inputs, one per line or JSON lines ({'text'|'image'}); - = stdin"
@@ -74,7 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"gRPC host:port ({DEFAULT_GRPC_ADDRESS})",
     )
     parser.add_argument("--run-dir", type=Path, help="folder of a server started by `make start` (default: ./run)")
-    parser.add_argument("--token", help="inference token (else $EXPLAIN_TOKEN, --token-file, $EXPLAIN_TOKEN_FILE)")
+    parser.add_argument(
+        "--token",
+        metavar="KEY",
+        help=f"inference token; write --token=KEY (keys may begin with '-'). Else ${TOKEN_ENV}, --token-file, "
+        f"${TOKEN_FILE_ENV}, the run folder's key_file.json",
+    )
     parser.add_argument("--token-file", type=Path, help="TorchServe key_file.json or a file holding the token")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per attempt (default 60)")
     parser.add_argument(
@@ -85,24 +131,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--png", type=Path, help="image models: write the patch relevance over the input image")
     parser.add_argument("--jsonl", type=Path, help="write one JSON result per input and method")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="terminal colours")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (shown for many inputs when tqdm is installed)"
+    )
     return parser
 
 
 def make_client(args: argparse.Namespace) -> ExplainClient:
-    """The client the arguments describe (explicit address, else the run folder, else the defaults)."""
+    """The client the arguments describe: the address given (``--url``/``--grpc-address``), else the run folder's
+    ports, else the defaults; the token given (``--token``, ``$EXPLAIN_TOKEN``, ``--token-file``,
+    ``$EXPLAIN_TOKEN_FILE``), else the run folder's ``key_file.json`` when there is one, for any address."""
     transport = "grpc" if args.grpc else "rest"
     common: dict[str, Any] = {"timeout": args.timeout, "concurrency": args.concurrency, "retries": args.retries}
     if args.token:
         common["token"] = args.token
     elif args.token_file:
         common["token_file"] = args.token_file
-    explicit = args.url if transport == "rest" else args.grpc_address
     run_dir = args.run_dir or DEFAULT_RUN_DIR
+    given = "token" in common or "token_file" in common or os.environ.get(TOKEN_ENV) or os.environ.get(TOKEN_FILE_ENV)
+    if not given and (run_dir / "key_file.json").is_file():
+        common["token_file"] = run_dir / "key_file.json"
+    explicit = args.url if transport == "rest" else args.grpc_address
     if not explicit and (args.run_dir or (run_dir / "ports.json").is_file()):
-        given = "token" in common or "token_file" in common
-        if not given and not os.environ.get("EXPLAIN_TOKEN") and not os.environ.get("EXPLAIN_TOKEN_FILE"):
-            common["token_file"] = run_dir / "key_file.json"
         return ExplainClient.from_run_dir(run_dir, transport, **common)  # type: ignore[arg-type]
     return ExplainClient(
         transport,  # type: ignore[arg-type]
@@ -112,19 +162,43 @@ def make_client(args: argparse.Namespace) -> ExplainClient:
     )
 
 
-def _read_inputs(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str | bytes], list[str]]:
+@contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Callable[[], object]]:
+    """A tqdm bar on stderr (the ``progress`` extra) advanced by the function yielded; nothing without tqdm."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        enabled = False
+    if not enabled:
+        yield lambda: None
+        return
+    with tqdm(total=total, desc="explain", unit="call", file=sys.stderr) as bar:
+        yield bar.update
+
+
+def _label(item: PlainInput, index: int) -> str:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, tuple):
+        return f"{item[0]}  ||  {item[1]}"
+    return f"image #{index + 1}"
+
+
+def _read_inputs(args: argparse.Namespace, stdin: TextIO) -> tuple[list[PlainInput], list[str]]:
     """The inputs and how to display each one."""
+    if args.text_pair is not None and args.text is None:
+        raise ValueError("--text-pair goes with a text argument (for many pairs: JSON lines with 'text_pair')")
     if args.image is not None:
         return [args.image.read_bytes()], [str(args.image)]
     if args.text is not None:
-        return [args.text], [args.text]
+        item: PlainInput = args.text if args.text_pair is None else (args.text, args.text_pair)
+        return [item], [_label(item, 0)]
     if args.input and args.input != "-":
         path = Path(args.input)
         inputs = load_requests(path.read_text(encoding="utf-8").splitlines(), image_base=path.parent)
     else:
         inputs = load_requests(stdin.read().splitlines(), image_base=Path.cwd())
-    labels = [item if isinstance(item, str) else f"image #{index + 1}" for index, item in enumerate(inputs)]
-    return inputs, labels
+    return inputs, [_label(item, index) for index, item in enumerate(inputs)]
 
 
 def _target(value: str | None) -> str | int | None:
@@ -136,7 +210,7 @@ def _target(value: str | None) -> str | int | None:
 def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 some input failed, 2 bad usage)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_dash_values(sys.argv[1:] if argv is None else argv, parser))
     stdin = stdin or sys.stdin
     out = stdout or sys.stdout
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -157,11 +231,12 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
     target = _target(args.target)
     requests = [
         Request(
-            text=item if isinstance(item, str) else None,
+            text=item if isinstance(item, str) else item[0] if isinstance(item, tuple) else None,
             image=item if isinstance(item, bytes) else None,
             method=method,
             target=target,
             options=options,
+            text_pair=item[1] if isinstance(item, tuple) else None,
         )
         for item in inputs
         for method in methods
@@ -170,19 +245,10 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         client = make_client(args)
     except (OSError, ValueError) as error:
         parser.error(str(error))
-    with (
-        client,
-        tqdm(
-            total=len(requests),
-            desc="explain",
-            unit="call",
-            file=sys.stderr,
-            disable=args.no_progress or len(inputs) < 2,
-        ) as bar,
-    ):
+    with client, _progress(len(requests), not args.no_progress and len(inputs) > 1) as step:
 
         def advance(_index: int, _result: Prediction | ServiceError) -> None:
-            bar.update()
+            step()
 
         results = client.explain_many(args.model, requests, on_result=advance)
     grouped = [results[index * len(methods) : (index + 1) * len(methods)] for index in range(len(inputs))]
@@ -202,12 +268,14 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         else:
             for prediction in predictions:
                 out.write(terminal_prediction(prediction, color) + "\n")
-    if any(isinstance(item, str) for item in inputs):
-        out.write(f"({MERGE_RULE})\n")
+    if any(not isinstance(item, bytes) for item in inputs):
+        out.write(f"({legend(color)})\n")
     if args.jsonl:
         with args.jsonl.open("w", encoding="utf-8") as handle:
             for request, result in zip(requests, results, strict=True):
                 record: dict[str, Any] = {"input": request.text if request.text is not None else "<image>"}
+                if request.text_pair is not None:
+                    record["text_pair"] = request.text_pair
                 record["method"] = request.method
                 if isinstance(result, Prediction):
                     record.update(result.to_dict())
@@ -216,20 +284,30 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
                 handle.write(json.dumps(record) + "\n")
     if args.html:
         images = [item if isinstance(item, bytes) else None for item in inputs]
-        page = html_page(list(zip(labels, grouped, strict=True)), f"{args.model}: {', '.join(methods)}", images)
+        try:
+            page = html_page(list(zip(labels, grouped, strict=True)), f"{args.model}: {', '.join(methods)}", images)
+        except ImportError as error:
+            parser.error(str(error))
         args.html.write_text(page, encoding="utf-8")
         out.write(f"wrote {args.html}\n")
     if args.png:
-        written = _write_pngs(args.png, inputs, grouped)
+        try:
+            written = _write_pngs(args.png, inputs, grouped)
+        except ImportError as error:
+            parser.error(str(error))
         if not written:
             parser.error("--png needs an image input (--image or image lines) that was explained")
         out.write("wrote " + ", ".join(str(path) for path in written) + "\n")
     return 1 if failed else 0
 
 
-def _write_pngs(path: Path, inputs: Sequence[str | bytes], grouped: Sequence[Sequence[Any]]) -> list[Path]:
+def _write_pngs(path: Path, inputs: Sequence[PlainInput], grouped: Sequence[Sequence[Any]]) -> list[Path]:
     images = [(index, item) for index, item in enumerate(inputs) if isinstance(item, bytes)]
     written: list[Path] = []
+    if not images:
+        return written
+    from .pictures import image_panel
+
     for index, image in images:
         predictions = [result for result in grouped[index] if isinstance(result, Prediction) and result.explanation]
         if not predictions:

@@ -13,7 +13,6 @@ The token (TorchServe's inference key) comes from, in order: the ``token`` argum
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import logging
 import os
@@ -24,7 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Literal, Protocol
+
+import urllib3
+from urllib3.exceptions import ProtocolError
 
 from .results import Explanation, Prediction, ServiceError
 
@@ -39,6 +42,8 @@ MAX_MESSAGE_BYTES = 6_553_500
 
 Transport = Literal["rest", "grpc"]
 Target = str | int | None
+#: A plain input of :meth:`ExplainClient.explain_many`: a text, a ``(text, text_pair)`` sentence pair, or image bytes.
+PlainInput = str | bytes | tuple[str, str]
 #: Seconds before the first retry; doubled before each further one.
 RETRY_BACKOFF_S = 0.2
 
@@ -59,6 +64,8 @@ class Request:
     Attributes:
         text: the text, for a text model.
         image: PNG or JPEG bytes, for an image model.
+        text_pair: the second text of a sentence pair (NLI, question/passage, …), for a text model that takes
+            pairs; ``None`` = a single text.
         method: the attribution method; ``None`` asks for the prediction only.
         target: the class to explain (label name or index); ``None`` = the predicted class.
         options: method options (``start_layer``, ``layer``, ``n_steps``, …).
@@ -69,17 +76,22 @@ class Request:
     method: str | None = None
     target: Target = None
     options: Mapping[str, int] = field(default_factory=dict)
+    text_pair: str | None = None
 
     def __post_init__(self) -> None:
-        """Exactly one input."""
+        """Exactly one input; a pair only with a text."""
         if (self.text is None) == (self.image is None):
             raise ValueError("give exactly one of text= or image=")
+        if self.text_pair is not None and self.text is None:
+            raise ValueError("text_pair= goes with text= (the second text of a sentence pair)")
 
     def to_json(self) -> dict[str, Any]:
         """The REST/JSON request document."""
         document: dict[str, Any] = {}
         if self.text is not None:
             document["text"] = self.text
+            if self.text_pair is not None:
+                document["text_pair"] = self.text_pair
         else:
             document["image"] = base64.b64encode(self.image or b"").decode("ascii")
         if self.method is None:
@@ -130,6 +142,24 @@ def resolve_token(token: str | None = None, token_file: str | Path | None = None
     return read_token_file(path) if path else None
 
 
+TOKEN_SOURCES = (
+    "TorchServe writes its keys to key_file.json in the folder it was started from (run/key_file.json for "
+    "`make start`); give its inference key as token_file=/token= (CLI: --token-file FILE, --token=KEY, or "
+    f"--run-dir), or in ${TOKEN_FILE_ENV} / ${TOKEN_ENV}"
+)
+
+
+def _token_hint(error: ServiceError, sent: str | None, token_file: Path | None) -> ServiceError:
+    """The service's refusal of a call's token, with what was sent and where a token comes from."""
+    if sent is None:
+        what = "no token was sent"
+    elif token_file is not None:
+        what = f"the token from {token_file} was refused (a key of another or restarted server?)"
+    else:
+        what = "the token sent was refused (a key of another or restarted server?)"
+    return ServiceError(error.code, f"{error.message}: {what}. {TOKEN_SOURCES}", error.http_status, error.grpc_code)
+
+
 class _Backend(Protocol):
     token: str | None
 
@@ -141,16 +171,44 @@ class _Backend(Protocol):
 _HTTP_CODES = {404: "model_not_found", 413: "request_too_large", 500: "internal", 503: "unavailable"}
 
 
+def _refused_token(message: str) -> bool:
+    """Whether TorchServe refused the call for its token ("Token Authorization failed", 400 on REST)."""
+    return "token" in message.lower()
+
+
+class ResendOnDroppedConnection(urllib3.Retry):
+    """urllib3's retry rule for the REST pool: send a request once more when its connection broke before an answer
+    came back (``ProtocolError``: the server closed a kept-alive connection just as it was reused, a connection
+    reset); raise every other failure at once. urllib3 already replaces a pooled connection it can see was closed;
+    this covers the moment between that check and the server's close. A timeout, a refused connection or an HTTP
+    status is never retried here: whether to try those again is the client's policy (:func:`is_retryable`)."""
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: Any = None,
+        error: Exception | None = None,
+        _pool: Any = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> ResendOnDroppedConnection:
+        """The next retry state for a broken connection; any other ``error`` is raised as it is."""
+        if error is not None and not isinstance(error, ProtocolError):
+            raise error
+        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+
+#: One resend, of a broken connection only (any method: every call is a pure function of its request).
+_RESEND = ResendOnDroppedConnection(
+    total=1, connect=0, read=1, other=0, status=0, redirect=False, allowed_methods=None, raise_on_status=False
+)
+
+
 class _RestBackend:
-    """JSON over HTTP/1.1 on kept-alive connections (``http.client``), pooled across calls and threads.
+    """JSON over HTTP/1.1 with urllib3's connection pool: kept-alive connections reused across calls and threads,
+    a pooled connection the server has closed replaced by a new one (:class:`ResendOnDroppedConnection`)."""
 
-    Reusing a connection saves a TCP handshake per call (about 3 ms of a ~13 ms call to a local server). A pooled
-    connection the server has closed meanwhile is discarded and the request sent again on the next one, a new
-    connection at the latest (safe: every request is a pure function of its input); after any other failure the
-    connection is discarded and the error raised.
-    """
-
-    #: Idle connections kept for reuse; more concurrent calls open more, and close the surplus when they finish.
+    #: Connections kept for reuse; more concurrent calls open more, and close the surplus when they finish.
     MAX_IDLE = 64
 
     def __init__(self, url: str, token: str | None) -> None:
@@ -158,45 +216,9 @@ class _RestBackend:
         parts = urllib.parse.urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url must be http(s)://host[:port][/path], got {url!r}")
-        self._kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self._host, self._port, self._path = parts.hostname, parts.port, parts.path
+        self._path = parts.path
+        self.pool = urllib3.connection_from_url(self.url, maxsize=self.MAX_IDLE, block=False, retries=_RESEND)
         self.token = token
-        self._lock = threading.Lock()
-        self._idle: list[http.client.HTTPConnection] = []
-
-    def _take(self) -> http.client.HTTPConnection | None:
-        with self._lock:
-            return self._idle.pop() if self._idle else None
-
-    def _give(self, connection: http.client.HTTPConnection) -> None:
-        with self._lock:
-            if len(self._idle) < self.MAX_IDLE:
-                self._idle.append(connection)
-                return
-        connection.close()
-
-    def _post(self, path: str, body: bytes, headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
-        while True:
-            pooled = self._take()
-            connection = pooled or self._kind(self._host, self._port, timeout=timeout)
-            reused = pooled is not None and pooled.sock is not None
-            connection.timeout = timeout
-            if connection.sock is not None:
-                connection.sock.settimeout(timeout)
-            try:
-                connection.request("POST", path, body, headers)
-                response = connection.getresponse()
-                status, payload = int(response.status), response.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                connection.close()
-                if reused:
-                    continue  # the server closed this idle connection: again on the next one
-                raise
-            except BaseException:
-                connection.close()
-                raise
-            self._give(connection)
-            return status, payload
 
     def call(self, model: str, request: Request, timeout: float) -> Prediction:
         body = json.dumps(request.to_json()).encode("utf-8")
@@ -204,11 +226,21 @@ class _RestBackend:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         try:
-            status, payload = self._post(f"{self._path}/predictions/{model}", body, headers, timeout)
-        except TimeoutError as error:
-            raise ServiceError("timeout", f"no answer from {self.url} within {timeout:g} s") from error
-        except (OSError, http.client.HTTPException) as error:
+            response = self.pool.urlopen(
+                "POST",
+                f"{self._path}/predictions/{model}",
+                body=body,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=timeout, read=timeout),
+                redirect=False,
+            )
+        except urllib3.exceptions.NewConnectionError as error:  # refused, unresolvable (a ConnectTimeoutError too)
             raise ServiceError("unavailable", f"cannot reach {self.url}: {error}") from error
+        except urllib3.exceptions.TimeoutError as error:
+            raise ServiceError("timeout", f"no answer from {self.url} within {timeout:g} s") from error
+        except (OSError, urllib3.exceptions.HTTPError) as error:  # incl. MaxRetryError: broken again on the resend
+            raise ServiceError("unavailable", f"cannot reach {self.url}: {error}") from error
+        status, payload = int(response.status), response.data
         try:
             document = json.loads(payload)
         except ValueError:
@@ -219,25 +251,22 @@ class _RestBackend:
         if isinstance(document, dict) and "message" in document:
             message = str(document["message"])
         code = _HTTP_CODES.get(status, f"http_{status}")
-        if status in (400, 401) and "token" in message.lower():
+        if status in (400, 401) and _refused_token(message):
             code = "unauthorized"
         raise ServiceError(code, message, http_status=status)
 
     def close(self) -> None:
-        with self._lock:
-            idle = list(self._idle)
-            self._idle.clear()
-        for connection in idle:
-            connection.close()
+        self.pool.close()
 
 
 class _GrpcBackend:
-    """Protobuf ``ExplainRequest`` inside TorchServe's ``Predictions`` RPC (one channel, shared by threads)."""
+    """Protobuf ``ExplainRequest`` inside TorchServe's ``Predictions`` RPC (one channel, shared by threads); the
+    stubs are the client's own (:mod:`explain_client.protos`)."""
 
     def __init__(self, address: str, token: str | None) -> None:
         import grpc
 
-        from handlers.protos import explain_messages, inference_stubs
+        from .protos import explain_messages, inference_stubs
 
         self._grpc = grpc
         self.address = address
@@ -255,6 +284,8 @@ class _GrpcBackend:
         message = self.messages.ExplainRequest()
         if request.text is not None:
             message.text = request.text
+            if request.text_pair is not None:
+                message.text_pair = request.text_pair
         else:
             message.image = request.image or b""
         if request.method is not None:
@@ -285,8 +316,8 @@ class _GrpcBackend:
                 raise ServiceError(
                     "unavailable", f"cannot reach {self.address}: {details}", None, status.name
                 ) from None
-            code = "unauthorized" if "token" in details.lower() else status.name.lower()
-            if "model not found" in details.lower() or "not found" in details.lower():
+            code = "unauthorized" if _refused_token(details) else status.name.lower()
+            if "not found" in details.lower():
                 code = "model_not_found"
             raise ServiceError(code, details, None, status.name) from None
         response = self.messages.ExplainResponse.FromString(reply.prediction)
@@ -423,9 +454,11 @@ class ExplainClient:
             try:
                 return self._backend.call(model, request, timeout or self.timeout)
             except ServiceError as error:
-                if error.code == "unauthorized" and not reread and self._reread_token(used):
-                    reread = True  # the server's keys were renewed: once more with the token file's new key
-                    continue
+                if error.code == "unauthorized":
+                    if not reread and self._reread_token(used):
+                        reread = True  # the server's keys were renewed: once more with the token file's new key
+                        continue
+                    raise _token_hint(error, used, self._token_file) from None
                 if attempt >= self.retries or not is_retryable(error):
                     raise
                 attempt += 1
@@ -451,13 +484,21 @@ class ExplainClient:
                 self._backend.token = token
         return True
 
-    def predict(self, model: str, text: str | None = None, *, image: bytes | None = None) -> Prediction:
+    def predict(
+        self, model: str, text: str | None = None, *, image: bytes | None = None, text_pair: str | None = None
+    ) -> Prediction:
         """The prediction only (no explanation).
+
+        Args:
+            model: the served model name.
+            text: the text, for a text model.
+            image: PNG/JPEG bytes, for an image model.
+            text_pair: the second text of a sentence pair, for a model that takes pairs.
 
         Raises:
             ServiceError: see :meth:`call`.
         """
-        return self.call(model, Request(text=text, image=image))
+        return self.call(model, Request(text=text, image=image, text_pair=text_pair))
 
     def explain(
         self,
@@ -465,6 +506,7 @@ class ExplainClient:
         text: str | None = None,
         *,
         image: bytes | None = None,
+        text_pair: str | None = None,
         method: str = "relevance",
         target: Target = None,
         **options: int,
@@ -475,6 +517,8 @@ class ExplainClient:
             model: the served model name (``sentiment``, ``digits``).
             text: the text, for a text model.
             image: PNG/JPEG bytes, for an image model.
+            text_pair: the second text of a sentence pair (the explanation then covers the tokens of both texts;
+                ``Explanation.segments`` says which text each token came from).
             method: the attribution method.
             target: the class to explain (name or index); ``None`` = the predicted class.
             **options: method options (``start_layer``, ``layer``, ``n_steps``).
@@ -482,12 +526,13 @@ class ExplainClient:
         Raises:
             ServiceError: see :meth:`call`.
         """
-        return self.call(model, Request(text=text, image=image, method=method, target=target, options=options))
+        request = Request(text=text, image=image, method=method, target=target, options=options, text_pair=text_pair)
+        return self.call(model, request)
 
     def explain_many(
         self,
         model: str,
-        requests: Iterable[Request | str | bytes],
+        requests: Iterable[Request | PlainInput],
         *,
         method: str | None = "relevance",
         target: Target = None,
@@ -498,8 +543,8 @@ class ExplainClient:
 
         Args:
             model: the served model name.
-            requests: :class:`Request` objects, or plain inputs (``str`` = text, ``bytes`` = image) that get
-                ``method``, ``target`` and ``options``.
+            requests: :class:`Request` objects, or plain inputs (``str`` = text, ``(text, text_pair)`` = a sentence
+                pair, ``bytes`` = image) that get ``method``, ``target`` and ``options``.
             method: for plain inputs; ``None`` = prediction only.
             target: for plain inputs.
             options: for plain inputs.
@@ -535,27 +580,33 @@ class ExplainClient:
 
     @staticmethod
     def _as_request(
-        item: Request | str | bytes, method: str | None, target: Target, options: Mapping[str, int]
+        item: Request | PlainInput, method: str | None, target: Target, options: Mapping[str, int]
     ) -> Request:
         if isinstance(item, Request):
             return item
         if isinstance(item, str):
             return Request(text=item, method=method, target=target, options=dict(options))
+        if isinstance(item, tuple) and len(item) == 2 and all(isinstance(part, str) for part in item):
+            return Request(text=item[0], text_pair=item[1], method=method, target=target, options=dict(options))
         if isinstance(item, bytes | bytearray):
             return Request(image=bytes(item), method=method, target=target, options=dict(options))
-        raise TypeError(f"expected a Request, str (text) or bytes (image), got {type(item).__name__}")
+        raise TypeError(
+            f"expected a Request, str (text), (text, text_pair) or bytes (image), got {type(item).__name__}"
+        )
 
 
-def load_requests(lines: Sequence[str], *, image_base: Path | None = None) -> list[str | bytes]:
+def load_requests(lines: Sequence[str], *, image_base: Path | None = None) -> list[PlainInput]:
     """Turn input lines into plain inputs for :meth:`ExplainClient.explain_many`.
 
-    A line is either plain text, or a JSON object (JSON lines) with ``"text"`` or ``"image"`` (a file path, relative
-    to ``image_base``, or base64 PNG/JPEG bytes). Blank lines are skipped.
+    A line is either plain text, or a JSON object (JSON lines) with ``"text"`` (and optionally ``"text_pair"``, the
+    second text of a sentence pair) or ``"image"`` (a file path, relative to ``image_base``, or base64 PNG/JPEG
+    bytes). Blank lines are skipped.
 
     Raises:
-        ValueError: for a JSON line without ``text``/``image``, naming the line number.
+        ValueError: for a JSON line without ``text``/``image`` or with a ``text_pair`` that is not a string, naming
+            the line number.
     """
-    inputs: list[str | bytes] = []
+    inputs: list[PlainInput] = []
     for number, raw in enumerate(lines, start=1):
         line = raw.rstrip("\n")
         if not line.strip():
@@ -565,8 +616,11 @@ def load_requests(lines: Sequence[str], *, image_base: Path | None = None) -> li
                 document = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"line {number}: invalid JSON ({error.msg})") from None
+            pair = document.get("text_pair")
+            if pair is not None and not (isinstance(pair, str) and isinstance(document.get("text"), str)):
+                raise ValueError(f"line {number}: 'text_pair' must be a string, next to a 'text' string")
             if isinstance(document.get("text"), str):
-                inputs.append(document["text"])
+                inputs.append(document["text"] if pair is None else (document["text"], pair))
             elif isinstance(document.get("image"), str):
                 inputs.append(_image_bytes(document["image"], image_base))
             else:

@@ -1,5 +1,5 @@
-"""Pictures of explanations: words coloured by score in a terminal or a self-contained HTML page, and patch scores
-upsampled over the input image.
+"""Explanations as text: words coloured by score in a terminal or on a self-contained HTML page (image explanations
+on that page are drawn by :mod:`explain_client.pictures`, which needs the ``pictures`` extra).
 
 Merge rule (stated in every rendering): the tokenizer's sub-word pieces are merged into words, and **a word's score
 is the sum of its pieces' scores** (a sum keeps the total attribution, e.g. a rollout row still sums to 1, and does
@@ -14,20 +14,28 @@ from __future__ import annotations
 
 import base64
 import html
-import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from PIL import Image, ImageDraw
-
 from .results import Explanation, Prediction
 
-MERGE_RULE = (
+PIECES_RULE = (
     "Sub-word pieces are merged into words (WordPiece '##' pieces join the previous piece; for 'Ġ'/'▁' tokenizers a "
     "piece without the word-start mark joins it); a word's score is the sum of its pieces' scores. Special tokens "
-    "are hidden. Colour = score / max |word score| of the row: white 0, red +1, blue -1."
+    "are hidden."
 )
+COLOUR_LEGEND = "Colour = score / max |word score| of the row: white 0, red +1, blue -1."
+NUMBER_LEGEND = "word[+0.42] = score / max |word score| of the row, in [-1, +1]."
+#: The rule as every coloured rendering states it (terminal with colours, HTML).
+MERGE_RULE = f"{PIECES_RULE} {COLOUR_LEGEND}"
+
+
+def legend(color: bool) -> str:
+    """The note under a terminal rendering: the merge rule, and how to read the colours or the numbers."""
+    return f"{PIECES_RULE} {COLOUR_LEGEND if color else NUMBER_LEGEND}"
+
+
 POSITIVE_RGB = (214, 39, 40)
 NEGATIVE_RGB = (31, 119, 180)
 _WORD_START_MARKS = ("Ġ", "▁")
@@ -86,7 +94,7 @@ def merge_pieces(tokens: Sequence[str], scores: Sequence[float], special: Sequen
 def normalise(scores: Sequence[float]) -> list[float]:
     """Scores divided by their largest absolute value (all zeros stay zeros), so they lie in ``[-1, 1]``."""
     largest = max((abs(score) for score in scores), default=0.0)
-    if largest == 0.0 or not np.isfinite(largest):
+    if largest == 0.0 or not math.isfinite(largest):
         return [0.0 for _ in scores]
     return [score / largest for score in scores]
 
@@ -123,6 +131,18 @@ def _probabilities_line(prediction: Prediction) -> str:
     return "  ".join(f"{label} {probability:.3f}" for label, probability in ordered)
 
 
+def prediction_line(prediction: Prediction) -> str:
+    """What the model predicted, on one line: ``label: negative   (negative 0.955  neutral 0.030 …)``; multi-label
+    heads: ``labels: a, b (p ≥ 0.5)   (…)``; regression heads: ``value: 3.14``."""
+    if prediction.head_type == "regression":
+        return f"value: {prediction.value:.6g}" if prediction.value is not None else "value: none"
+    if prediction.head_type == "multi_label":
+        chosen = ", ".join(prediction.labels) or "none"
+        threshold = f" (p ≥ {prediction.threshold:g})" if prediction.threshold is not None else ""
+        return f"labels: {chosen}{threshold}   ({_probabilities_line(prediction)})"
+    return f"label: {prediction.label}   ({_probabilities_line(prediction)})"
+
+
 def terminal_words(words: Sequence[Word], color: bool = True) -> str:
     """Words on one line: coloured backgrounds (24-bit ANSI) or, without colour, ``word[+0.42]``."""
     values = normalise([word.score for word in words])
@@ -133,7 +153,7 @@ def terminal_words(words: Sequence[Word], color: bool = True) -> str:
 
 def terminal_prediction(prediction: Prediction, color: bool = True) -> str:
     """Label, probabilities and (for text) the words coloured by score, as terminal text."""
-    lines = [f"label: {prediction.label}   ({_probabilities_line(prediction)})"]
+    lines = [prediction_line(prediction)]
     if prediction.truncated:
         lines.append("note: the text was truncated to the model's max_length")
     explanation = prediction.explanation
@@ -171,7 +191,7 @@ def terminal_compare(predictions: Sequence[Prediction], color: bool = True) -> s
     if not explanations or any(explanation is None for explanation in explanations):
         raise ValueError("every prediction must carry an explanation")
     first = predictions[0]
-    header = [f"label: {first.label}   ({_probabilities_line(first)})"]
+    header = [prediction_line(first)]
     if any(explanation.grid is not None for explanation in explanations if explanation):
         for explanation in explanations:
             assert explanation is not None
@@ -270,7 +290,12 @@ def html_page(
                 for label, probability in first.probabilities.items()
             )
             truncated = " (truncated)" if first.truncated else ""
-            label = html.escape(first.label)
+            if first.head_type == "regression":
+                label = html.escape(f"{first.value:.6g}" if first.value is not None else "none")
+            elif first.head_type == "multi_label":
+                label = html.escape(", ".join(first.labels) or "none")
+            else:
+                label = html.escape(str(first.label))
             parts.append(f'<div class="pred">prediction: <b>{label}</b>{truncated} &nbsp; {probabilities}</div>')
         image = images[index] if images is not None and index < len(images) else None
         for result in results:
@@ -284,94 +309,11 @@ def html_page(
             if explanation.tokens is not None:
                 body = _html_words(explanation_words(explanation))
             else:
+                from .pictures import grid_png, overlay_png
+
                 overlay = overlay_png(image, explanation) if image is not None else grid_png(explanation)
                 body = f'<img class="heat" alt="{html.escape(explanation.method)}" src="{_png_data_uri(overlay)}">'
             parts.append(f'<div class="row"><span class="method">{label}</span>{body}</div>')
         parts.append("</div>")
     parts.append(f'<p class="note">{html.escape(MERGE_RULE)}</p></body></html>')
     return "\n".join(parts)
-
-
-# -------------------------------------------------------------------------------------------------------- images
-
-
-def _colour_map(values: np.ndarray) -> np.ndarray:
-    """``(H, W)`` normalised scores in [-1, 1] → ``(H, W, 3)`` uint8 colours of :func:`score_rgb`."""
-    clipped = np.clip(values, -1.0, 1.0)[..., None]
-    white = np.full(3, 255.0)
-    positive = white * (1 - clipped) + np.asarray(POSITIVE_RGB, dtype=float) * clipped
-    negative = white * (1 + clipped) + np.asarray(NEGATIVE_RGB, dtype=float) * (-clipped)
-    return np.where(clipped >= 0, positive, negative).round().astype(np.uint8)
-
-
-def upsample_scores(explanation: Explanation, size: tuple[int, int]) -> np.ndarray:
-    """The patch grid's normalised scores upsampled (bilinear) to ``size = (width, height)``, in ``[-1, 1]``.
-
-    Raises:
-        ValueError: for a text explanation.
-    """
-    grid = np.asarray(explanation.score_grid(), dtype=np.float32)
-    values = np.asarray(normalise(grid.flatten().tolist()), dtype=np.float32).reshape(grid.shape)
-    image = Image.fromarray(values, mode="F").resize(size, Image.Resampling.BILINEAR)
-    return np.asarray(image, dtype=np.float32)
-
-
-def grid_png(explanation: Explanation, cell: int = 24) -> bytes:
-    """The patch grid alone as a PNG (``cell`` pixels per patch, no smoothing)."""
-    grid = np.asarray(explanation.score_grid(), dtype=np.float32)
-    values = np.asarray(normalise(grid.flatten().tolist()), dtype=np.float32).reshape(grid.shape)
-    picture = Image.fromarray(_colour_map(values)).resize(
-        (grid.shape[1] * cell, grid.shape[0] * cell), Image.Resampling.NEAREST
-    )
-    buffer = io.BytesIO()
-    picture.save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-def overlay_image(image_bytes: bytes, explanation: Explanation, side: int = 256, alpha: float = 0.6) -> Image.Image:
-    """The input image (scaled so its longer side is ``side`` pixels, nearest neighbour) with the patch scores,
-    upsampled bilinearly to the same size, blended over it (``alpha`` = weight of the heat map)."""
-    source = Image.open(io.BytesIO(image_bytes)).convert("RGB")
-    scale = side / max(source.size)
-    size = (max(1, round(source.width * scale)), max(1, round(source.height * scale)))
-    base = np.asarray(source.resize(size, Image.Resampling.NEAREST), dtype=np.float32)
-    heat = _colour_map(upsample_scores(explanation, size)).astype(np.float32)
-    blended = (1 - alpha) * base + alpha * heat
-    return Image.fromarray(blended.round().clip(0, 255).astype(np.uint8))
-
-
-def overlay_png(image_bytes: bytes, explanation: Explanation, side: int = 256) -> bytes:
-    """:func:`overlay_image` encoded as PNG bytes."""
-    buffer = io.BytesIO()
-    overlay_image(image_bytes, explanation, side).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-def image_panel(image_bytes: bytes, predictions: Sequence[Prediction], side: int = 256) -> Image.Image:
-    """The input image and one overlay per explained prediction side by side, each captioned.
-
-    Raises:
-        ValueError: if a prediction carries no image explanation.
-    """
-    source = Image.open(io.BytesIO(image_bytes)).convert("RGB")
-    scale = side / max(source.size)
-    size = (max(1, round(source.width * scale)), max(1, round(source.height * scale)))
-    tiles = [
-        (f"input: {predictions[0].label}" if predictions else "input", source.resize(size, Image.Resampling.NEAREST))
-    ]
-    for prediction in predictions:
-        explanation = prediction.explanation
-        if explanation is None or explanation.grid is None:
-            raise ValueError("every prediction must carry an image explanation")
-        tiles.append(
-            (f"{explanation.method} ({explanation.target_label})", overlay_image(image_bytes, explanation, side))
-        )
-    caption = 22
-    margin = 8
-    canvas = Image.new("RGB", (margin + len(tiles) * (size[0] + margin), size[1] + caption + 2 * margin), "white")
-    draw = ImageDraw.Draw(canvas)
-    for index, (label, tile) in enumerate(tiles):
-        left = margin + index * (size[0] + margin)
-        canvas.paste(tile, (left, margin + caption))
-        draw.text((left, margin), label, fill=(0, 0, 0))
-    return canvas

@@ -53,6 +53,10 @@ class Explanation:
         special_tokens: text only: which pieces are special tokens ([CLS], [SEP], …).
         grid: images only: ``(grid_h, grid_w)``.
         seconds: server-side attribution seconds of this row's method group.
+        pooled: the token position the classifier reads: ``first`` ([CLS] / the class token), or e.g. ``last``
+            (decoder classifiers: the last real token) or ``mean``.
+        segments: sentence pairs: per token, 0 = from ``text``, 1 = from ``text_pair``, -1 = a special token;
+            ``None`` for a single text and for images.
     """
 
     method: str
@@ -64,9 +68,13 @@ class Explanation:
     special_tokens: tuple[bool, ...] | None = None
     grid: tuple[int, int] | None = None
     seconds: float = 0.0
+    pooled: str = "first"
+    segments: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         """Check that the shapes agree."""
+        if self.segments is not None and len(self.segments) != len(self.scores):
+            raise ValueError(f"{len(self.segments)} segment ids for {len(self.scores)} scores")
         if self.grid is not None:
             if len(self.scores) != self.grid[0] * self.grid[1]:
                 raise ValueError(f"{len(self.scores)} scores for a {self.grid[0]}x{self.grid[1]} grid")
@@ -104,6 +112,7 @@ class Explanation:
             scores = tuple(float(value) for value in raw_scores)
         tokens = document.get("tokens")
         special = document.get("special_tokens")
+        segments = document.get("segments")
         return cls(
             method=str(document["method"]),
             target=int(document["target"]),
@@ -114,6 +123,8 @@ class Explanation:
             special_tokens=tuple(bool(flag) for flag in special) if special is not None else None,
             grid=grid,
             seconds=float(document.get("seconds", 0.0)),
+            pooled=str(document.get("pooled") or "first"),
+            segments=tuple(int(value) for value in segments) if segments else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,8 +142,16 @@ class Explanation:
             document["tokens"] = list(self.tokens or ())
             document["special_tokens"] = list(self.special_tokens or ())
             document["scores"] = list(self.scores)
+            if self.segments is not None:
+                document["segments"] = list(self.segments)
+        if self.pooled != "first":
+            document["pooled"] = self.pooled
         document["seconds"] = self.seconds
         return document
+
+
+#: The kinds of classification head the service reports (``head_type``).
+HEAD_TYPES = ("single_label", "multi_label", "regression")
 
 
 @dataclass(frozen=True)
@@ -140,18 +159,27 @@ class Prediction:
     """The service's answer for one input.
 
     Attributes:
-        label: the predicted class name.
-        label_id: its index.
-        probabilities: class name → probability (softmax of the logits).
+        label: the predicted class name (multi-label: the most probable label); ``None`` for a regression head.
+        label_id: its index; ``None`` for a regression head.
+        probabilities: class name → probability: the softmax of the logits (single-label), an independent sigmoid
+            per label (multi-label); empty for a regression head.
         truncated: text only: the input was longer than the model's ``max_length`` and was truncated.
         explanation: the attribution, when one was asked for.
+        head_type: ``single_label``, ``multi_label`` or ``regression``.
+        labels: multi-label heads: every label whose probability is at least ``threshold``, in label order.
+        threshold: multi-label heads: the decision threshold.
+        value: regression heads: the predicted value.
     """
 
-    label: str
-    label_id: int
+    label: str | None
+    label_id: int | None
     probabilities: Mapping[str, float]
     truncated: bool = False
     explanation: Explanation | None = None
+    head_type: str = "single_label"
+    labels: tuple[str, ...] = ()
+    threshold: float | None = None
+    value: float | None = None
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> Prediction:
@@ -169,22 +197,32 @@ class Prediction:
                 error.get("grpc_code"),
             )
         explanation = document.get("explanation")
+        head_type = str(document.get("head_type") or "single_label")
+        regression = head_type == "regression"
+        value = document.get("value")
+        threshold = document.get("threshold")
         return cls(
-            label=str(document["label"]),
-            label_id=int(document["label_id"]),
-            probabilities={str(key): float(value) for key, value in dict(document["probabilities"]).items()},
+            label=None if regression else str(document["label"]),
+            label_id=None if regression else int(document["label_id"]),
+            probabilities={str(key): float(value) for key, value in dict(document.get("probabilities") or {}).items()},
             truncated=bool(document.get("truncated", False)),
             explanation=Explanation.from_dict(explanation) if explanation is not None else None,
+            head_type=head_type,
+            labels=tuple(str(label) for label in document.get("labels") or ()),
+            threshold=float(threshold) if threshold is not None else None,
+            value=float(value) if value is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The prediction as a JSON-ready dict (the service's REST response format)."""
-        document: dict[str, Any] = {
-            "label": self.label,
-            "label_id": self.label_id,
-            "probabilities": dict(self.probabilities),
-            "truncated": self.truncated,
-        }
+        document: dict[str, Any] = {"head_type": self.head_type}
+        if self.head_type == "regression":
+            document["value"] = self.value
+        else:
+            document.update(label=self.label, label_id=self.label_id, probabilities=dict(self.probabilities))
+        if self.head_type == "multi_label":
+            document.update(labels=list(self.labels), threshold=self.threshold)
+        document["truncated"] = self.truncated
         if self.explanation is not None:
             document["explanation"] = self.explanation.to_dict()
         return document

@@ -6,7 +6,15 @@ relevance, GAE and two saliency baselines.
 """
 
 from .api import Attribution, BatchExplanation, RowExplanation, RowRequest, explain, explain_batch
-from .architectures import Architecture, describe, supported_model_types
+from .architectures import Architecture, describe
+from .attention_capture import (
+    CAPTURE_IMPLEMENTATION,
+    AttentionCall,
+    AttentionCapture,
+    AttentionObserver,
+    attention_implementation,
+    capturing_attention,
+)
 from .errors import (
     ExplainError,
     InvalidInputError,
@@ -14,15 +22,34 @@ from .errors import (
     InvalidTargetError,
     NonFiniteScoresError,
     UnknownMethodError,
+    UnsupportedMethodError,
     UnsupportedModelError,
 )
+from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .methods import Method, available_methods, get_method
+from .support import FAMILIES, Family, support_table, supported_model_types
+
+
+def supported_methods(model_type: str) -> list[str]:
+    """The registered methods that work on ``model_type`` (the others raise :class:`UnsupportedMethodError`)."""
+    from .support import supported_methods as _supported
+
+    return _supported(model_type, available_methods())
+
 
 __all__ = [
+    "CAPTURE_IMPLEMENTATION",
+    "FAMILIES",
+    "HEAD_TYPES",
+    "POOLED_POSITIONS",
     "Architecture",
+    "AttentionCall",
+    "AttentionCapture",
+    "AttentionObserver",
     "Attribution",
     "BatchExplanation",
     "ExplainError",
+    "Family",
     "InvalidInputError",
     "InvalidOptionError",
     "InvalidTargetError",
@@ -31,11 +58,18 @@ __all__ = [
     "RowExplanation",
     "RowRequest",
     "UnknownMethodError",
+    "UnsupportedMethodError",
     "UnsupportedModelError",
+    "attention_implementation",
     "available_methods",
+    "capturing_attention",
     "describe",
     "explain",
     "explain_batch",
     "get_method",
+    "head_type",
+    "pooled_position",
+    "support_table",
+    "supported_methods",
     "supported_model_types",
 ]

@@ -4,17 +4,21 @@ whose rows each ask for their own method, target and options (one forward for al
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .architectures import Architecture, describe, model_config
-from .capture import GRADIENT_NEEDS, prepared_model, run_capture
+from .attention_capture import AttentionObserver
+from .capture import GRADIENT_NEEDS, Capture, prepared_model, run_capture
 from .errors import ExplainError, InvalidInputError, InvalidTargetError, NonFiniteScoresError
-from .methods import Method, MethodInputs, get_method
+from .heads import head_probabilities, last_positions, readout_tokens, readout_weights
+from .methods import Method, MethodInputs, available_methods, get_method
+from .support import check_method
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,9 @@ class Attribution:
         options: the options used, defaults filled in.
         modality: ``text`` or ``image``.
         attention_mask: text ``(batch, seq_len)`` mask of the real tokens; ``None`` for images.
+        pooled: the position the head reads and the methods explain (:func:`explainers.pooled_position`):
+            ``first``, ``last``, ``mean``, ``class_distillation`` or ``class_patch_mean``.
+        head_type: ``single_label``, ``multi_label`` or ``regression`` (:func:`explainers.head_type`).
     """
 
     method: str
@@ -39,11 +46,14 @@ class Attribution:
     options: Mapping[str, int]
     modality: str
     attention_mask: Tensor | None = None
+    pooled: str = "first"
+    head_type: str = "single_label"
 
     @property
     def probabilities(self) -> Tensor:
-        """Softmax of the logits, ``(batch, num_labels)``."""
-        return self.logits.softmax(dim=-1)
+        """The outputs as the head means them, ``(batch, num_labels)``: softmax for a single-label head, a sigmoid
+        per label for a multi-label head, the raw predicted values for a regression head."""
+        return head_probabilities(self.logits, self.head_type)
 
 
 @dataclass(frozen=True)
@@ -63,9 +73,10 @@ class RowExplanation:
         method: registry name.
         target: class explained.
         options: options used, defaults filled in.
-        scores: text ``(length,)`` trimmed to the row's real tokens (special tokens included);
-            images ``(grid_h, grid_w)``.
+        scores: text ``(length,)`` trimmed to the row's real tokens (special tokens included; the padding
+            removed on whichever side it was); images ``(grid_h, grid_w)``.
         seconds: wall time of the attribution kernels for the group of rows this row was computed with.
+        pooled: the position explained (see :class:`Attribution`).
     """
 
     method: str
@@ -73,6 +84,7 @@ class RowExplanation:
     options: Mapping[str, int]
     scores: Tensor
     seconds: float
+    pooled: str = "first"
 
 
 @dataclass(frozen=True)
@@ -84,16 +96,20 @@ class BatchExplanation:
         rows: per row a :class:`RowExplanation`, ``None`` (prediction only) or the :class:`ExplainError` that row's
             request raised (the other rows are unaffected).
         seconds: wall time of the shared stages: ``forward`` and, if any row needed it, ``backward``.
+        pooled: the position explained (see :class:`Attribution`).
+        head_type: see :class:`Attribution`.
     """
 
     logits: Tensor
     rows: list[RowExplanation | ExplainError | None]
     seconds: Mapping[str, float]
+    pooled: str = "first"
+    head_type: str = "single_label"
 
     @property
     def probabilities(self) -> Tensor:
-        """Softmax of the logits, ``(batch, num_labels)``."""
-        return self.logits.softmax(dim=-1)
+        """The outputs as the head means them (see :attr:`Attribution.probabilities`)."""
+        return head_probabilities(self.logits, self.head_type)
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -139,26 +155,51 @@ def _validate_inputs(arch: Architecture, model: nn.Module, inputs: Mapping[str, 
             raise InvalidInputError(
                 f"{key} must have the shape of input_ids {tuple(ids.shape)}, got {tuple(validated[key].shape)}"
             )
+    types = validated.get("token_type_ids")
+    type_count = getattr(model_config(model), "type_vocab_size", None)
+    if not isinstance(type_count, int) or type_count <= 0:
+        types = None  # the model has no segment embeddings (DeBERTa-v2 with type_vocab_size 0 ignores them)
+    if types is not None and isinstance(type_count, int) and bool(((types < 0) | (types >= type_count)).any()):
+        raise InvalidInputError(
+            f"token_type_ids of a {arch.model_type} model must be in [0, {type_count - 1}] (its type_vocab_size "
+            f"is {type_count}); a sentence pair for a model with one segment type needs no token_type_ids"
+        )
     mask = validated.setdefault("attention_mask", torch.ones_like(ids))
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise InvalidInputError("attention_mask must hold only 0 and 1")
-    if not bool((mask[:, 0] == 1).all()) or not bool((mask[:, 1:] <= mask[:, :-1]).all()):
+    right = bool((mask[:, 0] == 1).all()) and bool((mask[:, 1:] <= mask[:, :-1]).all())
+    if "left" in arch.padding:
+        left = bool((mask[:, -1] == 1).all()) and bool((mask[:, 1:] >= mask[:, :-1]).all())
+        if not (right or left):
+            raise InvalidInputError(
+                f"attention_mask of a {arch.model_type} batch must be left-padded (0s then 1s) or right-padded "
+                "(1s then 0s), the same side for every row, with at least one real token per row"
+            )
+        # The head reads the last real token whatever the side; positions count real tokens only, so a row
+        # means the same left- or right-padded (and batched or alone).
+        validated.setdefault("position_ids", (mask.cumsum(dim=-1) - 1).clamp(min=0))
+    elif not right:
         raise InvalidInputError(
-            "attention_mask must be right-padded (1s then 0s, first token real): the classifier reads the first "
-            "token; tokenize with padding_side='right'"
+            f"attention_mask of a {arch.model_type} batch must be right-padded (1s then 0s, first token real): "
+            f"{arch.model_type} classifiers read the {_READS[arch.pooled]} and take positions from the left; "
+            "tokenize with padding_side='right'"
         )
     return validated
+
+
+_READS = {"first": "first token", "mean": "mean of the real tokens", "last": "last real token"}
 
 
 def _token_mask(arch: Architecture, inputs: Mapping[str, Tensor], model: nn.Module) -> Tensor:
     if arch.modality == "text":
         return inputs["attention_mask"]
-    assert arch.grid is not None
+    grid = input_grid(arch, inputs)
     batch = inputs["pixel_values"].shape[0]
-    return torch.ones(batch, 1 + arch.grid[0] * arch.grid[1], dtype=torch.long, device=_model_device(model))
+    length = arch.prefix_tokens + grid[0] * grid[1]
+    return torch.ones(batch, length, dtype=torch.long, device=_model_device(model))
 
 
-def _validate_target(target: Any, batch: int, num_labels: int) -> Tensor | None:
+def _validate_target(target: Any, batch: int, num_labels: int, head: str = "single_label") -> Tensor | None:
     if target is None:
         return None
     if isinstance(target, bool):
@@ -174,6 +215,8 @@ def _validate_target(target: Any, batch: int, num_labels: int) -> Tensor | None:
     else:
         raise InvalidTargetError(f"target must be None, an int or a LongTensor of shape ({batch},), got {target!r}")
     if bool(((targets < 0) | (targets >= num_labels)).any()):
+        if head == "regression" and num_labels == 1:
+            raise InvalidTargetError("this is a regression head with one output: its target is 0 (or None)")
         raise InvalidTargetError(f"target must be in [0, {num_labels - 1}] (the model has {num_labels} labels)")
     return targets
 
@@ -187,12 +230,64 @@ def _full_precision(device: torch.device) -> torch.autocast:
     return torch.autocast(device_type=device.type, enabled=False)
 
 
-def _finish(arch: Architecture, scores: Tensor) -> Tensor:
-    """Token-aligned scores → the public shape: text as is, images on the patch grid without the class token."""
+def input_grid(arch: Architecture, inputs: Mapping[str, Tensor]) -> tuple[int, int]:
+    """The patch grid of the images in ``inputs`` (the configured grid unless the input has another size)."""
+    assert arch.grid is not None and arch.patch is not None
+    height, width = inputs["pixel_values"].shape[-2:]
+    return int(height) // arch.patch[0], int(width) // arch.patch[1]
+
+
+def _finish(arch: Architecture, scores: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
+    """Token-aligned scores → the public shape: text as is, images on the patch grid without the prefix tokens."""
     if arch.modality == "text":
         return scores
-    assert arch.grid is not None
-    return scores[:, 1:].reshape(scores.shape[0], *arch.grid)
+    return scores[:, arch.prefix_tokens :].reshape(scores.shape[0], *input_grid(arch, inputs))
+
+
+@dataclass(frozen=True)
+class _Readout:
+    """The rows the head reads: ``weights (batch, n)`` and the single tokens read (``tokens``, bool)."""
+
+    weights: Tensor
+    tokens: Tensor
+
+    def rows(self, index: Tensor) -> _Readout:
+        return _Readout(self.weights[index], self.tokens[index])
+
+
+def _readout(arch: Architecture, model: nn.Module, inputs: Mapping[str, Tensor], mask: Tensor) -> _Readout:
+    last = None
+    if arch.pooled == "last":
+        config = model_config(model)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        last = last_positions(inputs["input_ids"], mask, getattr(text_config, "pad_token_id", None))
+    weights = readout_weights(arch.pooled, mask, arch.prefix_tokens, last)
+    return _Readout(weights, readout_tokens(arch.pooled, weights))
+
+
+def _check_method(arch: Architecture, method: Method) -> None:
+    check_method(arch.model_type, method.name, available_methods())
+
+
+Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
+RulesKey = Rules | None
+
+
+def _bind(rules: Rules, model: nn.Module, arch: Architecture) -> Callable[[ExitStack], AttentionObserver | None]:
+    """Modified-gradient ``rules`` bound to ``model``: attach them to a pass's hook stack."""
+    return lambda hooks: rules(model, arch, hooks)
+
+
+def _bound_rules(
+    method: Method, model: nn.Module, arch: Architecture
+) -> Callable[[ExitStack], AttentionObserver | None] | None:
+    """``method``'s modified-gradient rules bound to ``model`` (``None`` for true gradients)."""
+    return None if method.rules is None else _bind(method.rules, model, arch)
+
+
+def _fixed_targets(targets: Tensor) -> Callable[[Tensor], Tensor]:
+    """A target resolver that ignores the logits (a row's target was resolved by the shared forward)."""
+    return lambda logits: targets
 
 
 def explain(
@@ -201,10 +296,12 @@ def explain(
     """Explain a batch of predictions of a Hugging Face classifier with one method.
 
     Args:
-        model: a BERT, RoBERTa or DistilBERT sequence classifier or a ViT image classifier. It is used in eval
-            mode with eager attention for the call and left exactly as it was found.
-        inputs: a tokenizer's output (``input_ids``, optional ``attention_mask`` right-padded, optional
-            ``token_type_ids``) or an image processor's (``pixel_values``).
+        model: a Hugging Face classifier of one of :func:`supported_model_types` (text encoders, decoder
+            classifiers, vision Transformers; :mod:`explainers.support`). It is used in eval mode with the
+            architecture's eager attention for the call and left exactly as it was found.
+        inputs: a tokenizer's output (``input_ids``, optional ``attention_mask``, optional ``token_type_ids`` for
+            sentence pairs where the model has them) or an image processor's (``pixel_values``). Encoders take
+            right padding; decoder classifiers take left or right padding.
         method: one of :func:`available_methods`.
         target: ``None`` (each row's predicted class), an ``int`` for every row, or a ``LongTensor (batch,)``.
         **options: the method's options (``layer`` for ``attention``, ``start_layer`` for ``rollout``,
@@ -214,33 +311,40 @@ def explain(
         An :class:`Attribution`.
 
     Raises:
-        ExplainError: (a ``ValueError``) for an unknown method, bad target, bad option or wrong inputs.
+        ExplainError: (a ``ValueError``) for an unknown method, bad target, bad option or wrong inputs;
+            :class:`UnsupportedMethodError` for a method undefined on this architecture.
     """
     arch = describe(model)
     chosen = get_method(method)
+    _check_method(arch, chosen)
     resolved = chosen.resolve_options(options, arch)
     validated = _validate_inputs(arch, model, inputs)
     num_labels = int(model_config(model).num_labels)
     batch = _batch_size(arch, validated)
-    explicit = _validate_target(target, batch, num_labels)
+    explicit = _validate_target(target, batch, num_labels, arch.head_type)
 
     def resolve(logits: Tensor) -> Tensor:
         return logits.argmax(dim=-1) if explicit is None else explicit.to(logits.device)
 
     mask = _token_mask(arch, validated, model)
+    readout = _readout(arch, model, validated, mask)
     with prepared_model(model):
-        capture = run_capture(model, arch, validated, chosen.needs, resolve)
+        capture = run_capture(model, arch, validated, chosen.needs, resolve, rules=_bound_rules(chosen, model, arch))
         with _full_precision(mask.device):
-            scores = chosen.compute(MethodInputs(capture, arch, model, validated, mask, resolved))
+            scores = chosen.compute(
+                MethodInputs(capture, arch, model, validated, mask, resolved, readout.weights, readout.tokens)
+            )
     text_mask = validated.get("attention_mask") if arch.modality == "text" else None
     return Attribution(
         method=chosen.name,
         target=capture.targets,
         logits=capture.logits,
-        scores=_finish(arch, scores),
+        scores=_finish(arch, scores, validated),
         options=resolved,
         modality=arch.modality,
         attention_mask=text_mask,
+        pooled=arch.pooled,
+        head_type=arch.head_type,
     )
 
 
@@ -279,8 +383,9 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
             continue
         try:
             method = get_method(row.method)
+            _check_method(arch, method)
             options = method.resolve_options(row.options, arch)
-            target = _validate_target(row.target, 1, num_labels)
+            target = _validate_target(row.target, 1, num_labels, arch.head_type)
         except ExplainError as error:
             results[index] = error
             continue
@@ -290,29 +395,72 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
         groups.setdefault((method.name, tuple(sorted(options.items()))), []).append(index)
 
     needs: frozenset[str] = frozenset().union(*(method.needs for method in methods.values()))
-    gradient_rows = torch.zeros(batch, dtype=torch.bool)
+    # Rows whose gradients come from different rules (true gradients, AttnLRP's, CP-LRP's) never share a gradient
+    # pass: the shared forward serves the true-gradient rows (or, if there are none, one kind of modified-gradient
+    # rows, so that a batch of one method still costs one forward and one backward); any other kind gets a
+    # grad-enabled pass of its own over its rows. The logits of every row come from the shared forward.
+    kinds: dict[RulesKey, list[int]] = {}
     for (name, _), indices in groups.items():
         if methods[name].needs & GRADIENT_NEEDS:
-            gradient_rows[indices] = True
+            kinds.setdefault(methods[name].rules, []).extend(indices)
+    shared_kind: RulesKey = None if None in kinds or not kinds else next(iter(kinds))
+    gradient_rows = torch.zeros(batch, dtype=torch.bool)
+    gradient_rows[kinds.get(shared_kind, [])] = True
 
     def resolve(logits: Tensor) -> Tensor:
         chosen = explicit.to(logits.device)
         return torch.where(chosen >= 0, chosen, logits.argmax(dim=-1))
 
     mask = _token_mask(arch, validated, model)
+    readout = _readout(arch, model, validated, mask)
     with prepared_model(model):
-        capture = run_capture(model, arch, validated, needs, resolve, gradient_rows.to(mask.device))
+        shared_rules = None if shared_kind is None else _bind(shared_kind, model, arch)
+        capture = run_capture(model, arch, validated, needs, resolve, gradient_rows.to(mask.device), shared_rules)
+        own: dict[int, tuple[Capture, int]] = {}  # row -> (its kind's own capture, its position in it)
+        for kind, kind_rows in kinds.items():
+            if kind is shared_kind:
+                continue
+            assert kind is not None
+            ordered = sorted(kind_rows)
+            picked = torch.tensor(ordered, device=mask.device)
+            kind_needs = frozenset().union(*(m.needs for m in methods.values() if m.rules is kind))
+            kind_capture = run_capture(
+                model,
+                arch,
+                {key: value[picked] for key, value in validated.items()},
+                kind_needs,
+                _fixed_targets(capture.targets[picked]),
+                rules=_bind(kind, model, arch),
+            )
+            kind_capture = replace(kind_capture, logits=capture.logits[picked])
+            own.update({row: (kind_capture, position) for position, row in enumerate(ordered)})
         for (name, options_key), indices in groups.items():
             started = time.perf_counter()
             selected = torch.tensor(indices, device=mask.device)
             whole = len(indices) == batch
-            sub_capture = capture if whole else capture.rows(selected)
+            if indices[0] in own:  # rows with their own gradient pass: its time counts as theirs
+                kind_capture = own[indices[0]][0]
+                positions = torch.tensor([own[index][1] for index in indices], device=mask.device)
+                sub_capture = kind_capture.rows(positions)
+                started -= sum(kind_capture.seconds.values())
+            else:
+                sub_capture = capture if whole else capture.rows(selected)
             sub_inputs = validated if whole else {key: value[selected] for key, value in validated.items()}
+            sub_readout = readout if whole else readout.rows(selected)
             with _full_precision(mask.device):
                 scores = methods[name].compute(
-                    MethodInputs(sub_capture, arch, model, sub_inputs, mask[selected], dict(options_key))
+                    MethodInputs(
+                        sub_capture,
+                        arch,
+                        model,
+                        sub_inputs,
+                        mask[selected],
+                        dict(options_key),
+                        sub_readout.weights,
+                        sub_readout.tokens,
+                    )
                 )
-            scores = _finish(arch, scores).detach()
+            scores = _finish(arch, scores, validated).detach()
             seconds = time.perf_counter() - started
             finite = torch.isfinite(scores.flatten(1)).all(dim=1).tolist()
             for position, row_index in enumerate(indices):
@@ -324,8 +472,14 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
                     continue
                 row_scores = scores[position]
                 if arch.modality == "text":
-                    row_scores = row_scores[: int(mask[row_index].sum())]
+                    row_scores = row_scores[mask[row_index].bool()]
                 results[row_index] = RowExplanation(
-                    name, int(capture.targets[row_index]), dict(options_key), row_scores, seconds
+                    name, int(capture.targets[row_index]), dict(options_key), row_scores, seconds, arch.pooled
                 )
-    return BatchExplanation(logits=capture.logits, rows=results, seconds=dict(capture.seconds))
+    return BatchExplanation(
+        logits=capture.logits,
+        rows=results,
+        seconds=dict(capture.seconds),
+        pooled=arch.pooled,
+        head_type=arch.head_type,
+    )

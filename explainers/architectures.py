@@ -8,13 +8,14 @@ layers of the classification head that read the first ([CLS] / class) token.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
 from torch import nn
 
 from .errors import UnsupportedModelError
+from .heads import head_type, pooled_position
+from .support import family, supported_model_types
 
 Modality = Literal["text", "image"]
 
@@ -37,35 +38,59 @@ class Block:
 class Architecture:
     """A supported classifier, described by references to its own modules.
 
+    Every family has the fields that the attention-based and saliency methods read (the number of attention calls
+    and heads, the input embeddings, the pooled position, the head kind). The block structure that Chefer et al.'s
+    relevance needs (``blocks``, ``head``, ``head_paths``, ``norm_first``) is described only for the families that
+    support it, and is empty elsewhere.
+
     Attributes:
-        model_type: ``config.model_type`` (``bert``, ``roberta``, ``distilbert``, ``vit``).
+        model_type: ``config.model_type``.
+        kind: ``encoder``, ``decoder`` or ``vision`` (see :mod:`explainers.support`).
         modality: ``text`` (scores per token) or ``image`` (scores per patch).
-        norm_first: True for pre-LayerNorm blocks (ViT), False for post-LayerNorm blocks (BERT family).
-        blocks: the encoder blocks, input side first.
-        head: the linear layers of the classification head, applied in this order to the first token's vector
-            (activations between them are treated as identity by LRP, as in Chefer et al.'s code).
-        num_heads: attention heads per block.
+        num_layers: attention calls per forward (one per layer; ALBERT calls its shared layer this many times).
+        num_heads: attention heads per call.
         input_embeddings: the module whose output is the per-token / per-patch input embedding
             (used by ``grad_x_input`` and ``integrated_gradients``).
         input_keys: keys the model accepts in ``inputs``; ``required_keys`` must be present.
-        grid: for images, ``(grid_h, grid_w)`` patches; ``None`` for text.
+        grid: for images, ``(grid_h, grid_w)`` patches of the configured image size; ``None`` for text (a model
+            that interpolates its position embeddings, such as DINOv2, is explained on the grid of the input it
+            gets: see ``patch``).
+        patch: for images, ``(patch_h, patch_w)`` pixels per patch; ``None`` for text.
+        prefix_tokens: tokens before the patches for images (class, distillation); 0 for text.
+        pooled: where the head reads (:func:`explainers.heads.pooled_position`).
+        head_type: ``single_label``, ``multi_label`` or ``regression`` (:func:`explainers.heads.head_type`).
+        padding: padding sides accepted for text.
+        norm_first: True for pre-LayerNorm blocks (ViT), False for post-LayerNorm blocks (BERT family).
+        blocks: for relevance, the encoder blocks in call order (ALBERT repeats its shared block), input side first.
+        head: for relevance, the linear layers of the classification head(s) in forward order (activations between
+            them are treated as identity by LRP, as in Chefer et al.'s code).
+        head_paths: for relevance, per head ``(token, number of linears in head)``: DeiT with a teacher has two
+            heads (class token, distillation token), whose logits the model averages.
     """
 
     model_type: str
+    kind: str
     modality: Modality
-    norm_first: bool
-    blocks: tuple[Block, ...]
-    head: tuple[nn.Linear, ...]
+    num_layers: int
     num_heads: int
     input_embeddings: nn.Module
     input_keys: frozenset[str]
     required_keys: frozenset[str]
     grid: tuple[int, int] | None
+    prefix_tokens: int
+    pooled: str
+    head_type: str
+    padding: tuple[str, ...]
+    norm_first: bool = False
+    blocks: tuple[Block, ...] = ()
+    head: tuple[nn.Linear, ...] = ()
+    head_paths: tuple[tuple[int, int], ...] = ()
+    patch: tuple[int, int] | None = None
 
     @property
-    def num_layers(self) -> int:
-        """Number of encoder blocks."""
-        return len(self.blocks)
+    def has_blocks(self) -> bool:
+        """Whether the block structure for relevance is described."""
+        return bool(self.blocks)
 
 
 TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
@@ -106,24 +131,6 @@ def _blocks(layers: Any, paths: LayerPaths) -> tuple[Block, ...]:
     return tuple(paths.block(layer) for layer in layers)
 
 
-def _text(
-    model: Any, base: Any, blocks: tuple[Block, ...], head: tuple[nn.Linear, ...], keys: frozenset[str]
-) -> Architecture:
-    config = model.config
-    return Architecture(
-        model_type=config.model_type,
-        modality="text",
-        norm_first=False,
-        blocks=blocks,
-        head=head,
-        num_heads=config.num_attention_heads,
-        input_embeddings=base.embeddings.word_embeddings,
-        input_keys=keys,
-        required_keys=frozenset({"input_ids"}),
-        grid=None,
-    )
-
-
 _BERT_LAYER = LayerPaths(
     attention="attention.self",
     query="attention.self.query",
@@ -134,83 +141,86 @@ _BERT_LAYER = LayerPaths(
     ffn_out="output.dense",
 )
 
+_DISTILBERT_LAYER = LayerPaths(
+    "attention", "attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin", "ffn.lin1", "ffn.lin2"
+)
 
-def _bert(model: Any) -> Architecture:
-    base = model.bert
-    head = (base.pooler.dense, model.classifier)
-    return _text(model, base, _blocks(base.encoder.layer, _BERT_LAYER), head, TEXT_KEYS)
+_ALBERT_LAYER = LayerPaths(
+    "attention", "attention.query", "attention.key", "attention.value", "attention.dense", "ffn", "ffn_output"
+)
 
+_VIT_LAYER = LayerPaths(
+    "attention", "attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "mlp.fc1", "mlp.fc2"
+)
 
-def _roberta(model: Any) -> Architecture:
-    base = model.roberta
-    head = (model.classifier.dense, model.classifier.out_proj)
-    return _text(model, base, _blocks(base.encoder.layer, _BERT_LAYER), head, TEXT_KEYS)
-
-
-def _distilbert(model: Any) -> Architecture:
-    base = model.distilbert
-    blocks = _blocks(
-        base.transformer.layer,
-        LayerPaths(
-            "attention",
-            "attention.q_lin",
-            "attention.k_lin",
-            "attention.v_lin",
-            "attention.out_lin",
-            "ffn.lin1",
-            "ffn.lin2",
-        ),
-    )
-    head = (model.pre_classifier, model.classifier)
-    return _text(model, base, blocks, head, frozenset({"input_ids", "attention_mask"}))
+TEXT_PAIR_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
+TEXT_SINGLE_KEYS = frozenset({"input_ids", "attention_mask"})
 
 
-def _vit(model: Any) -> Architecture:
-    base = model.vit
-    blocks = _blocks(
-        base.layers if hasattr(base, "layers") else base.encoder.layer,
-        LayerPaths(
-            "attention",
-            "attention.q_proj",
-            "attention.k_proj",
-            "attention.v_proj",
-            "attention.o_proj",
-            "mlp.fc1",
-            "mlp.fc2",
-        ),
-    )
-    config = model.config
-    image_h, image_w = _pair(config.image_size)
-    patch_h, patch_w = _pair(config.patch_size)
-    if not isinstance(model.classifier, nn.Linear):
-        raise UnsupportedModelError("this ViT has no linear classification head (num_labels must be > 0)")
-    return Architecture(
-        model_type="vit",
-        modality="image",
-        norm_first=True,
-        blocks=blocks,
-        head=(model.classifier,),
-        num_heads=config.num_attention_heads,
-        input_embeddings=base.embeddings.patch_embeddings,
-        input_keys=frozenset({"pixel_values"}),
-        required_keys=frozenset({"pixel_values"}),
-        grid=(image_h // patch_h, image_w // patch_w),
-    )
+@dataclass(frozen=True)
+class _Lrp:
+    """The block structure relevance reads."""
+
+    blocks: tuple[Block, ...]
+    head: tuple[nn.Linear, ...]
+    head_paths: tuple[tuple[int, int], ...]
+    norm_first: bool
 
 
-_ADAPTERS: dict[str, Callable[[Any], Architecture]] = {
-    "bert": _bert,
-    "roberta": _roberta,
-    "distilbert": _distilbert,
-    "vit": _vit,
-}
+def _albert_blocks(base: Any) -> tuple[Block, ...]:
+    config = base.config
+    groups = base.encoder.albert_layer_groups
+    blocks: list[Block] = []
+    for index in range(config.num_hidden_layers):
+        group = groups[int(index / (config.num_hidden_layers / config.num_hidden_groups))]
+        blocks += [_ALBERT_LAYER.block(layer) for layer in group.albert_layers]
+    return tuple(blocks)
 
-_CLASSES = {
-    "bert": "BertForSequenceClassification",
-    "roberta": "RobertaForSequenceClassification",
-    "distilbert": "DistilBertForSequenceClassification",
-    "vit": "ViTForImageClassification",
-}
+
+def _linear_head(*modules: Any) -> tuple[nn.Linear, ...]:
+    if not all(isinstance(module, nn.Linear) for module in modules):
+        raise UnsupportedModelError("this classifier has no linear classification head (num_labels must be > 0)")
+    return tuple(modules)
+
+
+def _lrp(model: Any) -> _Lrp | None:
+    """The block structure of the families that support relevance (``None`` for the others)."""
+    model_type = model.config.model_type
+    if model_type == "bert":
+        base = model.bert
+        return _Lrp(
+            _blocks(base.encoder.layer, _BERT_LAYER),
+            _linear_head(base.pooler.dense, model.classifier),
+            ((0, 2),),
+            False,
+        )
+    if model_type in ("roberta", "xlm-roberta"):
+        base = model.roberta
+        head = _linear_head(model.classifier.dense, model.classifier.out_proj)
+        return _Lrp(_blocks(base.encoder.layer, _BERT_LAYER), head, ((0, 2),), False)
+    if model_type == "electra":
+        base = model.electra
+        head = _linear_head(model.classifier.dense, model.classifier.out_proj)
+        return _Lrp(_blocks(base.encoder.layer, _BERT_LAYER), head, ((0, 2),), False)
+    if model_type == "albert":
+        base = model.albert
+        return _Lrp(_albert_blocks(base), _linear_head(base.pooler, model.classifier), ((0, 2),), False)
+    if model_type == "distilbert":
+        base = model.distilbert
+        head = _linear_head(model.pre_classifier, model.classifier)
+        return _Lrp(_blocks(base.transformer.layer, _DISTILBERT_LAYER), head, ((0, 2),), False)
+    if model_type == "vit":
+        base = model.vit
+        layers = base.layers if hasattr(base, "layers") else base.encoder.layer
+        return _Lrp(_blocks(layers, _VIT_LAYER), _linear_head(model.classifier), ((0, 1),), True)
+    if model_type == "deit":
+        base = model.deit
+        layers = base.layers if hasattr(base, "layers") else base.encoder.layer
+        if hasattr(model, "distillation_classifier"):
+            head = _linear_head(model.cls_classifier, model.distillation_classifier)
+            return _Lrp(_blocks(layers, _VIT_LAYER), head, ((0, 1), (1, 1)), True)
+        return _Lrp(_blocks(layers, _VIT_LAYER), _linear_head(model.classifier), ((0, 1),), True)
+    return None
 
 
 def model_config(model: nn.Module) -> Any:
@@ -218,9 +228,10 @@ def model_config(model: nn.Module) -> Any:
     return getattr(model, "config", None)
 
 
-def supported_model_types() -> list[str]:
-    """The ``config.model_type`` values the explainers support."""
-    return sorted(_ADAPTERS)
+def _prefix_tokens(model: Any) -> int:
+    if model.config.model_type == "deit":
+        return 2
+    return 1
 
 
 def describe(model: nn.Module) -> Architecture:
@@ -229,15 +240,65 @@ def describe(model: nn.Module) -> Architecture:
     Raises:
         UnsupportedModelError: if the model is not one of the supported classifier classes.
     """
-    model_type = getattr(model_config(model), "model_type", None)
-    if model_type not in _ADAPTERS:
+    config = model_config(model)
+    model_type = getattr(config, "model_type", None)
+    known = family(model_type) if isinstance(model_type, str) else None
+    if known is None:
         raise UnsupportedModelError(
             f"unsupported model type {model_type!r}: expected a Hugging Face classifier of type "
             f"{', '.join(supported_model_types())}"
         )
-    expected = _CLASSES[model_type]
-    if type(model).__name__ != expected:
+    if type(model).__name__ not in known.classes:
         raise UnsupportedModelError(
-            f"{type(model).__name__} is not supported: for model type {model_type!r} pass a {expected}"
+            f"{type(model).__name__} is not supported: for model type {model_type!r} pass a "
+            f"{' or a '.join(known.classes)}"
         )
-    return _ADAPTERS[model_type](model)
+    assert config is not None
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    lrp = None if "relevance" in known.refused else _lrp(model)
+    modality: Modality = "image" if known.kind == "vision" else "text"
+    grid = None
+    patch = None
+    if modality == "image":
+        image_h, image_w = _pair(config.image_size)
+        patch_h, patch_w = _pair(config.patch_size)
+        grid = (image_h // patch_h, image_w // patch_w)
+        patch = (patch_h, patch_w)
+        keys = frozenset({"pixel_values"})
+        if not isinstance(getattr(model, "classifier", None) or getattr(model, "cls_classifier", None), nn.Linear):
+            raise UnsupportedModelError(
+                "this image classifier has no linear classification head (num_labels must be > 0)"
+            )
+    else:
+        keys = TEXT_SINGLE_KEYS if model_type in _SINGLE_SEGMENT else TEXT_PAIR_KEYS
+    embeddings = model.get_input_embeddings()  # type: ignore[operator]
+    if not isinstance(embeddings, nn.Module):
+        raise UnsupportedModelError(f"{type(model).__name__} exposes no input embedding module")
+    return Architecture(
+        model_type=str(model_type),
+        kind=known.kind,
+        modality=modality,
+        num_layers=_attention_calls(text_config),
+        num_heads=int(text_config.num_attention_heads),
+        input_embeddings=embeddings,
+        input_keys=keys,
+        required_keys=keys & {"input_ids", "pixel_values"},
+        grid=grid,
+        prefix_tokens=_prefix_tokens(model) if modality == "image" else 0,
+        pooled=pooled_position(model),
+        head_type=head_type(model),
+        padding=known.padding,
+        norm_first=False if lrp is None else lrp.norm_first,
+        blocks=() if lrp is None else lrp.blocks,
+        head=() if lrp is None else lrp.head,
+        head_paths=() if lrp is None else lrp.head_paths,
+        patch=patch,
+    )
+
+
+def _attention_calls(config: Any) -> int:
+    """Attention calls per forward: one per layer; ALBERT runs ``inner_group_num`` shared layers per layer."""
+    return int(config.num_hidden_layers) * int(getattr(config, "inner_group_num", 1) or 1)
+
+
+_SINGLE_SEGMENT = frozenset({"distilbert", "modernbert", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gpt2"})

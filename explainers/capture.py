@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from .architectures import Architecture, model_config
+from .architectures import Architecture
+from .attention_capture import AttentionObserver, Keep, attention_implementation, capturing_attention
 from .errors import UnsupportedModelError
 from .lrp import BlockActivations
 
@@ -33,40 +34,21 @@ GRADIENT_NEEDS = frozenset({ATTENTION_GRADIENTS, EMBEDDING_GRADIENTS})
 def prepared_model(model: nn.Module) -> Iterator[ExitStack]:
     """Put ``model`` in the state the explainers need and restore it afterwards, whatever happens.
 
-    Inside the block the model runs eager attention (fused kernels return no attention probabilities) and every
-    submodule is in eval mode. On exit the original attention implementation and each submodule's ``training``
-    flag are restored, and every hook registered on the yielded ``ExitStack`` is removed. Parameters,
-    ``requires_grad`` flags and ``.grad`` are never touched. Not thread-safe: explain one batch at a time per model.
-
-    Raises:
-        UnsupportedModelError: if the model runs fused attention and cannot be switched to eager.
+    Inside the block the model runs the capture attention (:data:`~explainers.attention_capture.CAPTURE_IMPLEMENTATION`:
+    the architecture's own eager attention, recorded only inside :func:`run_capture`), on every config and
+    sub-config, and every submodule is in eval mode. On exit each config's attention implementation (``sdpa``,
+    ``eager``, anything) and each submodule's ``training`` flag are restored, and every hook registered on the
+    yielded ``ExitStack`` is removed. Parameters, ``requires_grad`` flags and ``.grad`` are never touched. Not
+    thread-safe: explain one batch at a time per model.
     """
-    config = model_config(model)
-    original = config._attn_implementation
     training = [(module, module.training) for module in model.modules()]
-    setter = getattr(model, "set_attn_implementation", None)
-    switched = False
     with ExitStack() as hooks:
         try:
-            if original != "eager":
-                if setter is None:
-                    raise UnsupportedModelError(
-                        f"the model runs {original!r} attention, which returns no attention probabilities; load it "
-                        "with attn_implementation='eager'"
-                    )
-                setter("eager")
-                switched = True
-                if config._attn_implementation != "eager":
-                    raise UnsupportedModelError(
-                        f"could not switch the model from {original!r} to eager attention; load it with "
-                        "attn_implementation='eager'"
-                    )
-            model.eval()
-            yield hooks
+            with attention_implementation(model):
+                model.eval()
+                yield hooks
         finally:
             hooks.close()
-            if switched and setter is not None:
-                setter(original)
             for module, flag in training:
                 module.training = flag
 
@@ -82,7 +64,8 @@ class Capture:
     Attributes:
         logits: ``(batch, num_labels)``.
         targets: ``(batch,)`` the class each row is explained for.
-        attentions: per layer ``(batch, heads, n, n)`` probabilities, if asked.
+        attentions: per layer ``(batch, heads, n, n)`` probabilities if gradients or activations were asked, else
+            the head means ``(batch, n, n)`` (all ``attention`` and ``rollout`` read), if asked.
         attention_gradients: per layer gradients of the target logit w.r.t. the probabilities, if asked.
         activations: per block forward activations for LRP, if asked.
         head_inputs: inputs of the classification head's linear layers, if activations were asked.
@@ -157,54 +140,64 @@ class Capture:
 
 
 class _Recorder:
-    """Forward hooks that keep the inputs/outputs of the modules LRP reads (per call, never on the model)."""
+    """Forward hooks that keep the inputs/outputs of the modules LRP reads, per call (ALBERT calls one layer many
+    times), never on the model."""
 
     def __init__(self, arch: Architecture, hooks: ExitStack) -> None:
-        self.inputs: dict[int, Tensor] = {}
-        self.outputs: dict[int, Tensor] = {}
-        self.hidden: dict[int, Tensor] = {}
+        self.inputs: dict[int, list[Tensor]] = {}
+        self.outputs: dict[int, list[Tensor]] = {}
+        self.hidden: dict[int, list[Tensor]] = {}
         linears: list[nn.Module] = list(arch.head)
         for block in arch.blocks:
             linears += [block.query, block.key, block.value, block.attention_output, block.ffn_in, block.ffn_out]
-        for linear in linears:
+        for linear in {id(linear): linear for linear in linears}.values():
             _remember(hooks, linear.register_forward_hook(self._on_linear))
-        for index, block in enumerate(arch.blocks):
-            _remember(hooks, block.layer.register_forward_pre_hook(self._on_layer(index), with_kwargs=True))
+        for layer in {id(block.layer): block.layer for block in arch.blocks}.values():
+            _remember(hooks, layer.register_forward_pre_hook(self._on_layer, with_kwargs=True))
 
     def _on_linear(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
-        self.inputs[id(module)] = args[0].detach()
-        self.outputs[id(module)] = output.detach()
+        self.inputs.setdefault(id(module), []).append(args[0].detach())
+        self.outputs.setdefault(id(module), []).append(output.detach())
 
-    def _on_layer(self, index: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            self.hidden[index] = hidden.detach()
-
-        return hook
+    def _on_layer(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        self.hidden.setdefault(id(module), []).append(hidden.detach())
 
     def block_activations(self, arch: Architecture, probabilities: list[Tensor]) -> list[BlockActivations]:
         result = []
+        calls: dict[int, int] = {}
+
+        def call_of(module: nn.Module) -> int:
+            return calls.get(id(module), 0)
+
         for index, block in enumerate(arch.blocks):
+            # The call of each module that belongs to this block: the number of earlier blocks sharing it.
+            call = call_of(block.layer)
+
+            def take(store: dict[int, list[Tensor]], module: nn.Module, call: int = call) -> Tensor:
+                return store[id(module)][call]
+
             result.append(
                 BlockActivations(
-                    hidden=self.hidden[index],
-                    attention_input=self.inputs[id(block.query)],
-                    query=self.outputs[id(block.query)],
-                    key=self.outputs[id(block.key)],
-                    value=self.outputs[id(block.value)],
+                    hidden=take(self.hidden, block.layer),
+                    attention_input=take(self.inputs, block.query),
+                    query=take(self.outputs, block.query),
+                    key=take(self.outputs, block.key),
+                    value=take(self.outputs, block.value),
                     probabilities=probabilities[index],
-                    context=self.inputs[id(block.attention_output)],
-                    attention_out=self.outputs[id(block.attention_output)],
-                    ffn_input=self.inputs[id(block.ffn_in)],
-                    ffn_pre=self.outputs[id(block.ffn_in)],
-                    ffn_hidden=self.inputs[id(block.ffn_out)],
-                    ffn_out=self.outputs[id(block.ffn_out)],
+                    context=take(self.inputs, block.attention_output),
+                    attention_out=take(self.outputs, block.attention_output),
+                    ffn_input=take(self.inputs, block.ffn_in),
+                    ffn_pre=take(self.outputs, block.ffn_in),
+                    ffn_hidden=take(self.inputs, block.ffn_out),
+                    ffn_out=take(self.outputs, block.ffn_out),
                 )
             )
+            calls[id(block.layer)] = call + 1
         return result
 
     def head_inputs(self, arch: Architecture) -> list[Tensor]:
-        return [self.inputs[id(linear)] for linear in arch.head]
+        return [self.inputs[id(linear)][0] for linear in arch.head]
 
 
 class _EmbeddingLeaf:
@@ -226,20 +219,6 @@ class _EmbeddingLeaf:
         return self.leaf
 
 
-def _keep_probabilities(store: dict[int, Tensor], index: int) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
-    """A forward hook keeping the attention probabilities an eager attention module returns second."""
-
-    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        if weights is None:
-            raise UnsupportedModelError(
-                f"{type(module).__name__} returned no attention probabilities; load the model with eager attention"
-            )
-        store[index] = weights
-
-    return hook
-
-
 def run_capture(
     model: nn.Module,
     arch: Architecture,
@@ -247,6 +226,7 @@ def run_capture(
     needs: frozenset[str],
     resolve_targets: Callable[[Tensor], Tensor],
     gradient_rows: Tensor | None = None,
+    rules: Callable[[ExitStack], AttentionObserver | None] | None = None,
 ) -> Capture:
     """Run the model once and capture what ``needs`` lists.
 
@@ -258,6 +238,9 @@ def run_capture(
         resolve_targets: maps the logits to the ``(batch,)`` target classes.
         gradient_rows: optional ``(batch,)`` bool mask of the rows whose target logit is differentiated
             (the others get zero gradients and zero relevance); all rows by default.
+        rules: optional modified-gradient rules (a method's ``rules`` bound to the model): called with this
+            forward's hook stack, they attach their hooks there and return the attention observer to run (or
+            ``None``); the gradients captured are then the rules' (values are unchanged).
 
     Returns:
         The :class:`Capture`.
@@ -267,20 +250,25 @@ def run_capture(
         raise ValueError(f"unknown capture needs {sorted(unknown)}; valid: {sorted(NEEDS)}")
     wants_gradients = bool(needs & GRADIENT_NEEDS)
     wants_attentions = bool(needs & {ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
-    probabilities: dict[int, Tensor] = {}
+    per_head = bool(needs & {ATTENTION_GRADIENTS, ACTIVATIONS})
+    keep: Keep = "heads" if per_head else "mean" if wants_attentions else "none"
     with ExitStack() as hooks:
         recorder = _Recorder(arch, hooks) if ACTIVATIONS in needs else None
-        if wants_attentions:
-            for index, block in enumerate(arch.blocks):
-                _remember(hooks, block.attention.register_forward_hook(_keep_probabilities(probabilities, index)))
         leaf = _EmbeddingLeaf() if wants_gradients else None
         if leaf is not None:
             _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
+        observer = None if rules is None else rules(hooks)
+        recorded = hooks.enter_context(capturing_attention(model, keep=keep, observer=observer))
         started = time.perf_counter()
         with torch.enable_grad() if wants_gradients else torch.no_grad():
             logits: Tensor = model(**inputs, return_dict=True).logits
         forward_done = time.perf_counter()
-    attentions = [probabilities[index] for index in range(arch.num_layers)] if wants_attentions else None
+    if len(recorded.calls) != arch.num_layers:
+        raise UnsupportedModelError(
+            f"the {arch.model_type} model made {len(recorded.calls)} attention calls through the capture, expected "
+            f"{arch.num_layers} (one per layer): its attention does not go through transformers' AttentionInterface"
+        )
+    attentions = recorded.probabilities if wants_attentions else None
     targets = resolve_targets(logits.detach())
     capture = Capture(logits=logits.detach(), targets=targets)
     capture.seconds["forward"] = forward_done - started

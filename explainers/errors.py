@@ -35,3 +35,8 @@ class UnsupportedModelError(ExplainError):
 class NonFiniteScoresError(ExplainError):
     """A row's attribution came out NaN or infinite: a numerical breakdown on that input, not a bad call. Raised
     per row by :func:`explainers.explain_batch` (the serving path), so that no NaN ever reaches a response."""
+
+
+class UnsupportedMethodError(ExplainError):
+    """The method is undefined on this model's architecture (the message names the model type, the reason and the
+    methods that do work); see :mod:`explainers.support`."""

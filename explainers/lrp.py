@@ -348,6 +348,8 @@ def attention_relevances(
     norm_first: bool,
     start_layer: int = 0,
     masked: bool = False,
+    head_paths: Sequence[tuple[int, int]] | None = None,
+    head_shares: Sequence[Tensor] | None = None,
 ) -> list[Tensor | None]:
     """LRP relevance of every block's attention probabilities, from the target logit down to ``start_layer``.
 
@@ -362,12 +364,25 @@ def attention_relevances(
         norm_first: pre-LayerNorm blocks (ViT) or post-LayerNorm blocks (BERT family).
         start_layer: the lowest block whose attention relevance is needed; blocks below are not visited.
         masked: the attention scores pass through an additive mask (text models).
+        head_paths: per head ``(token it reads, number of its linears in head_inputs)``; ``None``: one head on the
+            first token. DeiT with a teacher has two heads whose logits the model averages.
+        head_shares: per head ``(batch, 1)`` share of the logit relevance, for several heads: each head's share
+            of the summed target logits, normalised by magnitude as the skip-connection rule of Chefer et al.
+            (``|z_h| / Σ|z|``), so the shares sum to 1.
 
     Returns:
         One ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``).
     """
     relevance = torch.zeros_like(blocks[-1].hidden)
-    relevance[:, 0] = head_relprop(head_inputs, head_weights, logit_relevance)
+    paths = ((0, len(head_inputs)),) if head_paths is None else head_paths
+    shares = [None] * len(paths) if head_shares is None else list(head_shares)
+    first = 0
+    for (token, count), share in zip(paths, shares, strict=True):
+        path_relevance = logit_relevance if share is None else logit_relevance * share
+        relevance[:, token] += head_relprop(
+            head_inputs[first : first + count], head_weights[first : first + count], path_relevance
+        )
+        first += count
     cams: list[Tensor | None] = [None] * len(blocks)
     for index in range(len(blocks) - 1, start_layer - 1, -1):
         below, cams[index] = block_relprop(

@@ -9,7 +9,9 @@ request validation, the serving layer, metrics labels and the generated tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -17,6 +19,8 @@ from torch import Tensor, nn
 
 from . import kernels
 from .architectures import Architecture
+from .attention_capture import AttentionObserver
+from .attnlrp import attach_rules
 from .capture import (
     ACTIVATIONS,
     ATTENTION_GRADIENTS,
@@ -27,6 +31,7 @@ from .capture import (
 )
 from .errors import InvalidOptionError, UnknownMethodError
 from .lrp import Affine, BlockWeights, attention_relevances
+from .lrp import safe_divide as lrp_safe_divide
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class MethodInputs:
     inputs: Mapping[str, Tensor]
     mask: Tensor
     options: Mapping[str, int]
+    readout: Tensor | None = None
+    read_tokens: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,9 @@ class Method:
     needs: frozenset[str]
     options: tuple[Option, ...]
     compute: Callable[[MethodInputs], Tensor]
+    #: Modified-gradient rules attached to the model for the pass that computes this method's gradients
+    #: (``None``: true gradients). Rows of methods with different rules never share a gradient pass.
+    rules: Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None] | None = None
 
     @property
     def needs_gradients(self) -> bool:
@@ -97,14 +107,20 @@ _REGISTRY: dict[str, Method] = {}
 
 
 def register(
-    name: str, *, summary: str, class_specific: bool, needs: frozenset[str], options: tuple[Option, ...] = ()
+    name: str,
+    *,
+    summary: str,
+    class_specific: bool,
+    needs: frozenset[str],
+    options: tuple[Option, ...] = (),
+    rules: Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None] | None = None,
 ) -> Callable[[Callable[[MethodInputs], Tensor]], Callable[[MethodInputs], Tensor]]:
     """Register a compute function under ``name`` (a decorator)."""
 
     def decorate(compute: Callable[[MethodInputs], Tensor]) -> Callable[[MethodInputs], Tensor]:
         if name in _REGISTRY:
             raise ValueError(f"method {name!r} is already registered")
-        _REGISTRY[name] = Method(name, summary, class_specific, needs, options, compute)
+        _REGISTRY[name] = Method(name, summary, class_specific, needs, options, compute, rules)
         return compute
 
     return decorate
@@ -141,7 +157,7 @@ START_LAYER = Option(
 
 @register(
     "attention",
-    summary="attention of the first token in one layer, mean over heads (cheap, class-agnostic, not faithful)",
+    summary="attention of the explained row in one layer, mean over heads (cheap, class-agnostic, not faithful)",
     class_specific=False,
     needs=frozenset({ATTENTIONS}),
     options=(
@@ -156,7 +172,7 @@ START_LAYER = Option(
 )
 def _attention(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return kernels.raw_attention(ctx.capture.attentions[ctx.options["layer"]]) * ctx.mask
+    return kernels.raw_attention(ctx.capture.attentions[ctx.options["layer"]], ctx.readout) * ctx.mask
 
 
 @register(
@@ -168,7 +184,7 @@ def _attention(ctx: MethodInputs) -> Tensor:
 )
 def _rollout(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return kernels.rollout_matrix(ctx.capture.attentions, ctx.options["start_layer"])[:, 0] * ctx.mask
+    return kernels.rollout_scores(ctx.capture.attentions, ctx.options["start_layer"], ctx.readout) * ctx.mask
 
 
 def _block_weights(arch: Architecture, dtype: torch.dtype) -> list[BlockWeights]:
@@ -213,8 +229,32 @@ def _relevance(ctx: MethodInputs) -> Tensor:
         ctx.arch.norm_first,
         start_layer,
         masked=ctx.arch.modality == "text",
+        head_paths=ctx.arch.head_paths,
+        head_shares=_head_shares(ctx, dtype),
     )
-    return kernels.relevance_scores(relevances, capture.attention_gradients, ctx.mask, start_layer)
+    return kernels.relevance_scores(
+        relevances, capture.attention_gradients, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
+    )
+
+
+def _head_shares(ctx: MethodInputs, dtype: torch.dtype) -> list[Tensor] | None:
+    """Per head, its magnitude share ``|z_h| / Σ|z|`` of the target logit, when the model averages several heads."""
+    paths = ctx.arch.head_paths
+    if len(paths) < 2:
+        return None
+    assert ctx.capture.head_inputs is not None
+    targets = ctx.capture.targets.view(-1, 1)
+    magnitudes = []
+    first = 0
+    for _, count in paths:
+        last = ctx.arch.head[first + count - 1]
+        inputs = ctx.capture.head_inputs[first + count - 1].to(dtype)
+        bias = None if last.bias is None else last.bias.detach().to(dtype)
+        logits = torch.nn.functional.linear(inputs, last.weight.detach().to(dtype), bias)
+        magnitudes.append(logits.gather(1, targets).abs())
+        first += count
+    total = torch.stack(magnitudes).sum(dim=0)
+    return [lrp_safe_divide(magnitude, total) for magnitude in magnitudes]
 
 
 @register(
@@ -227,14 +267,20 @@ def _relevance(ctx: MethodInputs) -> Tensor:
 def _gae(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None and ctx.capture.attention_gradients is not None
     return kernels.gae_scores(
-        ctx.capture.attentions, ctx.capture.attention_gradients, ctx.mask, ctx.options["start_layer"]
+        ctx.capture.attentions,
+        ctx.capture.attention_gradients,
+        ctx.mask,
+        ctx.options["start_layer"],
+        ctx.readout,
+        ctx.read_tokens,
     )
 
 
 def _align(per_embedding: Tensor, ctx: MethodInputs) -> Tensor:
-    """Align embedding-level scores with the model's token sequence (the ViT class token has no input: 0)."""
+    """Align embedding-level scores with the model's token sequence (the prefix tokens of an image model, class and
+    distillation, have no input: 0)."""
     if ctx.arch.modality == "image":
-        per_embedding = torch.nn.functional.pad(per_embedding, (1, 0))
+        per_embedding = torch.nn.functional.pad(per_embedding, (ctx.arch.prefix_tokens, 0))
     return per_embedding * ctx.mask
 
 
@@ -248,6 +294,30 @@ def _grad_x_input(ctx: MethodInputs) -> Tensor:
     capture = ctx.capture
     assert capture.embeddings is not None and capture.embedding_gradients is not None
     return _align((capture.embeddings * capture.embedding_gradients).sum(dim=-1), ctx)
+
+
+@register(
+    "attnlrp",
+    summary="AttnLRP (Achtibat et al., ICML 2024): LRP for attention as a modified gradient x input embedding",
+    class_specific=True,
+    needs=frozenset({EMBEDDING_GRADIENTS}),
+    rules=partial(attach_rules, variant="attnlrp"),
+)
+def _attnlrp(ctx: MethodInputs) -> Tensor:
+    """Relevance of each input token (patch): input embedding × AttnLRP's modified gradient, summed over hidden."""
+    return _grad_x_input(ctx)
+
+
+@register(
+    "cp_lrp",
+    summary="CP-LRP (Ali et al. 2022): AttnLRP's rules with no relevance through the attention weights (conserves)",
+    class_specific=True,
+    needs=frozenset({EMBEDDING_GRADIENTS}),
+    rules=partial(attach_rules, variant="cp_lrp"),
+)
+def _cp_lrp(ctx: MethodInputs) -> Tensor:
+    """Relevance of each input token (patch): input embedding × CP-LRP's modified gradient, summed over hidden."""
+    return _grad_x_input(ctx)
 
 
 @register(

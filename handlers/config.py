@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 from explainers import available_methods
 
+#: Multi-label threshold when neither the user nor the checkpoint's config sets one.
+DEFAULT_THRESHOLD = 0.5
+
 #: Keys the ``handler:`` section may hold.
 _KNOWN_KEYS = frozenset(
     {
@@ -23,6 +26,8 @@ _KNOWN_KEYS = frozenset(
         "max_image_bytes",
         "max_image_pixels",
         "threads",
+        "threshold",
+        "pad_token_id",
     }
 )
 
@@ -50,12 +55,16 @@ class HandlerConfig:
         max_image_pixels: Image: largest accepted decoded image (width × height); larger is 413.
         threads: torch intra-op threads of the worker (``None``: torch's default, one per core). Set 1 when
             several workers or other processes share few cores: oversubscribed OpenMP threads spin and stall.
+        threshold: Multi-label heads: probability at or above which a label is predicted (``None``: 0.5).
+        pad_token_id: Text: the token id batches are padded with, set on the tokenizer and ``config.pad_token_id``
+            at load (``None``: the checkpoint's own, unchanged). Written by ``model_store.package`` for checkpoints
+            without a pad token (it then pads with EOS).
     """
 
     task: Literal["text", "image"]
     labels: tuple[str, ...]
     model_dir: str = "model"
-    default_method: str = "relevance"
+    default_method: str = "attnlrp"
     max_length: int = 128
     max_text_chars: int = 20_000
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -64,6 +73,8 @@ class HandlerConfig:
     max_image_bytes: int = 2_000_000
     max_image_pixels: int = 16_000_000
     threads: int | None = None
+    threshold: float | None = None
+    pad_token_id: int | None = None
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> HandlerConfig:
@@ -86,7 +97,7 @@ class HandlerConfig:
             raise ConfigError("handler.labels must be a non-empty list of class names")
         if len(set(labels)) != len(labels):
             raise ConfigError(f"handler.labels must be distinct, got {labels}")
-        default_method = section.get("default_method", "relevance")
+        default_method = section.get("default_method", "attnlrp")
         if default_method not in available_methods():
             raise ConfigError(f"handler.default_method {default_method!r} is not one of {available_methods()}")
         device = section.get("device", "auto")
@@ -111,6 +122,8 @@ class HandlerConfig:
             max_image_bytes=_int_key(section, "max_image_bytes", 2_000_000),
             max_image_pixels=_int_key(section, "max_image_pixels", 16_000_000),
             threads=_int_key(section, "threads", 1) if section.get("threads") is not None else None,
+            threshold=_threshold(section.get("threshold")),
+            pad_token_id=_pad_token_id(section.get("pad_token_id")),
         )
         if config.max_length < 3:
             raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")
@@ -119,6 +132,22 @@ class HandlerConfig:
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _threshold(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ConfigError(f"handler.threshold must be a probability in (0, 1), got {value!r}")
+    return float(value)
+
+
+def _pad_token_id(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"handler.pad_token_id must be a token id (an integer >= 0), got {value!r}")
+    return value
 
 
 def _int_key(section: Mapping[str, Any], key: str, default: int) -> int:

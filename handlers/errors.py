@@ -18,6 +18,7 @@ from explainers import (
     InvalidTargetError,
     NonFiniteScoresError,
     UnknownMethodError,
+    UnsupportedMethodError,
     UnsupportedModelError,
 )
 
@@ -44,6 +45,12 @@ ERROR_TABLE: dict[str, ErrorKind] = {
         ErrorKind("missing_image", 400, "INVALID_ARGUMENT", "no image in the request"),
         ErrorKind("invalid_image", 400, "INVALID_ARGUMENT", "the image is not valid base64 or not a decodable image"),
         ErrorKind("unknown_method", 400, "INVALID_ARGUMENT", "the method is not registered (message lists them)"),
+        ErrorKind(
+            "unsupported_method",
+            400,
+            "INVALID_ARGUMENT",
+            "the method does not work on this architecture (message says why and lists the ones that do)",
+        ),
         ErrorKind("invalid_target", 400, "INVALID_ARGUMENT", "unknown label name or class index out of range"),
         ErrorKind("invalid_option", 400, "INVALID_ARGUMENT", "unknown option or value out of range (start_layer)"),
         ErrorKind("text_too_long", 413, "RESOURCE_EXHAUSTED", "more characters than max_text_chars"),
@@ -93,6 +100,7 @@ class RowError(Exception):
 
 _EXPLAIN_CODES: tuple[tuple[type[ExplainError], str], ...] = (
     (UnknownMethodError, "unknown_method"),
+    (UnsupportedMethodError, "unsupported_method"),
     (InvalidTargetError, "invalid_target"),
     (InvalidOptionError, "invalid_option"),
     (InvalidInputError, "invalid_request"),

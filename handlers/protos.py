@@ -1,9 +1,12 @@
-"""Generate and import the Python protobuf/gRPC stubs: ours (``proto/explain.proto``) and TorchServe's
-``inference.proto`` / ``management.proto``, read from inside the installed TorchServe package (never copied into the
-repository).
+"""The Python protobuf/gRPC stubs the server side uses.
 
-``python -m handlers.protos [--out DIR]`` (``make protos``) generates them; :func:`load` generates them on first use
-if missing, into the same git-ignored folder (default ``build/protos``; ``EXPLAIN_PROTO_DIR`` overrides).
+- ``proto/explain.proto`` (the explanation messages) and the inference part of TorchServe's API
+  (``proto/torchserve_inference.proto``): the client package's stubs (:mod:`explain_client.protos`), so that one
+  copy of each message is loaded in a process and the handlers decode exactly what the client encodes.
+- TorchServe's ``management.proto``, read from inside the installed TorchServe package (never copied into the
+  repository): generated here. ``python -m handlers.protos [--out DIR]`` (``make protos``) generates it (and
+  refreshes the client's stubs); :func:`management_stubs` generates it on first use if missing, into a git-ignored
+  folder (default ``build/protos``; ``EXPLAIN_PROTO_DIR`` overrides).
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ import zipfile
 from pathlib import Path
 from types import ModuleType
 
+from explain_client import protos as explain_client_protos
+
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-OWN_PROTO = REPO_ROOT / "proto" / "explain.proto"
 DEFAULT_OUT = REPO_ROOT / "build" / "protos"
-TORCHSERVE_PROTOS = ("inference.proto", "management.proto")
+#: Generated here from TorchServe's jar. Its inference.proto is not: the client's own description of it is used
+#: (tests/test_client_package.py checks the two are wire-compatible), and both in one process would clash.
+TORCHSERVE_PROTOS = ("management.proto",)
 _STAMP = ".generated"
 
 
@@ -33,7 +39,8 @@ def output_dir() -> Path:
     return Path(os.environ.get("EXPLAIN_PROTO_DIR", DEFAULT_OUT))
 
 
-def _torchserve_jar() -> Path:
+def torchserve_jar() -> Path:
+    """The installed TorchServe frontend jar, which holds TorchServe's ``proto/*.proto``."""
     import ts
 
     jar = Path(ts.__file__).resolve().parent / "frontend" / "model-server.jar"
@@ -53,7 +60,8 @@ def _include_dirs() -> list[str]:
 
 
 def generate(out: Path | None = None) -> Path:
-    """Generate all stubs into ``out`` (atomically per file set) and return the folder.
+    """Generate TorchServe's management stubs into ``out`` (atomically per file set), refresh the client's stubs
+    if a ``.proto`` changed, and return ``out``.
 
     Raises:
         RuntimeError: if ``protoc`` fails.
@@ -65,32 +73,36 @@ def generate(out: Path | None = None) -> Path:
     with tempfile.TemporaryDirectory(prefix=".protos-", dir=out) as work:
         source = Path(work) / "src"
         source.mkdir()
-        with zipfile.ZipFile(_torchserve_jar()) as jar:
+        with zipfile.ZipFile(torchserve_jar()) as jar:
             for name in TORCHSERVE_PROTOS:
                 (source / name).write_bytes(jar.read(f"proto/{name}"))
-        (source / OWN_PROTO.name).write_bytes(OWN_PROTO.read_bytes())
         generated = Path(work) / "gen"
         generated.mkdir()
         args = ["grpc_tools.protoc", f"-I{source}", *[f"-I{d}" for d in _include_dirs()]]
         args += [f"--python_out={generated}", f"--pyi_out={generated}", f"--grpc_python_out={generated}"]
-        args += [str(source / name) for name in (*TORCHSERVE_PROTOS, OWN_PROTO.name)]
+        args += [str(source / name) for name in TORCHSERVE_PROTOS]
         if protoc.main(args) != 0:
             raise RuntimeError(f"protoc failed: {' '.join(args)}")
         for path in generated.iterdir():
             os.replace(path, out / path.name)
-    (out / _STAMP).write_text(OWN_PROTO.read_text(encoding="utf-8"), encoding="utf-8")
-    logger.info("generated gRPC stubs in %s", out)
+    (out / _STAMP).write_text(" ".join(TORCHSERVE_PROTOS), encoding="utf-8")
+    logger.info("generated TorchServe's management stubs in %s", out)
+    explain_client_protos.explain_messages()  # regenerates the client's stubs when a .proto changed
     return out
+
+
+def _current(stamp: Path) -> bool:
+    return stamp.is_file() and stamp.read_text(encoding="utf-8") == " ".join(TORCHSERVE_PROTOS)
 
 
 def _import(name: str) -> ModuleType:
     out = output_dir()
     stamp = out / _STAMP
-    if not stamp.is_file() or stamp.read_text(encoding="utf-8") != OWN_PROTO.read_text(encoding="utf-8"):
+    if not _current(stamp):
         out.mkdir(parents=True, exist_ok=True)
         with (out.parent / f".{out.name}.lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not stamp.is_file() or stamp.read_text(encoding="utf-8") != OWN_PROTO.read_text(encoding="utf-8"):
+            if not _current(stamp):
                 generate(out)
     if str(out) not in sys.path:
         sys.path.insert(0, str(out))
@@ -98,13 +110,15 @@ def _import(name: str) -> ModuleType:
 
 
 def explain_messages() -> ModuleType:
-    """The ``explain_pb2`` module (``ExplainRequest``, ``ExplainResponse``, ...)."""
-    return _import("explain_pb2")
+    """The ``explain_pb2`` module (``ExplainRequest``, ``ExplainResponse``, ...): the client package's."""
+    return explain_client_protos.explain_messages()
 
 
 def inference_stubs() -> tuple[ModuleType, ModuleType]:
-    """TorchServe's ``inference_pb2`` and ``inference_pb2_grpc``."""
-    return _import("inference_pb2"), _import("inference_pb2_grpc")
+    """The inference messages and service stub of TorchServe's gRPC API (``PredictionsRequest``,
+    ``PredictionResponse``, ``InferenceAPIsServiceStub``): the client package's, from
+    ``proto/torchserve_inference.proto``."""
+    return explain_client_protos.inference_stubs()
 
 
 def management_stubs() -> tuple[ModuleType, ModuleType]:

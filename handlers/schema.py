@@ -7,7 +7,8 @@ A row arrives as a dict from TorchServe:
 - gRPC ``Predictions``: ``input["body"]`` = the same JSON as bytes, or ``input["request"]`` = a serialized
   ``ExplainRequest`` (proto/explain.proto). The reply uses the encoding of the request.
 
-JSON request: ``{"text": "...", "explain": {"method": "relevance", "target": "negative", "start_layer": 0}}``;
+JSON request: ``{"text": "...", "explain": {"method": "relevance", "target": "negative", "start_layer": 0}}``
+(sentence-pair models also take ``"text_pair": "..."``);
 ``explain`` absent (or ``false``) = prediction only, ``true`` or ``{}`` = the default method. Images:
 ``{"image": "<base64 PNG/JPEG>", "explain": ...}``. On ``/explanations/{model}`` an absent ``explain`` means the
 default method.
@@ -48,6 +49,7 @@ class DecodedRow:
     request: RowRequest
     text: str | None = None
     image: bytes | None = None
+    text_pair: str | None = None
 
 
 @dataclass
@@ -56,16 +58,22 @@ class RowOutcome:
 
     encoding: Encoding
     error: RowError | None = None
+    head_type: str = "single_label"
     label_id: int = -1
     probabilities: list[float] = field(default_factory=list)
+    predicted: list[int] = field(default_factory=list)
+    threshold: float | None = None
+    value: float | None = None
     truncated: bool = False
     method: str | None = None
     target: int = -1
     options: Mapping[str, int] = field(default_factory=dict)
     tokens: list[str] | None = None
     special_tokens: list[bool] | None = None
+    segments: list[int] | None = None
     scores: list[float] | None = None
     grid: tuple[int, int] | None = None
+    pooled: str = "first"
     attribution_seconds: float = 0.0
 
 
@@ -129,11 +137,11 @@ def _parse_json(text: str) -> Any:
 
 def _decode_document(document: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
     input_key = "text" if config.task == "text" else "image"
-    allowed = {input_key, "explain"}
+    allowed = {input_key, "explain"} | ({"text_pair"} if config.task == "text" else set())
     unknown = sorted(set(document) - allowed)
     if unknown:
         other = "image" if input_key == "text" else "text"
-        if other in unknown:
+        if other in unknown or (config.task == "image" and "text_pair" in unknown):
             raise RowError("unsupported_input", f"this is a {config.task} model: send {input_key!r}, not {other!r}")
         raise RowError("invalid_request", f"unknown field(s) {unknown}; allowed: {sorted(allowed)}")
     request = _explain_request(document.get("explain"), explain_header, config)
@@ -143,7 +151,11 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
             raise RowError("missing_text", "missing 'text': send {'text': 'your sentence'}")
         if not isinstance(text, str):
             raise RowError("invalid_request", f"'text' must be a string, got {type(text).__name__}")
-        return DecodedRow(Encoding.JSON, request, text=_check_text(text, config))
+        pair = document.get("text_pair")
+        if pair is not None and not isinstance(pair, str):
+            raise RowError("invalid_request", f"'text_pair' must be a string, got {type(pair).__name__}")
+        text, pair = _check_pair(text, pair, config)
+        return DecodedRow(Encoding.JSON, request, text=text, text_pair=pair)
     encoded = document.get("image")
     if encoded is None:
         raise RowError("missing_image", "missing 'image': send {'image': '<base64 PNG or JPEG>'}")
@@ -182,7 +194,10 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
             target = int(explain.target_id)
         request = _row_request(explain.method or config.default_method, target, dict(explain.options), config)
     if kind == "text":
-        return DecodedRow(Encoding.PROTOBUF, request, text=_check_text(message.text, config))
+        text, pair = _check_pair(message.text, message.text_pair or None, config)
+        return DecodedRow(Encoding.PROTOBUF, request, text=text, text_pair=pair)
+    if message.text_pair:
+        raise RowError("unsupported_input", "this is an image model: ExplainRequest.text_pair is for text models")
     _check_image_size(len(message.image), config)
     return DecodedRow(Encoding.PROTOBUF, request, image=bytes(message.image))
 
@@ -225,6 +240,16 @@ def _check_text(text: str, config: HandlerConfig) -> str:
     return text
 
 
+def _check_pair(text: str, pair: str | None, config: HandlerConfig) -> tuple[str, str | None]:
+    """Check a text and its optional pair (each non-blank; together at most ``max_text_chars``)."""
+    if pair is None:
+        return _check_text(text, config), None
+    if not text.strip() or not pair.strip():
+        raise RowError("missing_text", "'text' and 'text_pair' must both be non-blank (omit 'text_pair' for one text)")
+    _check_text(text + pair, config)
+    return text, pair
+
+
 def _check_image_size(size: int, config: HandlerConfig) -> None:
     if size > config.max_image_bytes:
         raise RowError("image_too_large", f"image of ~{size} bytes exceeds the limit of {config.max_image_bytes} bytes")
@@ -235,14 +260,19 @@ def _rounded(values: list[float]) -> list[float]:
 
 
 def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, Any]:
-    """The JSON document of one row's response."""
+    """The JSON document of one row's response (docs/SERVING.md, "Response")."""
     if outcome.error is not None:
         return {"error": outcome.error.to_dict()}
-    document: dict[str, Any] = {
-        "label": labels[outcome.label_id],
-        "label_id": outcome.label_id,
-        "probabilities": dict(zip(labels, _rounded(outcome.probabilities), strict=True)),
-    }
+    document: dict[str, Any] = {"head_type": outcome.head_type}
+    if outcome.head_type == "regression":
+        document["value"] = float(f"{outcome.value:.6g}") if outcome.value is not None else None
+    else:
+        document["label"] = labels[outcome.label_id]
+        document["label_id"] = outcome.label_id
+        document["probabilities"] = dict(zip(labels, _rounded(outcome.probabilities), strict=True))
+    if outcome.head_type == "multi_label":
+        document["labels"] = [labels[index] for index in outcome.predicted]
+        document["threshold"] = outcome.threshold
     if outcome.tokens is not None:
         document["truncated"] = outcome.truncated
     if outcome.method is not None:
@@ -260,7 +290,11 @@ def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, A
         else:
             explanation["tokens"] = outcome.tokens
             explanation["special_tokens"] = outcome.special_tokens
+            if outcome.segments is not None:
+                explanation["segments"] = outcome.segments
             explanation["scores"] = scores
+        if outcome.pooled != "first":
+            explanation["pooled"] = outcome.pooled
         explanation["seconds"] = round(outcome.attribution_seconds, 6)
         document["explanation"] = explanation
     return document
@@ -279,10 +313,18 @@ def encode_outcome(outcome: RowOutcome, labels: tuple[str, ...]) -> bytes:
         response.error.grpc_code = error.kind.grpc_code
         response.error.message = error.message
         return bytes(response.SerializeToString())
-    response.label = labels[outcome.label_id]
-    response.label_id = outcome.label_id
-    for label, probability in zip(labels, outcome.probabilities, strict=True):
-        response.probabilities[label] = probability
+    response.head_type = outcome.head_type
+    if outcome.head_type == "regression":
+        if outcome.value is not None:
+            response.value = outcome.value
+    else:
+        response.label = labels[outcome.label_id]
+        response.label_id = outcome.label_id
+        for label, probability in zip(labels, outcome.probabilities, strict=True):
+            response.probabilities[label] = probability
+    if outcome.head_type == "multi_label":
+        response.labels.extend(labels[index] for index in outcome.predicted)
+        response.threshold = outcome.threshold or 0.0
     response.truncated = outcome.truncated
     if outcome.method is not None:
         explanation = response.explanation
@@ -297,5 +339,8 @@ def encode_outcome(outcome: RowOutcome, labels: tuple[str, ...]) -> bytes:
         else:
             explanation.tokens.extend(outcome.tokens or [])
             explanation.special_tokens.extend(outcome.special_tokens or [])
+            explanation.segments.extend(outcome.segments or [])
+        if outcome.pooled != "first":
+            explanation.pooled = outcome.pooled
         explanation.seconds = outcome.attribution_seconds
     return bytes(response.SerializeToString())

@@ -9,6 +9,7 @@ the others are served. Nothing per request is kept on the service object.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import warnings
@@ -21,15 +22,16 @@ import torch
 from PIL import Image
 from torch import nn
 from transformers import (
+    AutoConfig,
     AutoImageProcessor,
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     AutoTokenizer,
 )
 
-from explainers import ExplainError, RowExplanation, describe, explain_batch
+from explainers import ExplainError, RowExplanation, describe, explain_batch, head_type, pooled_position
 
-from .config import HandlerConfig
+from .config import DEFAULT_THRESHOLD, HandlerConfig
 from .errors import RowError, from_explain_error
 from .schema import DecodedRow, Encoding, RowOutcome
 
@@ -53,6 +55,21 @@ def select_device(requested: str) -> torch.device:
     return torch.device("cuda")
 
 
+def classifier_class(model_config: Any, task: str) -> Any:
+    """The class a checkpoint is loaded with: the one ``config.architectures`` names when the explainers accept it for
+    its model type (e.g. ``DeiTForImageClassificationWithTeacher``, which the Auto class would not pick), else the
+    Auto class of the task."""
+    import transformers
+
+    from explainers import FAMILIES
+
+    names = getattr(model_config, "architectures", None) or []
+    family = FAMILIES.get(str(getattr(model_config, "model_type", "")))
+    if names and family is not None and names[0] in family.classes and hasattr(transformers, names[0]):
+        return getattr(transformers, names[0])
+    return AutoModelForSequenceClassification if task == "text" else AutoModelForImageClassification
+
+
 class ExplanationService:
     """One loaded classifier and its tokenizer or image processor."""
 
@@ -64,8 +81,11 @@ class ExplanationService:
         """
         self.config = config
         self.device = device
-        auto = AutoModelForSequenceClassification if config.task == "text" else AutoModelForImageClassification
-        model: nn.Module = auto.from_pretrained(str(model_dir), attn_implementation="eager")
+        checkpoint_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        # Local safetensors only: never a download, never a pickle file.
+        model: nn.Module = classifier_class(checkpoint_config, config.task).from_pretrained(
+            str(model_dir), attn_implementation="eager", local_files_only=True, use_safetensors=True
+        )
         self.model = model.to(device).eval()
         describe(self.model)  # raises UnsupportedModelError early for an unknown architecture
         model_config: Any = self.model.config
@@ -73,15 +93,26 @@ class ExplanationService:
         checkpoint_labels = tuple(id2label[index] for index in range(len(id2label)))
         if checkpoint_labels != config.labels:
             raise ValueError(f"handler.labels {config.labels} differ from the checkpoint id2label {checkpoint_labels}")
+        self.head_type = head_type(self.model)
+        self.pooled = pooled_position(self.model)
+        self.threshold = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
         self.tokenizer: Any = None
         self.processor: Any = None
         if config.task == "text":
-            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-            self.tokenizer.padding_side = "right"
+            # The tokenizer's own padding side: right for encoders, left for most decoder classifiers.
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+            if config.pad_token_id is not None:
+                if self.tokenizer.pad_token_id != config.pad_token_id:
+                    self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(config.pad_token_id)
+                model_config.pad_token_id = config.pad_token_id
             self.special_ids = frozenset(int(i) for i in self.tokenizer.all_special_ids)
+            accepted = inspect.signature(self.model.forward).parameters
+            self.input_names = tuple(
+                name for name in ("input_ids", "attention_mask", "token_type_ids") if name in accepted
+            )
         else:
-            self.processor = AutoImageProcessor.from_pretrained(str(model_dir))
-        logger.info("loaded %s model from %s on %s", config.task, model_dir, device)
+            self.processor = AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True)
+        logger.info("loaded %s model (%s head) from %s on %s", config.task, self.head_type, model_dir, device)
 
     @contextlib.contextmanager
     def _autocast(self) -> Iterator[None]:
@@ -91,17 +122,36 @@ class ExplanationService:
         else:
             yield
 
-    def _text_inputs(self, texts: Sequence[str]) -> tuple[dict[str, torch.Tensor], list[bool]]:
-        encoded = self.tokenizer(
-            list(texts),
-            padding=True,
-            truncation=True,
-            max_length=self.config.max_length,
-            return_tensors="pt",
-            return_overflowing_tokens=False,
-        )
-        truncated = [bool(encoding.overflowing) for encoding in encoded.encodings]
-        return dict(encoded), truncated
+    def _text_inputs(
+        self, texts: Sequence[str], pairs: Sequence[str | None]
+    ) -> tuple[dict[str, torch.Tensor], list[bool], list[list[int] | None]]:
+        """Tokenize each row (a text, or a text and its pair), then pad them into one batch on the tokenizer's
+        padding side.
+
+        Returns:
+            The model inputs, whether each row was truncated, and each pair row's segment per token
+            (0 text, 1 text_pair, -1 special token; ``None`` for a single text).
+        """
+        rows: list[dict[str, list[int]]] = []
+        truncated: list[bool] = []
+        segments: list[list[int] | None] = []
+        limit = self.config.max_length
+        for text, pair in zip(texts, pairs, strict=True):
+            encoded = self.tokenizer(text, pair, truncation=True, max_length=limit)
+            ids = encoded["input_ids"]
+            encodings = getattr(encoded, "encodings", None)
+            if encodings:
+                truncated.append(bool(encodings[0].overflowing))
+            else:  # a tokenizer without a Rust backend: tokenize again untruncated only when it may have cut
+                truncated.append(len(ids) >= limit and len(self.tokenizer(text, pair)["input_ids"]) > limit)
+            if pair is None:
+                segments.append(None)
+            else:
+                sequence_ids = encoded.sequence_ids(0) if encodings else [None] * len(ids)
+                segments.append([-1 if sequence is None else int(sequence) for sequence in sequence_ids])
+            rows.append({name: encoded[name] for name in self.input_names if name in encoded})
+        batch = self.tokenizer.pad(rows, padding=True, return_tensors="pt")
+        return {name: batch[name] for name in self.input_names if name in batch}, truncated, segments
 
     def decode_image(self, data: bytes) -> Image.Image:
         """Decode PNG/JPEG bytes to RGB, bounded in pixels.
@@ -164,8 +214,11 @@ class ExplanationService:
             return outcomes, BatchTimings(0.0, 0.0)
         decoded = [rows[index] for index in valid]
         truncated = [False] * len(valid)
+        segments: list[list[int] | None] = [None] * len(valid)
         if self.config.task == "text":
-            inputs, truncated = self._text_inputs([row.text or "" for row in decoded])  # type: ignore[union-attr]
+            texts = [row.text or "" for row in decoded]  # type: ignore[union-attr]
+            pairs = [row.text_pair for row in decoded]  # type: ignore[union-attr]
+            inputs, truncated, segments = self._text_inputs(texts, pairs)
         else:
             inputs = self._image_inputs(images)
         requests = [row.request for row in decoded]  # type: ignore[union-attr]
@@ -177,18 +230,18 @@ class ExplanationService:
             for index in valid:
                 outcomes[index].error = RowError("internal", "the batch failed on the server; see the server log")
             return outcomes, BatchTimings(0.0, 0.0)
-        probabilities = result.logits.float().softmax(dim=-1).cpu()
+        values = result.probabilities.float().cpu()  # softmax, sigmoid or the regression values (head_type)
         input_ids = inputs["input_ids"].cpu() if "input_ids" in inputs else None
         for position, index in enumerate(valid):
             outcome = outcomes[index]
-            outcome.label_id = int(probabilities[position].argmax())
-            outcome.probabilities = probabilities[position].tolist()
+            self._fill_prediction(outcome, values[position])
             outcome.truncated = truncated[position]
             if input_ids is not None:
-                length = int(inputs["attention_mask"][position].sum())
-                ids = input_ids[position, :length].tolist()
+                real = inputs["attention_mask"][position].cpu().bool()  # left or right padding
+                ids = input_ids[position][real].tolist()
                 outcome.tokens = self.tokenizer.convert_ids_to_tokens(ids)
                 outcome.special_tokens = [token_id in self.special_ids for token_id in ids]
+                outcome.segments = segments[position]
             row_result = result.rows[position]
             if isinstance(row_result, ExplainError):
                 outcome.error = from_explain_error(row_result)
@@ -198,12 +251,25 @@ class ExplanationService:
         seconds = result.seconds
         return outcomes, BatchTimings(float(seconds.get("forward", 0.0)), float(seconds.get("backward", 0.0)))
 
+    def _fill_prediction(self, outcome: RowOutcome, values: torch.Tensor) -> None:
+        """The row's answer from its ``(num_labels,)`` probabilities (or regression values)."""
+        outcome.head_type = self.head_type
+        outcome.label_id = int(values.argmax())
+        if self.head_type == "regression":
+            outcome.value = float(values[0])
+            return
+        outcome.probabilities = values.tolist()
+        if self.head_type == "multi_label":
+            outcome.threshold = self.threshold
+            outcome.predicted = [label for label, value in enumerate(outcome.probabilities) if value >= self.threshold]
+
     def _fill_explanation(self, outcome: RowOutcome, explanation: RowExplanation) -> None:
         scores = explanation.scores.float().cpu()
         outcome.method = explanation.method
         outcome.target = explanation.target
         outcome.options = dict(explanation.options)
         outcome.attribution_seconds = explanation.seconds
+        outcome.pooled = explanation.pooled
         if scores.dim() == 2:
             outcome.grid = (int(scores.shape[0]), int(scores.shape[1]))
             outcome.scores = scores.flatten().tolist()

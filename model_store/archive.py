@@ -63,7 +63,7 @@ class ServingConfig:
     image_size: tuple[int, int] | None = None
     max_image_bytes: int | None = None
     model_dir: str = "model"
-    default_method: str = "relevance"
+    default_method: str = "attnlrp"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     autocast_bf16: bool = False
     min_workers: int = 1

@@ -71,9 +71,11 @@ Trainer = Callable[..., dict[str, Any]]
 def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run :func:`model_store.train_text.train_sentiment` (imported on first use: torch and transformers are slow to
     import, and a build whose fingerprints are unchanged never needs them)."""
+    from model_store.loading import new_head_notice
     from model_store.train_text import train_sentiment as train
 
-    return train(recipe, model_dir, progress=progress)
+    with new_head_notice():
+        return train(recipe, model_dir, progress=progress)
 
 
 def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:

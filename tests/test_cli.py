@@ -18,13 +18,13 @@ import pytest
 from PIL import Image
 
 from explain_client import Explanation, Prediction
-from explain_client.cli import main
+from explain_client.cli import build_parser, join_dash_values, main, make_client
+from explain_client.pictures import overlay_image
 from explain_client.render import (
     NEGATIVE_RGB,
     POSITIVE_RGB,
     merge_pieces,
     normalise,
-    overlay_image,
     score_rgb,
     terminal_compare,
     terminal_prediction,
@@ -131,7 +131,7 @@ def test_cli_prints_label_probabilities_and_coloured_words(server: Server, trans
     cells = ANSI_BACKGROUND.findall(output)
     assert [cell[3] for cell in cells] == TEXT.split()  # tiny vocab pieces merged back into the words
     assert max(int(cell[0]) - int(cell[2]) for cell in cells) > 100  # the top word is strongly red
-    assert "sum of its pieces' scores" in output
+    assert "sum of its pieces' scores" in output and "Colour = score" in output
 
 
 @pytest.mark.slow
@@ -144,6 +144,7 @@ def test_cli_compare_and_errors(server: Server) -> None:
     )
     for word in TEXT.split():
         assert any(line.startswith(word) and line.count("|") == 3 for line in output.splitlines())
+    assert "Colour" not in output and "score / max |word score|" in output  # no colour legend without colours
     status, output = run_cli(server, TEXT, "--method", "lime")
     assert status == 1 and "error (lime): unknown_method" in output
 
@@ -182,7 +183,7 @@ def test_cli_png_for_an_image(server: Server, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_console_script_is_installed(server: Server) -> None:
     script = shutil.which("explain", path=str(Path(sys.executable).parent))
-    assert script is not None, "the `explain` console script is not installed: pip install -e ."
+    assert script is not None, "the `explain` console script is not installed: pip install -e ./explain_client"
     result = subprocess.run(
         [script, TEXT, "--run-dir", str(server.run_dir), "--color", "never"],
         capture_output=True,
@@ -214,3 +215,56 @@ def test_html_page_embeds_image_overlays_and_errors() -> None:
     assert uri is not None and "unknown_method: no such method: lime" in page
     overlay = Image.open(io.BytesIO(base64.b64decode(uri.group(1))))
     assert overlay.size == (256, 256)
+
+
+def test_a_token_that_begins_with_a_dash_is_a_value() -> None:
+    parser = build_parser()
+    assert join_dash_values(["x", "--token", "-UzNKxHY", "--grpc"], parser) == ["x", "--token=-UzNKxHY", "--grpc"]
+    assert parser.parse_args(join_dash_values(["--token", "-UzNKxHY"], parser)).token == "-UzNKxHY"
+    assert parser.parse_args(["--token=-UzNKxHY"]).token == "-UzNKxHY"  # the form that always works
+    # A following option stays an option (also abbreviated), so a forgotten key is still a usage error.
+    assert join_dash_values(["--token", "--grpc"], parser) == ["--token", "--grpc"]
+    assert join_dash_values(["--token", "--gr"], parser) == ["--token", "--gr"]
+    assert join_dash_values(["--token", "--", "x"], parser) == ["--token", "--", "x"]
+
+
+def _write_run_dir(run_dir: Path, key: str) -> None:
+    run_dir.mkdir()
+    (run_dir / "key_file.json").write_text(json.dumps({"inference": {"key": key}, "management": {"key": "m"}}))
+
+
+@pytest.mark.parametrize("transport", [[], ["--grpc"]], ids=["rest", "grpc"])
+def test_an_explicit_address_uses_the_run_folders_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: list[str]
+) -> None:
+    monkeypatch.delenv("EXPLAIN_TOKEN", raising=False)
+    monkeypatch.delenv("EXPLAIN_TOKEN_FILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    address = ["--url", "http://127.0.0.1:9"] if not transport else ["--grpc", "--grpc-address", "127.0.0.1:9"]
+    parser = build_parser()
+    with make_client(parser.parse_args(["x", *address])) as client:
+        assert client._backend.token is None  # no run folder here: nothing to send
+    _write_run_dir(tmp_path / "run", "-UzNKxHY")
+    with make_client(parser.parse_args(["x", *address])) as client:
+        assert client._backend.token == "-UzNKxHY"  # ./run's key, for an explicit address too
+    _write_run_dir(tmp_path / "other", "other-key")
+    with make_client(parser.parse_args(["x", *address, "--run-dir", "other"])) as client:
+        assert client._backend.token == "other-key"
+    arguments = join_dash_values(["x", *address, "--token", "-given"], parser)
+    with make_client(parser.parse_args(arguments)) as client:
+        assert client._backend.token == "-given"  # a token given wins over the run folder's
+    monkeypatch.setenv("EXPLAIN_TOKEN", "from-env")
+    with make_client(parser.parse_args(["x", *address])) as client:
+        assert client._backend.token == "from-env"
+
+
+@pytest.mark.slow
+def test_cli_without_a_token_says_none_was_sent_and_where_to_get_one(server: Server, tmp_path: Path) -> None:
+    out = io.StringIO()
+    status = main([TEXT, "--url", server.inference_url, "--no-progress", "--run-dir", str(tmp_path)], stdout=out)
+    assert status == 1
+    assert "no token was sent" in out.getvalue() and "key_file.json" in out.getvalue(), out.getvalue()
+    key = server.keys["inference"]
+    out = io.StringIO()
+    status = main([TEXT, "--url", server.inference_url, "--no-progress", "--token", key], stdout=out)
+    assert status == 0, out.getvalue()

@@ -121,7 +121,7 @@ def test_token_sources(
     address = {"url": server.inference_url, "grpc_address": f"127.0.0.1:{server.ports.grpc_inference}"}
     with ExplainClient(transport, **address) as client, pytest.raises(ServiceError) as caught:  # type: ignore[arg-type]
         client.predict("sentiment", TEXT)
-    assert caught.value.code in ("unauthorized", "http_400", "http_401") or caught.value.grpc_code is not None
+    assert caught.value.code == "unauthorized" and "no token was sent" in caught.value.message
     key = server.keys["inference"]
     plain = tmp_path / "token.txt"
     plain.write_text(key + "\n")
@@ -244,7 +244,6 @@ class _FlakyBackend:
         (ServiceError("http_507", "Worker died.", http_status=507), True),
         (ServiceError("resource_exhausted", "Worker died.", grpc_code="RESOURCE_EXHAUSTED"), True),
         (ServiceError("unknown_method", "unknown method 'x'", http_status=400), False),
-        (ServiceError("unauthorized", "Token Authorization failed", http_status=401), False),
     ],
 )
 def test_retries_only_retryable_failures(error: ServiceError, retried: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -259,6 +258,25 @@ def test_retries_only_retryable_failures(error: ServiceError, retried: bool, mon
         with pytest.raises(ServiceError) as caught:
             client.predict("sentiment", TEXT)
         assert caught.value is error and backend.calls == 1 and not sleeps
+
+
+def test_a_refused_token_is_not_retried_and_says_where_a_token_comes_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr("explain_client.client.time.sleep", sleeps.append)
+    monkeypatch.delenv("EXPLAIN_TOKEN", raising=False)
+    monkeypatch.delenv("EXPLAIN_TOKEN_FILE", raising=False)
+    refused = ServiceError("unauthorized", "Token Authorization failed", http_status=400)
+    client = ExplainClient("rest", retries=2)
+    client._backend = backend = _FlakyBackend(refused, refused)
+    with pytest.raises(ServiceError) as caught:
+        client.predict("sentiment", TEXT)
+    assert backend.calls == 1 and not sleeps and caught.value.code == "unauthorized"
+    assert caught.value.message.startswith("Token Authorization failed: no token was sent")
+    assert "key_file.json" in caught.value.message and "--token=KEY" in caught.value.message
+    backend.token = "stale"
+    with pytest.raises(ServiceError) as caught:
+        client.predict("sentiment", TEXT)
+    assert "the token sent was refused" in caught.value.message
 
 
 def test_retries_give_up_with_the_last_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,25 +296,33 @@ def test_retries_give_up_with_the_last_error(monkeypatch: pytest.MonkeyPatch) ->
         ExplainClient("rest", retries=-1)
 
 
+def _idle_connections(client: ExplainClient) -> list[Any]:
+    """The REST pool's idle connections that still hold a socket (urllib3 keeps ``None`` placeholders)."""
+    queue = client._backend.pool.pool  # type: ignore[attr-defined]
+    return [] if queue is None else [conn for conn in list(queue.queue) if conn is not None and conn.sock is not None]
+
+
 def test_rest_connections_are_kept_alive_and_pooled(server: Server) -> None:
     with client_for(server, "rest") as client:
-        pool = client._backend._idle  # type: ignore[attr-defined]
+        pool = client._backend.pool  # type: ignore[attr-defined]
         client.predict("sentiment", TEXT)
-        assert len(pool) == 1 and pool[0].sock is not None
-        first_socket = pool[0].sock
+        assert pool.num_connections == 1 and len(_idle_connections(client)) == 1
+        first_socket = _idle_connections(client)[0].sock
         client.predict("sentiment", TEXT)
-        assert len(pool) == 1 and pool[0].sock is first_socket  # the same TCP connection, reused
+        assert pool.num_connections == 1 and _idle_connections(client)[0].sock is first_socket  # reused
         with pytest.raises(ServiceError):
             client.explain("sentiment", TEXT, method="no_such_method")
-        # TorchServe closes the connection after an error reply; the pooled connection reconnects on its next use.
+        # TorchServe closes the connection after an error reply; the pool connects again for the next call.
         client.predict("sentiment", TEXT)
-        second_socket = pool[0].sock
+        second_socket = _idle_connections(client)[0].sock
+        assert second_socket is not first_socket
         client.predict("sentiment", TEXT)
-        assert len(pool) == 1 and second_socket is not None and pool[0].sock is second_socket
+        assert _idle_connections(client)[0].sock is second_socket and pool.num_requests == 5
         results = client.explain_many("sentiment", [TEXT] * 12, method=None)
         assert all(isinstance(result, Prediction) for result in results)
-        assert 1 <= len(pool) <= client.concurrency
-    assert not pool  # closed with the client
+        assert 1 <= len(_idle_connections(client)) <= client.concurrency
+        assert pool.num_connections <= 1 + client.concurrency
+    assert not _idle_connections(client)  # closed with the client
 
 
 class _OneRequestPerConnection(http.server.BaseHTTPRequestHandler):
@@ -304,6 +330,11 @@ class _OneRequestPerConnection(http.server.BaseHTTPRequestHandler):
     without saying so, as a server or proxy closing idle keep-alive connections does."""
 
     protocol_version = "HTTP/1.1"
+    connections = 0
+
+    def setup(self) -> None:
+        type(self).connections += 1
+        super().setup()
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -319,18 +350,37 @@ class _OneRequestPerConnection(http.server.BaseHTTPRequestHandler):
         return None
 
 
-def test_rest_client_resends_once_when_a_kept_connection_was_closed() -> None:
+def test_rest_client_reconnects_when_a_kept_connection_was_closed() -> None:
+    _OneRequestPerConnection.connections = 0
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OneRequestPerConnection)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
         client = ExplainClient("rest", url=f"http://127.0.0.1:{httpd.server_address[1]}", retries=0, timeout=5)
         with client:
-            pool = client._backend._idle  # type: ignore[attr-defined]
             for call in range(3):
                 if call:  # the kept connection looks open to the client, but the server has closed it
-                    assert len(pool) == 1 and pool[0].sock is not None
-                assert client.predict("sentiment", TEXT).label == "positive"  # retries=0: the resend did it
+                    assert len(_idle_connections(client)) == 1
+                assert client.predict("sentiment", TEXT).label == "positive"  # retries=0: the pool reconnected
+                assert _OneRequestPerConnection.connections == call + 1
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_connection_broken_before_the_answer_is_sent_once_more_and_nothing_else_is() -> None:
+    """urllib3's part of the retrying: a request whose connection broke before any answer (the race between the
+    pool's closed-connection check and the server's close) is sent once more; a timeout never is (that is the
+    client's policy, with its back-off)."""
+    from urllib3.exceptions import ProtocolError, ReadTimeoutError
+
+    from explain_client.client import _RESEND
+
+    broken = ProtocolError("Connection aborted.", ConnectionResetError())
+    again = _RESEND.increment("POST", "/predictions/m", error=broken)
+    assert again.total == 0
+    with pytest.raises(Exception, match="Max retries"):
+        again.increment("POST", "/predictions/m", error=broken)
+    timeout = ReadTimeoutError(None, "/predictions/m", "read timed out")  # type: ignore[arg-type]
+    with pytest.raises(ReadTimeoutError):
+        _RESEND.increment("POST", "/predictions/m", error=timeout)

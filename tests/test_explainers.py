@@ -23,6 +23,7 @@ from explainers import (
     available_methods,
     explain,
     explain_batch,
+    supported_model_types,
 )
 
 from .conftest import NUM_LABELS, Case, build_bert, build_vit, make_batch, row_inputs, text_batch
@@ -32,7 +33,16 @@ FAST_OPTIONS: dict[str, dict[str, int]] = {"integrated_gradients": {"n_steps": 8
 
 
 def test_registry_lists_the_issue_methods() -> None:
-    assert set(METHODS) == {"attention", "rollout", "relevance", "gae", "grad_x_input", "integrated_gradients"}
+    assert set(METHODS) == {
+        "attention",
+        "rollout",
+        "relevance",
+        "gae",
+        "grad_x_input",
+        "integrated_gradients",
+        "attnlrp",
+        "cp_lrp",
+    }
 
 
 def _plain_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -309,7 +319,7 @@ def test_wrong_input_keys() -> None:
 
 
 def test_unsupported_model() -> None:
-    with pytest.raises(UnsupportedModelError, match="bert, distilbert, roberta, vit"):
+    with pytest.raises(UnsupportedModelError, match=", ".join(supported_model_types())):
         explain(nn.Linear(2, 2), {"input_ids": torch.zeros(1, 2, dtype=torch.long)})
 
 

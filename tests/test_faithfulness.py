@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from explain_client.evaluate import main as eval_main
-from explain_client.faithfulness import (
+from explain_eval.cli import main as eval_main
+from explain_eval.faithfulness import (
     FRACTIONS,
     area_under_curve,
     delete_tokens,
@@ -146,7 +146,7 @@ def test_served_word_removal_retokenizes_to_masked_pieces() -> None:
     from transformers import AutoTokenizer
 
     from explain_client.render import merge_pieces
-    from explain_client.served_eval import words_to_text
+    from explain_eval.served_eval import words_to_text
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_archives()["sentiment"] / "model"))
     texts = [

@@ -62,10 +62,10 @@ def test_decode_json_variants() -> None:
     assert decode_row({"body": b'{"text": "hi"}'}, False, TEXT_CONFIG).request.method is None
     assert decode_row({"body": b'{"text": "hi"}'}, True, TEXT_CONFIG).request.method == TEXT_CONFIG.default_method
     assert decode_row({"body": b'{"text": "hi", "explain": false}'}, True, TEXT_CONFIG).request.method is None
-    assert decode_row({"body": b'{"text": "hi", "explain": true}'}, False, TEXT_CONFIG).request.method == "relevance"
+    assert decode_row({"body": b'{"text": "hi", "explain": true}'}, False, TEXT_CONFIG).request.method == "attnlrp"
     assert decode_row({"data": "plain text body"}, False, TEXT_CONFIG).text == "plain text body"
     image = decode_row({"body": bytearray(png_bytes())}, True, IMAGE_CONFIG)
-    assert image.image == png_bytes() and image.request.method == "relevance"
+    assert image.image == png_bytes() and image.request.method == "attnlrp"
     assert decode_row({"body": {"image": b64(png_bytes())}}, False, IMAGE_CONFIG).image == png_bytes()
 
 
@@ -114,7 +114,7 @@ def test_error_table_is_consistent() -> None:
 def test_decode_protobuf_request() -> None:
     messages = protos.explain_messages()
     message = messages.ExplainRequest(
-        text="hi", explain=messages.ExplainOptions(target_id=1, options={"start_layer": 1})
+        text="hi", explain=messages.ExplainOptions(method="relevance", target_id=1, options={"start_layer": 1})
     )
     row = {"request": message.SerializeToString()}
     decoded = decode_row(row, False, TEXT_CONFIG)
@@ -230,3 +230,121 @@ def test_threads_key() -> None:
     assert HandlerConfig.from_model_yaml({"handler": {**section, "threads": 1}}).threads == 1
     with pytest.raises(ConfigError, match="threads"):
         HandlerConfig.from_model_yaml({"handler": {**section, "threads": 0}})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Your own checkpoints: sentence pairs, multi-label and regression heads, a left-padding decoder
+
+
+@pytest.fixture(scope="module")
+def own_services(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExplanationService]:
+    from model_store.package import package
+    from tests import checkpoints
+
+    folder = tmp_path_factory.mktemp("own")
+    services = {}
+    for name in ("pairs", "topics", "rating", "decoder"):
+        result = package(checkpoints.BUILDERS[name](folder / name), name, folder / "store")
+        config = HandlerConfig.from_model_yaml(yaml.safe_load((result.archive / "model-config.yaml").read_text()))
+        services[name] = ExplanationService(config, result.archive / "model", torch.device("cpu"))
+    return services
+
+
+def _serve(service: ExplanationService, bodies: list[Any]) -> list[Any]:
+    rows = [decode_row({"body": body}, False, service.config) for body in bodies]
+    outcomes, _ = service.run(rows, [Encoding.JSON] * len(rows))
+    return outcomes
+
+
+def test_text_pair_is_decoded_from_json_and_protobuf() -> None:
+    row = decode_row({"body": {"text": "a premise", "text_pair": "a hypothesis"}}, False, TEXT_CONFIG)
+    assert (row.text, row.text_pair) == ("a premise", "a hypothesis")
+    messages = protos.explain_messages()
+    payload = messages.ExplainRequest(text="a premise", text_pair="a hypothesis").SerializeToString()
+    row = decode_row({"request": payload}, False, TEXT_CONFIG)
+    assert (row.text, row.text_pair, row.encoding) == ("a premise", "a hypothesis", Encoding.PROTOBUF)
+    assert decode_row({"body": {"text": "one"}}, False, TEXT_CONFIG).text_pair is None
+    for body, code in (
+        ({"text": "a", "text_pair": 3}, "invalid_request"),
+        ({"text": "a", "text_pair": "  "}, "missing_text"),
+        ({"text": "a", "text_pair": "b" * 20_000}, "text_too_long"),
+    ):
+        with pytest.raises(RowError) as raised:
+            decode_row({"body": body}, False, TEXT_CONFIG)
+        assert raised.value.code == code
+    with pytest.raises(RowError) as raised:
+        decode_row({"body": {"image": b64(png_bytes()), "text_pair": "x"}}, False, IMAGE_CONFIG)
+    assert raised.value.code == "unsupported_input"
+
+
+def test_a_pair_is_scored_over_both_segments_and_rows_stay_independent(own_services: dict[str, Any]) -> None:
+    service = own_services["pairs"]
+    explain = {"method": "gae"}
+    pair = {"text": "the staff were lovely", "text_pair": "the service was quick", "explain": explain}
+    batch = _serve(service, [pair, {"text": "cold food", "explain": explain}])
+    tokens, segments = batch[0].tokens, batch[0].segments
+    assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2 and len(batch[0].scores) == len(tokens)
+    assert segments == [-1, 0, 0, 0, 0, -1, 1, 1, 1, 1, -1]
+    assert batch[1].segments is None and batch[1].tokens == ["[CLS]", "cold", "food", "[SEP]"]
+    alone = _serve(service, [pair])[0]
+    torch.testing.assert_close(torch.tensor(alone.scores), torch.tensor(batch[0].scores), rtol=1e-4, atol=1e-6)
+    document = json.loads(encode_outcome(batch[0], service.config.labels))
+    assert document["explanation"]["segments"] == segments and "pooled" not in document["explanation"]
+
+
+def test_multi_label_and_regression_answers(own_services: dict[str, Any]) -> None:
+    topics = own_services["topics"]
+    outcome = _serve(topics, [{"text": "the food was cold", "explain": {"method": "rollout"}}])[0]
+    document = json.loads(encode_outcome(outcome, topics.config.labels))
+    probabilities = document["probabilities"]
+    assert document["head_type"] == "multi_label" and document["threshold"] == 0.5
+    assert document["labels"] == [label for label, value in probabilities.items() if value >= 0.5]
+    assert abs(sum(probabilities.values()) - 1) > 1e-3, "independent sigmoids, not a softmax"
+    reference = topics.model(**topics.tokenizer(["the food was cold"], return_tensors="pt")).logits.sigmoid()[0]
+    torch.testing.assert_close(torch.tensor(list(probabilities.values())), reference, rtol=1e-4, atol=1e-5)
+    reply = protos.explain_messages().ExplainResponse.FromString(
+        encode_outcome(dataclasses.replace(outcome, encoding=Encoding.PROTOBUF), topics.config.labels)
+    )
+    assert reply.head_type == "multi_label" and list(reply.labels) == document["labels"]
+    rating = own_services["rating"]
+    outcome = _serve(rating, [{"text": "the food was cold", "explain": {"method": "grad_x_input"}}])[0]
+    document = json.loads(encode_outcome(outcome, rating.config.labels))
+    expected = float(rating.model(**rating.tokenizer(["the food was cold"], return_tensors="pt")).logits[0, 0].detach())
+    assert document["head_type"] == "regression" and "label" not in document and "probabilities" not in document
+    assert abs(document["value"] - expected) < 1e-4 and document["explanation"]["target_label"] == "score"
+    reply = protos.explain_messages().ExplainResponse.FromString(
+        encode_outcome(dataclasses.replace(outcome, encoding=Encoding.PROTOBUF), rating.config.labels)
+    )
+    assert reply.HasField("value") and abs(reply.value - expected) < 1e-4 and reply.label == ""
+
+
+def test_a_decoder_is_left_padded_and_explains_its_last_token(own_services: dict[str, Any]) -> None:
+    service = own_services["decoder"]
+    assert service.tokenizer.padding_side == "left" and service.pooled == "last"
+    bodies = [
+        {"text": "the service was quick and the staff were lovely", "explain": {"method": "gae"}},
+        {"text": "cold food", "explain": {"method": "gae"}},
+        {"text": "cold food", "explain": {"method": "relevance"}},
+    ]
+    batch = _serve(service, bodies)
+    alone = _serve(service, [bodies[1]])[0]
+    assert batch[1].tokens == ["cold", "food"] and alone.label_id == batch[1].label_id
+    torch.testing.assert_close(torch.tensor(alone.scores), torch.tensor(batch[1].scores), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(alone.probabilities), torch.tensor(batch[1].probabilities))
+    document = json.loads(encode_outcome(batch[0], service.config.labels))
+    assert document["explanation"]["pooled"] == "last"
+    assert batch[2].error is not None and batch[2].error.code == "unsupported_method"
+    assert "gae" in batch[2].error.message
+
+
+def test_docs_list_the_support_matrix_and_every_error_code() -> None:
+    from explainers import support_table, supported_model_types
+
+    root = Path(__file__).resolve().parent.parent
+    serving = (root / "docs" / "SERVING.md").read_text(encoding="utf-8")
+    assert support_table(available_methods()) in serving, "regenerate the support matrix of docs/SERVING.md"
+    for code, kind in ERROR_TABLE.items():
+        assert f"| `{code}` | {kind.http_status} | {kind.grpc_code} |" in serving, f"{code} not in the docs"
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Serve your own model") :]
+    assert all(f"`{model_type}`" in section for model_type in supported_model_types())

@@ -5,6 +5,7 @@ None of these trains a default model: the build tests run the same recipe code o
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shutil
@@ -14,6 +15,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +31,7 @@ from transformers import (
 
 from model_store import REPO_ROOT
 from model_store import build as build_module
+from model_store import package as package_module
 from model_store.archive import MANIFEST_PATH, MODEL_CONFIG_FILE, ServingConfig
 from model_store.common import seed_everything
 from model_store.data import (
@@ -46,6 +49,7 @@ from model_store.data import (
 from model_store.recipes import TextRecipe, VisionRecipe
 from model_store.train_text import _build_model, length_bucketed_batches
 from model_store.train_vision import make_image_processor, preprocess, random_shift
+from tests import checkpoints
 
 # --------------------------------------------------------------------------------------------------------------------
 # Data
@@ -205,7 +209,7 @@ def test_text_model_config_has_the_agreed_keys() -> None:
     assert document["handler"] == {
         "task": "text",
         "model_dir": "model",
-        "default_method": "relevance",
+        "default_method": "attnlrp",
         "max_length": 128,
         "labels": ["negative", "neutral", "positive"],
         "device": "auto",
@@ -432,3 +436,347 @@ def test_up_to_date_check_does_not_import_torch(tiny_build: Path, handlers: dict
     )
     assert result.stdout.strip().splitlines()[-1] == "0 []"
     assert "reused" in result.stdout
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Your own checkpoint: python -m model_store.package
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny checkpoint folders as users' save_pretrained writes them (tests/checkpoints.py), built once."""
+    folder = tmp_path_factory.mktemp("own")
+    built = {name: build(folder / name) for name, build in checkpoints.BUILDERS.items() if name != "decoder"}
+    built["generic"] = checkpoints.generic_labels(folder / "generic")
+    return built
+
+
+def _copy(source: Path, destination: Path, *, drop: tuple[str, ...] = ()) -> Path:
+    shutil.copytree(source, destination)
+    for pattern in drop:
+        for path in destination.glob(pattern):
+            path.unlink()
+    return destination
+
+
+def _refused(path: Path | str, name: str, out: Path, *needles: str) -> str:
+    """Run the packaging CLI's ``main`` on ``path``; expect exit status 2, an ``error:`` message on stderr holding
+    every needle, and nothing written under ``out``."""
+    capture = io.StringIO()
+    with contextlib.redirect_stderr(capture):
+        status = package_module.main([str(path), f"--name={name}", "--out", str(out), "--quiet"])
+    message = capture.getvalue()
+    assert status == 2, message
+    assert message.startswith("error: ")
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+    assert not out.exists(), "nothing may be written for a refused checkpoint"
+    return message
+
+
+def test_the_command_line_exits_non_zero_with_one_message(own: dict[str, Path], tmp_path: Path) -> None:
+    folder = _copy(own["pairs"], tmp_path / "ckpt", drop=("*.safetensors",))
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04N.")
+    command = [sys.executable, "-m", "model_store.package", str(folder), "--name", "m", "--out", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, check=False, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: the weights are pickle files only (pytorch_model.bin)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_package_writes_a_servable_archive_and_reuses_it(own: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    first = package_module.package(own["pairs"], "pairs", out, package_module.Settings(max_length=64, batch_size=4))
+    assert not first.reused and first.archive == out / "pairs"
+    manifest = json.loads((first.archive / MANIFEST_PATH).read_text())
+    assert manifest["model"]["modelName"] == "pairs" and manifest["model"]["handler"] == "text_handler.py"
+    config = yaml.safe_load((first.archive / MODEL_CONFIG_FILE).read_text())
+    assert config["batchSize"] == 4 and config["handler"]["max_length"] == 64
+    assert config["handler"]["labels"] == ["entailment", "neutral", "contradiction"]
+    files = sorted(path.name for path in (first.archive / "model").iterdir())
+    assert files == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert all(not path.is_symlink() for path in (first.archive / "model").iterdir()), "the archive stands alone"
+    started = time.perf_counter()
+    again = package_module.package(own["pairs"], "pairs", out, package_module.Settings(max_length=64, batch_size=4))
+    assert again.reused and time.perf_counter() - started < 5
+    changed = package_module.package(own["pairs"], "pairs", out, package_module.Settings(max_length=32))
+    assert not changed.reused
+    assert yaml.safe_load((out / "pairs" / MODEL_CONFIG_FILE).read_text())["handler"]["max_length"] == 32
+
+
+@pytest.mark.parametrize(
+    ("name", "task", "head_type", "extra"),
+    [
+        ("topics", "text", "multi_label", {"threshold": 0.5}),
+        ("rating", "text", "regression", {}),
+        ("animals", "image", "single_label", {"image_size": [16, 16]}),
+    ],
+)
+def test_package_reads_task_head_and_labels_from_the_checkpoint(
+    own: dict[str, Path], tmp_path: Path, name: str, task: str, head_type: str, extra: dict[str, Any]
+) -> None:
+    checkpoint = package_module.validate(own[name], name)
+    assert checkpoint.task == task and checkpoint.head_type == head_type and not checkpoint.warnings
+    result = package_module.package(own[name], name, tmp_path, checkpoint=checkpoint)
+    handler = yaml.safe_load((result.archive / MODEL_CONFIG_FILE).read_text())["handler"]
+    assert handler["task"] == task
+    for key, value in extra.items():
+        assert handler[key] == value
+
+
+def test_multi_label_threshold_from_the_user_or_the_checkpoint(own: dict[str, Path], tmp_path: Path) -> None:
+    assert package_module.validate(own["topics"], "t", package_module.Settings(threshold=0.3)).threshold == 0.3
+    folder = _copy(own["topics"], tmp_path / "topics")
+    document = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**document, "threshold": 0.7}))
+    assert package_module.validate(folder, "t").threshold == 0.7
+
+
+def test_generic_labels_are_served_with_a_warning(
+    own: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="model_store.package"):
+        result = package_module.package(own["generic"], "generic", tmp_path)
+    assert result.checkpoint.labels == ("LABEL_0", "LABEL_1")
+    assert any("generic" in record.message and "id2label" in record.message for record in caplog.records)
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "-rm", "", "x" * 65, "naïve", "a.b", "a b"])
+def test_unsafe_names_are_refused(own: dict[str, Path], tmp_path: Path, name: str) -> None:
+    _refused(own["pairs"], name, tmp_path / "out", "not a safe model name", "letters, digits")
+
+
+def test_not_a_folder_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
+    _refused(tmp_path / "missing", "m", tmp_path / "out", "is not a folder", "save_pretrained")
+    _refused(own["pairs"] / "config.json", "m", tmp_path / "out", "is not a folder")
+    _refused("some-org/some-model", "m", tmp_path / "out", "model hub id is not accepted", "--local-dir")
+    _refused("https://example.com/model", "m", tmp_path / "out", "is a URL", "no downloads")
+
+
+def test_a_folder_without_config_json_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
+    folder = _copy(own["pairs"], tmp_path / "ckpt", drop=("config.json",))
+    _refused(folder, "m", tmp_path / "out", "has no config.json", "save_pretrained")
+
+
+def test_an_unsupported_architecture_is_refused_and_the_supported_ones_listed(tmp_path: Path) -> None:
+    from explainers import supported_model_types
+
+    folder = tmp_path / "xlnet"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "xlnet", "architectures": ["XLNetForSequenceClassification"]})
+    )
+    _refused(folder, "m", tmp_path / "out", "model type 'xlnet' is not supported", ", ".join(supported_model_types()))
+
+
+def test_a_base_model_without_a_classification_head_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
+    folder = _copy(own["pairs"], tmp_path / "base")
+    document = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**document, "architectures": ["BertModel"]}))
+    _refused(folder, "m", tmp_path / "out", "the service serves classifiers", "ForSequenceClassification")
+    headless = _copy(own["pairs"], tmp_path / "headless")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(headless / "model.safetensors"))
+    save_file(
+        {key: value for key, value in weights.items() if not key.startswith("classifier.")},
+        str(headless / "model.safetensors"),
+    )
+    _refused(headless, "m", tmp_path / "out", "no trained classification head", "classifier.weight")
+
+
+def test_labels_that_do_not_match_the_head_are_refused(own: dict[str, Path], tmp_path: Path) -> None:
+    folder = _copy(own["pairs"], tmp_path / "ckpt")
+    document = json.loads((folder / "config.json").read_text())
+    document["id2label"] = {"0": "yes", "1": "no"}
+    document["label2id"] = {"yes": 0, "no": 1}
+    (folder / "config.json").write_text(json.dumps(document))
+    _refused(folder, "m", tmp_path / "out", "classifier.weight has shape [3, 32]", "num_labels")
+
+
+def test_pickle_weights_are_refused_with_the_conversion_command(own: dict[str, Path], tmp_path: Path) -> None:
+    folder = _copy(own["pairs"], tmp_path / "pickled", drop=("*.safetensors",))
+    model = AutoModelForSequenceClassification.from_pretrained(str(own["pairs"]))
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    message = _refused(folder, "m", tmp_path / "out", "pytorch_model.bin", "pickle runs code", "trusted environment")
+    assert "AutoModelForSequenceClassification" in message and "save_pretrained" in message
+    # the command the message gives converts them (run here, in the test's trusted environment)
+    command = message.strip().split("\n")[-1].strip()
+    assert command.startswith("python -c ")
+    converted = subprocess.run(
+        ["bash", "-c", command.replace("python", sys.executable, 1)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert converted.returncode == 0, converted.stderr
+    result = package_module.package(folder, "converted", tmp_path / "store")
+    assert "pytorch_model.bin" in result.checkpoint.left_out
+    assert not list((result.archive / "model").glob("*.bin")), "pickle files never go into an archive"
+
+
+def test_code_and_subfolders_are_left_out_of_the_archive(own: dict[str, Path], tmp_path: Path) -> None:
+    folder = _copy(own["pairs"], tmp_path / "ckpt")
+    (folder / "modeling_evil.py").write_text("raise SystemExit('ran')\n")
+    (folder / "checkpoint-500").mkdir()
+    (folder / "checkpoint-500" / "optimizer.pt").write_bytes(b"\x80\x04")
+    result = package_module.package(folder, "m", tmp_path / "store")
+    assert set(result.checkpoint.left_out) == {"modeling_evil.py", "checkpoint-500/"}
+    assert sorted(path.name for path in (result.archive / "model").iterdir()) == sorted(
+        ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    )
+
+
+def test_damaged_safetensors_are_refused(own: dict[str, Path], tmp_path: Path) -> None:
+    folder = _copy(own["pairs"], tmp_path / "ckpt")
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    _refused(folder, "m", tmp_path / "out", "model.safetensors is not a readable safetensors file", "save_pretrained")
+
+
+def test_a_missing_tokenizer_or_image_processor_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
+    text = _copy(own["pairs"], tmp_path / "text", drop=("tokenizer*", "vocab*", "special_tokens_map.json"))
+    _refused(text, "m", tmp_path / "out", "no loadable tokenizer", "tokenizer.save_pretrained(folder)")
+    image = _copy(own["animals"], tmp_path / "image", drop=("preprocessor_config.json",))
+    _refused(image, "m", tmp_path / "out", "no loadable image processor", "image_processor.save_pretrained(folder)")
+
+
+def test_models_spec_and_yaml_file(tmp_path: Path) -> None:
+    entries = package_module.parse_models("a=/x/a, b=rel/b")
+    assert [(entry.name, str(entry.path)) for entry in entries] == [("a", "/x/a"), ("b", "rel/b")]
+    with pytest.raises(package_module.PackageError, match="not name=path"):
+        package_module.parse_models("just-a-path")
+    with pytest.raises(package_module.PackageError, match="more than once"):
+        package_module.parse_models("a=/x,a=/y")
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        "defaults: {device: cpu, batch_size: 4}\n"
+        "models:\n  reviews: {path: ckpt/reviews, default_method: rollout}\n"
+        "  topics: {path: /abs/topics, threshold: 0.4}\n"
+    )
+    read = {entry.name: entry for entry in package_module.read_models_file(models)}
+    assert (
+        read["reviews"].path == tmp_path / "ckpt" / "reviews" and read["reviews"].settings.default_method == "rollout"
+    )
+    assert read["topics"].settings.threshold == 0.4 and read["topics"].settings.batch_size == 4
+    models.write_text("models:\n  a: {path: /x, max_lenght: 3}\n")
+    with pytest.raises(package_module.PackageError, match="unknown setting"):
+        package_module.read_models_file(models)
+
+
+def test_a_decoder_classifier_pads_on_the_left_and_gets_a_supported_default_method(tmp_path: Path) -> None:
+    folder = checkpoints.decoder(tmp_path / "decoder")
+    checkpoint = package_module.validate(folder, "decoder")
+    assert checkpoint.pad_token_id is None and not checkpoint.warnings
+    assert checkpoint.default_method == "gae", "relevance has no LRP rule for decoders: the default falls back"
+    with pytest.raises(package_module.PackageError, match="default_method 'relevance' does not work on llama"):
+        package_module.validate(folder, "decoder", package_module.Settings(default_method="relevance"))
+
+
+def test_a_decoder_without_a_pad_token_is_padded_with_eos_and_says_so(tmp_path: Path) -> None:
+    folder = checkpoints.decoder(tmp_path / "decoder", pad=False)
+    checkpoint = package_module.validate(folder, "decoder")
+    assert checkpoint.pad_token_id == 2
+    assert len(checkpoint.warnings) == 1 and "padded with the EOS token '</s>' (id 2)" in checkpoint.warnings[0]
+    result = package_module.package(folder, "decoder", tmp_path / "store", checkpoint=checkpoint)
+    assert yaml.safe_load((result.archive / MODEL_CONFIG_FILE).read_text())["handler"]["pad_token_id"] == 2
+
+
+def test_a_decoder_that_cannot_be_padded_is_refused(tmp_path: Path) -> None:
+    from tokenizers import processors
+
+    folder = checkpoints.decoder(tmp_path / "appends-eos", pad=False)
+    tokenizer = checkpoints.decoder_tokenizer(pad=False)
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", tokenizer.eos_token_id)]
+    )
+    tokenizer.save_pretrained(folder)
+    _refused(folder, "m", tmp_path / "out", "ends every input with its EOS token", "add a pad token")
+    folder = checkpoints.decoder(tmp_path / "no-eos", pad=False)
+    document = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**document, "eos_token": None}))
+    _refused(folder, "m", tmp_path / "out", "neither the tokenizer nor config.json has a pad token", "pad_token_id")
+
+
+def test_a_new_head_is_announced_once_instead_of_the_missing_keys_report(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from model_store.data import minilm_checkpoint_path
+    from model_store.loading import REPORT_LOGGER, missing_head_keys, new_head_notice
+
+    reports: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            reports.append(record.getMessage())
+
+    collect = Collect(level=logging.WARNING)
+    logging.getLogger(REPORT_LOGGER).addHandler(collect)
+    try:
+        with caplog.at_level(logging.INFO, logger="model_store.loading"), new_head_notice():
+            for _ in range(2):
+                AutoModelForSequenceClassification.from_pretrained(str(minilm_checkpoint_path()), num_labels=3)
+        assert not [report for report in reports if "LOAD REPORT" in report]
+        notices = [record.getMessage() for record in caplog.records if record.name == "model_store.loading"]
+        assert notices == [
+            "initialising a new classification head (classifier.bias, classifier.weight); the recipe trains it"
+        ]
+        AutoModelForSequenceClassification.from_pretrained(str(minilm_checkpoint_path()), num_labels=3)
+        assert any("LOAD REPORT" in report for report in reports), "outside the block the report is unchanged"
+    finally:
+        logging.getLogger(REPORT_LOGGER).removeHandler(collect)
+    other = "X LOAD REPORT from: p\nKey | Status |\n---\nclassifier.bias | MISSING |\npooler.bias | UNEXPECTED |"
+    assert missing_head_keys(other) is None
+
+
+def test_max_length_beyond_the_model_positions_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
+    assert package_module.validate(own["pairs"], "m").max_length == 128
+    capture = io.StringIO()
+    with contextlib.redirect_stderr(capture):
+        status = package_module.main(
+            [str(own["pairs"]), "--name", "m", "--out", str(tmp_path / "out"), "--max-length", "200"]
+        )
+    assert status == 2 and "max_length 200 exceeds the 128 positions of this bert model" in capture.getvalue()
+    assert "--max-length 128 or less" in capture.getvalue() and not (tmp_path / "out").exists()
+
+
+def test_the_class_config_json_names_is_served_when_the_explainers_accept_it(tmp_path: Path) -> None:
+    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher, ViTImageProcessorPil
+
+    config = DeiTConfig(
+        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    config.num_labels, config.id2label, config.label2id = 2, {0: "cat", 1: "dog"}, {"cat": 0, "dog": 1}
+    folder = tmp_path / "deit"
+    DeiTForImageClassificationWithTeacher(config).save_pretrained(folder)
+    ViTImageProcessorPil(size={"height": 16, "width": 16}).save_pretrained(folder)
+    checkpoint = package_module.validate(folder, "deit")
+    assert checkpoint.architecture == "DeiTForImageClassificationWithTeacher" and checkpoint.task == "image"
+
+
+def test_sharded_weights_and_symlinked_cache_snapshots(own: dict[str, Path], tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    snapshot.mkdir()
+    weights = load_file(str(own["pairs"] / "model.safetensors"))
+    names = sorted(weights)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in halves.items():
+        save_file({key: weights[key] for key in keys}, str(blobs / shard), metadata={"format": "pt"})
+    weight_map = {key: shard for shard, keys in halves.items() for key in keys}
+    (blobs / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    for source in own["pairs"].iterdir():
+        if source.suffix != ".safetensors":
+            shutil.copy(source, blobs / source.name)
+    for blob in blobs.iterdir():  # a Hugging Face cache snapshot: every file a link to a blob
+        (snapshot / blob.name).symlink_to(blob)
+    result = package_module.package(snapshot, "sharded", tmp_path / "store")
+    served = result.archive / "model"
+    assert all(path.is_file() and not path.is_symlink() for path in served.iterdir())
+    assert sorted(path.name for path in served.glob("*.safetensors")) == sorted(halves)
+    loaded = AutoModelForSequenceClassification.from_pretrained(str(served), use_safetensors=True)
+    torch.testing.assert_close(loaded.state_dict()["classifier.weight"], weights["classifier.weight"])
+    (snapshot / "model-00002-of-00002.safetensors").unlink()
+    _refused(snapshot, "m", tmp_path / "out", "model-00002-of-00002.safetensors", "not in the folder")

@@ -7,12 +7,14 @@ the rules, as in the authors' code), one example at a time, summing over the who
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import AlbertConfig, AlbertForSequenceClassification
 
 from explainers import explain
 from explainers.architectures import describe
@@ -20,6 +22,7 @@ from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, pre
 from explainers.lrp import block_relprop, head_relprop, linear_relprop
 from explainers.methods import _block_weights
 
+from .arch_zoo import VARIANTS, batch_for, perturb, row_alone
 from .conftest import build_bert, build_roberta, build_vit, build_vit_wide, image_batch, row_inputs, text_batch
 
 
@@ -58,48 +61,108 @@ def _add(a: Tensor, b: Tensor, relevance: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class _Tape:
-    """Own hooks: inputs and outputs of named linear modules and the input of each block."""
+    """Own hooks: inputs and outputs of named modules, per call (a shared ALBERT layer is called once per layer).
 
-    def __init__(self, modules: dict[str, nn.Module]) -> None:
-        self.values: dict[str, Any] = {}
-        self.handles = [module.register_forward_hook(self._hook(name)) for name, module in modules.items()]
+    ``modules`` maps a name to ``(module, call)``: the value kept under the name is the module's ``call``-th call.
+    """
 
-    def _hook(self, name: str) -> Any:
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            self.values[name] = (args[0].detach() if args else None, output)
+    def __init__(self, modules: dict[str, tuple[nn.Module, int]]) -> None:
+        self.calls: dict[int, list[tuple[Any, Any]]] = {}
+        self.modules = modules
+        unique = {id(module): module for module, _ in modules.values()}
+        self.handles = [module.register_forward_hook(self._hook) for module in unique.values()]
 
-        return hook
+    def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        self.calls.setdefault(id(module), []).append((args[0].detach() if args else None, output))
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return {name: self.calls[id(module)][call] for name, (module, call) in self.modules.items()}
 
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
 
 
+# Where each family keeps the modules the oracle reads, written here independently of explainers/architectures.py:
+# (attention module, q, k, v, attention output, first and second feed-forward linears), relative to a layer.
+_BERT_PATHS = ("attention.self", "attention.self.query", "attention.self.key", "attention.self.value",
+               "attention.output.dense", "intermediate.dense", "output.dense")  # fmt: skip
+_VIT_PATHS = ("attention", "attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
+              "mlp.fc1", "mlp.fc2")  # fmt: skip
+_PATHS = {
+    "bert": _BERT_PATHS,
+    "roberta": _BERT_PATHS,
+    "xlm-roberta": _BERT_PATHS,
+    "electra": _BERT_PATHS,
+    "albert": (
+        "attention",
+        "attention.query",
+        "attention.key",
+        "attention.value",
+        "attention.dense",
+        "ffn",
+        "ffn_output",
+    ),
+    "distilbert": (
+        "attention",
+        "attention.q_lin",
+        "attention.k_lin",
+        "attention.v_lin",
+        "attention.out_lin",
+        "ffn.lin1",
+        "ffn.lin2",
+    ),
+    "vit": _VIT_PATHS,
+    "deit": _VIT_PATHS,
+}
+
+
+def _get(root: Any, path: str) -> Any:
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def _layers_and_heads(model: Any) -> tuple[list[nn.Module], list[list[nn.Linear]], list[int]]:
+    """The layers in call order, the linear layers of each head, and the token each head reads."""
+    model_type = model.config.model_type
+    if model_type == "albert":
+        groups = model.albert.encoder.albert_layer_groups
+        count, group_count = model.config.num_hidden_layers, model.config.num_hidden_groups
+        layers = [layer for i in range(count) for layer in groups[i * group_count // count].albert_layers]
+        return layers, [[model.albert.pooler, model.classifier]], [0]
+    if model_type in ("vit", "deit"):
+        base = model.vit if model_type == "vit" else model.deit
+        if hasattr(model, "distillation_classifier"):
+            return list(base.layers), [[model.cls_classifier], [model.distillation_classifier]], [0, 1]
+        return list(base.layers), [[model.classifier]], [0]
+    if model_type == "distilbert":
+        return list(model.distilbert.transformer.layer), [[model.pre_classifier, model.classifier]], [0]
+    base = model.bert if model_type == "bert" else model.electra if model_type == "electra" else model.roberta
+    head = [model.bert.pooler.dense, model.classifier] if model_type == "bert" else [
+        model.classifier.dense, model.classifier.out_proj]  # fmt: skip
+    return list(base.encoder.layer), [head], [0]
+
+
 def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int) -> Tensor:
     """Relevance of one example (batch 1, no padding), from scratch."""
-    vit = model.config.model_type == "vit"
-    base = model.vit if vit else getattr(model, model.config.model_type)
-    layers = list(base.layers if vit else base.encoder.layer)
-    names: dict[str, Any] = {}
+    model_type = model.config.model_type
+    vit = model_type in ("vit", "deit")
+    layers, heads_linears, head_tokens = _layers_and_heads(model)
+    paths = _PATHS[model_type]
+    names: dict[str, tuple[nn.Module, int]] = {}
+    seen: dict[int, int] = {}
     for i, layer in enumerate(layers):
-        names[f"{i}.layer"] = layer
-        attention = layer.attention if vit else layer.attention.self
-        for part in ("q", "k", "v"):
-            names[f"{i}.{part}"] = getattr(
-                attention, f"{part}_proj" if vit else dict(q="query", k="key", v="value")[part]
-            )
-        names[f"{i}.o"] = layer.attention.o_proj if vit else layer.attention.output.dense
-        names[f"{i}.fc1"] = layer.mlp.fc1 if vit else layer.intermediate.dense
-        names[f"{i}.fc2"] = layer.mlp.fc2 if vit else layer.output.dense
-        names[f"{i}.attn"] = attention
-    if vit:
-        head = [model.classifier]
-    elif model.config.model_type == "bert":
-        head = [model.bert.pooler.dense, model.classifier]
-    else:
-        head = [model.classifier.dense, model.classifier.out_proj]
-    for j, linear in enumerate(head):
-        names[f"head{j}"] = linear
+        call = seen.get(id(layer), 0)
+        seen[id(layer)] = call + 1
+        names[f"{i}.layer"] = (layer, call)
+        for key, path in zip(("attn", "q", "k", "v", "o", "fc1", "fc2"), paths, strict=True):
+            names[f"{i}.{key}"] = (_get(layer, path), call)
+    for h, head_linears in enumerate(heads_linears):
+        for j, linear in enumerate(head_linears):
+            names[f"head{h}.{j}"] = (linear, 0)
+    modules: dict[str, Any] = {name: module for name, (module, _) in names.items()}
     tape = _Tape(names)
     try:
         output = model(**inputs)
@@ -109,14 +172,20 @@ def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int
     probabilities = [v[f"{i}.attn"][1][1] for i in range(len(layers))]
     gradients = torch.autograd.grad(output.logits[0, target], probabilities)
 
-    relevance = torch.zeros_like(output.logits)
-    relevance[0, target] = 1
-    for j in reversed(range(len(head))):
-        relevance = _linear(v[f"head{j}"][0], head[j].weight.detach(), relevance)
     hidden_last = v[f"{len(layers) - 1}.layer"][1]
     hidden_last = hidden_last[0] if isinstance(hidden_last, tuple) else hidden_last
     token_relevance = torch.zeros_like(hidden_last.detach())
-    token_relevance[:, 0] = relevance
+    # Several heads whose logits the model averages (DeiT with a teacher): each gets the share |z_h| / Σ|z| of the
+    # target's relevance, the magnitude normalisation of Chefer et al.'s skip-connection rule.
+    head_logits = [
+        v[f"head{h}.{len(linears) - 1}"][1][0, target].detach().abs() for h, linears in enumerate(heads_linears)
+    ]
+    for h, head_linears in enumerate(heads_linears):
+        relevance = torch.zeros_like(output.logits)
+        relevance[0, target] = head_logits[h] / sum(head_logits) if len(heads_linears) > 1 else 1.0
+        for j in reversed(range(len(head_linears))):
+            relevance = _linear(v[f"head{h}.{j}"][0], head_linears[j].weight.detach(), relevance)
+        token_relevance[:, head_tokens[h]] += relevance
     heads = model.config.num_attention_heads
     cams: dict[int, Tensor] = {}
     for i in reversed(range(start_layer, len(layers))):
@@ -125,11 +194,11 @@ def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int
         attention_out = v[f"{i}.o"][1].detach()
         residual = hidden + attention_out if vit else v[f"{i}.fc1"][0]
         r_ffn, r_res = _add(v[f"{i}.fc2"][1].detach(), residual, token_relevance)
-        r_ffn = _linear(v[f"{i}.fc2"][0], names[f"{i}.fc2"].weight.detach(), r_ffn)
-        r_ffn = _linear(v[f"{i}.fc1"][0], names[f"{i}.fc1"].weight.detach(), r_ffn)
+        r_ffn = _linear(v[f"{i}.fc2"][0], modules[f"{i}.fc2"].weight.detach(), r_ffn)
+        r_ffn = _linear(v[f"{i}.fc1"][0], modules[f"{i}.fc1"].weight.detach(), r_ffn)
         r_mid = r_ffn + r_res
         r_att, r_skip = _add(attention_out, hidden, r_mid)
-        r_ctx = _linear(v[f"{i}.o"][0], names[f"{i}.o"].weight.detach(), r_att)
+        r_ctx = _linear(v[f"{i}.o"][0], modules[f"{i}.o"].weight.detach(), r_att)
 
         def heads_of(t: Tensor) -> Tensor:
             return t.detach().reshape(1, t.shape[1], heads, -1).permute(0, 2, 1, 3)
@@ -147,9 +216,9 @@ def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int
             r_scores = r_scores * cams[i].sum() / r_scores.sum()
         r_q, r_kt = _matmul(q, k.transpose(-1, -2), r_scores)
         r_x = (
-            _linear(x, names[f"{i}.q"].weight.detach(), merge(r_q / 2))
-            + _linear(x, names[f"{i}.k"].weight.detach(), merge(r_kt.transpose(-1, -2) / 2))
-            + _linear(x, names[f"{i}.v"].weight.detach(), merge(r_value / 2))
+            _linear(x, modules[f"{i}.q"].weight.detach(), merge(r_q / 2))
+            + _linear(x, modules[f"{i}.k"].weight.detach(), merge(r_kt.transpose(-1, -2) / 2))
+            + _linear(x, modules[f"{i}.v"].weight.detach(), merge(r_value / 2))
         )
         token_relevance = r_x + r_skip
 
@@ -158,9 +227,14 @@ def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int
     for i in range(start_layer, len(layers)):
         weighted = (gradients[i][0] * cams[i][0]).clamp(min=0).mean(0) + torch.eye(length, dtype=torch.float64)
         joint = (weighted / weighted.sum(-1, keepdim=True)) @ joint
-    scores = joint[0].clone()
-    scores[0] = scores.min()
-    return scores[1:] if vit else scores
+    read = head_tokens
+    scores = sum(joint[token] for token in read) / len(read)
+    assert isinstance(scores, Tensor)
+    scores = scores.clone()
+    minimum = scores.min()
+    for token in read:
+        scores[token] = minimum
+    return scores[2 if model_type == "deit" else 1 :] if vit else scores  # DeiT: class and distillation tokens
 
 
 ORACLE_CASES = [("bert", build_bert), ("roberta", build_roberta), ("vit", build_vit), ("vit_wide", build_vit_wide)]
@@ -183,11 +257,60 @@ def test_relevance_matches_an_independent_per_example_implementation(name: str, 
                 assert torch.allclose(padded, expected, atol=1e-6 * float(expected.abs().max()), rtol=0)
 
 
-@pytest.mark.parametrize("build", [build_bert, build_roberta, build_vit], ids=["bert", "roberta", "vit"])
+ZOO_ORACLE_CASES = ["xlm-roberta", "electra", "albert", "distilbert", "deit", "deit-teacher"]
+
+
+@pytest.mark.parametrize("name", ZOO_ORACLE_CASES)
+def test_relevance_of_every_supported_family_matches_the_oracle(name: str) -> None:
+    """The families added for issue 9 (shared ALBERT layers, ELECTRA's head, DeiT's two prefix tokens and, with a
+    teacher, its two averaged heads) against the same independent per-example implementation, batched too."""
+    variant = next(variant for variant in VARIANTS if variant.name == name)
+    model = variant.build()
+    batch = batch_for(variant, model)
+    result = explain(model, batch, method="relevance")
+    for row in range(result.target.shape[0]):
+        for target in (int(result.target[row]), (int(result.target[row]) + 1) % 3):
+            expected = _oracle(model, row_alone(batch, row), target, 0)
+            alone = explain(model, row_alone(batch, row), method="relevance", target=target)
+            got = alone.scores[0].flatten()
+            assert torch.allclose(got, expected, atol=1e-6 * float(expected.abs().max()), rtol=0), (row, target)
+            if target == int(result.target[row]):
+                padded = result.scores[row].flatten()[: expected.shape[0]]
+                assert torch.allclose(padded, expected, atol=1e-6 * float(expected.abs().max()), rtol=0)
+
+
+def test_relevance_of_albert_with_layer_groups_matches_the_oracle() -> None:
+    """ALBERT with two groups of two shared layers (four layers, eight attention calls)."""
+    config = AlbertConfig(
+        vocab_size=60, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=48,
+        embedding_size=16, num_hidden_groups=2, inner_group_num=2,
+    )  # fmt: skip
+    config.num_labels = 3
+    config._attn_implementation = "eager"
+    model = perturb(AlbertForSequenceClassification(config), 5).double().eval()
+    batch = text_batch(model)
+    result = explain(model, batch, method="relevance")
+    for row in range(result.target.shape[0]):
+        expected = _oracle(model, row_inputs(batch, row), int(result.target[row]), 0)
+        got = result.scores[row][: expected.shape[0]]
+        assert torch.allclose(got, expected, atol=1e-6 * float(expected.abs().max()), rtol=0), row
+
+
+def _zoo(name: str) -> Any:
+    return next(variant for variant in VARIANTS if variant.name == name).build()
+
+
+CONSERVATION_CASES = [build_bert, build_roberta, build_vit] + [
+    functools.partial(_zoo, name) for name in ("xlm-roberta", "electra", "albert", "distilbert", "deit")
+]
+CONSERVATION_IDS = ["bert", "roberta", "vit", "xlm-roberta", "electra", "albert", "distilbert", "deit"]
+
+
+@pytest.mark.parametrize("build", CONSERVATION_CASES, ids=CONSERVATION_IDS)
 def test_relevance_is_conserved_through_every_block(build: Any) -> None:
     """Chefer et al., Eq. 7–10: with α=1, β=0 and the skip-connection normalisation, Σ R is the same at every block."""
     model = build().double()
-    batch = image_batch(model) if model.config.model_type == "vit" else text_batch(model)
+    batch = image_batch(model) if model.config.model_type in ("vit", "deit") else text_batch(model)
     arch = describe(model)
     with prepared_model(model):
         capture = run_capture(

@@ -6,7 +6,10 @@ temp folder, which lets tests start servers on free ports beside a running one. 
 folder (default ``run/``, git-ignored): ``config.properties``, ``key_file.json`` (tokens), ``logs/``, the pid files
 and ``prometheus/`` (the workers' metric files).
 
-Commands: ``serve`` (foreground, Ctrl-C stops), ``start`` (background), ``stop``.
+Commands: ``serve`` (foreground, Ctrl-C stops), ``start`` (background), ``stop``, ``package`` (package only).
+``--models name=path,...`` (``make serve MODELS=...``) or ``--models-file models.yaml`` serve your own checkpoint
+folders instead of the two default models: each is validated and packaged by :mod:`model_store.package` (reused
+while unchanged) first.
 """
 
 from __future__ import annotations
@@ -391,18 +394,29 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR) -> bool:
     return stopped
 
 
-def usage(server: Server) -> str:
-    """How to call the running service (printed by ``serve``/``start``)."""
+def usage(server: Server, example: tuple[str, str] = ("sentiment", "text")) -> str:
+    """How to call the running service (printed by ``serve``/``start``); ``example`` is the (model, task) the
+    commands show."""
     ports = server.ports
+    model, task = example
+    url = f"http://127.0.0.1:{ports.inference}"
+    if task == "text":
+        calls = (
+            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
+            f'       {url}/predictions/{model} -d \'{{"text": "what a lovely day"}}\'\n'
+            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
+            f'       {url}/explanations/{model} -d \'{{"text": "what a lovely day", "explain": '
+            f'{{"method": "relevance"}}}}\'\n'
+        )
+    else:
+        calls = (
+            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: image/png' \\\n"
+            f"       {url}/explanations/{model} --data-binary @picture.png\n"
+        )
     return f"""
 The explanation service is up (models: {", ".join(server.models)}); tokens are in {server.run_dir}/key_file.json.
   TOKEN=$(python -c 'import json;print(json.load(open("{server.run_dir}/key_file.json"))["inference"]["key"])')
-  curl -s -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \\
-       http://127.0.0.1:{ports.inference}/predictions/sentiment -d '{{"text": "what a lovely day"}}'
-  curl -s -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \\
-       http://127.0.0.1:{ports.inference}/explanations/sentiment \\
-       -d '{{"text": "what a lovely day", "explain": {{"method": "relevance", "target": "positive"}}}}'
-gRPC: 127.0.0.1:{ports.grpc_inference} (Predictions; input key "body" = the JSON, "request" = ExplainRequest;
+{calls}gRPC: 127.0.0.1:{ports.grpc_inference} (Predictions; input key "body" = the JSON, "request" = ExplainRequest;
       metadata authorization: Bearer $TOKEN). Management 127.0.0.1:{ports.management} (loopback only).
 Metrics: TorchServe http://127.0.0.1:{ports.metrics}/metrics, explanations http://127.0.0.1:{ports.exporter}/metrics
 Logs: {server.log_dir}. Docs: docs/SERVING.md.
@@ -438,14 +452,51 @@ def _ensure_models(model_store: Path, models: Mapping[str, str]) -> None:
     subprocess.run(command, cwd=REPO_ROOT, check=True)
 
 
+def package_own_models(
+    spec: str | None, models_file: Path | None, model_store: Path
+) -> tuple[dict[str, str], tuple[str, str]]:
+    """Validate, then package (or reuse) the checkpoints of ``spec`` (``name=path,...``) and ``models_file`` into
+    ``model_store/packages``; returns name → archive path relative to ``model_store``, and the (name, task) of the
+    first text model, else of the first model (for the usage example).
+
+    Raises:
+        PackageError: if an entry or a checkpoint is refused (nothing is packaged then).
+    """
+    from model_store.package import PackageError, package, parse_models, read_models_file, validate
+
+    entries = (parse_models(spec) if spec else []) + (read_models_file(models_file) if models_file else [])
+    names = [entry.name for entry in entries]
+    if len(set(names)) != len(names):
+        raise PackageError(f"a model name is given twice in MODELS and MODELS_FILE: {names}")
+    checked = [validate(entry.path, entry.name, entry.settings) for entry in entries]
+    out = model_store / "packages"
+    models: dict[str, str] = {}
+    for entry, checkpoint in zip(entries, checked, strict=True):
+        result = package(entry.path, entry.name, out, entry.settings, checkpoint)
+        models[entry.name] = str(result.archive.relative_to(model_store))
+    pairs = [(entry.name, checkpoint.task) for entry, checkpoint in zip(entries, checked, strict=True)]
+    return models, next((pair for pair in pairs if pair[1] == "text"), pairs[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="python -m model_store.serving", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("serve", "start", "stop"))
+    parser.add_argument("command", choices=("serve", "start", "stop", "package"))
     parser.add_argument("--run-dir", type=Path, default=Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR))
     parser.add_argument("--model-store", type=Path, default=Path(os.environ.get("MODEL_STORE") or DEFAULT_MODEL_STORE))
     parser.add_argument(
         "--profile", default=os.environ.get("PROFILE") or "archive", help="archive (default), cpu or gpu"
+    )
+    parser.add_argument(
+        "--models",
+        default=os.environ.get("MODELS") or None,
+        help="serve these checkpoint folders instead of the default models: name=path[,name=path...]",
+    )
+    parser.add_argument(
+        "--models-file",
+        type=Path,
+        default=Path(os.environ["MODELS_FILE"]) if os.environ.get("MODELS_FILE") else None,
+        help="a YAML file of checkpoint folders and their settings (docs/SERVING.md)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -455,10 +506,28 @@ def main(argv: list[str] | None = None) -> int:
     from handlers.protos import generate
 
     generate()
-    _ensure_models(args.model_store, DEFAULT_MODELS)
+    example = ("sentiment", "text")
+    if args.models or args.models_file:
+        from model_store.package import PackageError
+
+        try:
+            models, example = package_own_models(args.models, args.models_file, args.model_store)
+        except PackageError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        if args.command == "package":
+            for name, path in models.items():
+                print(f"{name}: {args.model_store / path}")
+            return 0
+    elif args.command == "package":
+        print("error: `package` needs --models name=path,... or --models-file FILE (MODELS=/MODELS_FILE=)")
+        return 2
+    else:
+        models = dict(DEFAULT_MODELS)
+        _ensure_models(args.model_store, models)
     profile = load_profile(args.profile)
-    server = start(args.run_dir, args.model_store, overrides={name: profile for name in DEFAULT_MODELS})
-    print(usage(server), flush=True)
+    server = start(args.run_dir, args.model_store, models, overrides={name: profile for name in models})
+    print(usage(server, example), flush=True)
     if args.command == "start":
         return 0
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -92,7 +92,7 @@ def test_rest_text_every_method_matches_in_process(server: Server, reference: An
 
 def test_explanations_route_uses_default_method_and_predictions_route_does_not(server: Server) -> None:
     status, reply = rest(server, "explanations", "sentiment", {"text": TEXT})
-    assert status == 200 and reply["explanation"]["method"] == "relevance"
+    assert status == 200 and reply["explanation"]["method"] == "attnlrp"
     status, reply = rest(server, "predictions", "sentiment", {"text": TEXT})
     assert status == 200 and "explanation" not in reply and reply["truncated"] is False
 
@@ -116,7 +116,7 @@ def test_rest_image_every_method(server: Server, method: str) -> None:
 def test_rest_raw_image_body(server: Server) -> None:
     key = server.keys["inference"]
     status, reply = http_post(f"{server.inference_url}/explanations/digits", png_bytes(), key, "image/png")
-    assert status == 200 and reply["explanation"]["method"] == "relevance"
+    assert status == 200 and reply["explanation"]["method"] == "attnlrp"
 
 
 @pytest.mark.parametrize("method", available_methods())
@@ -148,7 +148,7 @@ def test_grpc_json_body_and_per_row_error(server: Server) -> None:
     messages = protos.explain_messages()
     request = messages.ExplainRequest(image=png_bytes(), explain=messages.ExplainOptions())
     reply = messages.ExplainResponse.FromString(grpc_call(server, "digits", {"request": request.SerializeToString()}))
-    assert reply.explanation.method == "relevance" and list(reply.explanation.grid) == [8, 8]
+    assert reply.explanation.method == "attnlrp" and list(reply.explanation.grid) == [8, 8]
     garbage = messages.ExplainResponse.FromString(grpc_call(server, "sentiment", {"request": b"\xff\xff\xff"}))
     assert garbage.error.code == "invalid_protobuf" and garbage.error.http_status == 400
 

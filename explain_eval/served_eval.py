@@ -18,11 +18,11 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .client import ExplainClient
+from explain_client import ExplainClient, Prediction, ServiceError
+from explain_client.render import Word, merge_pieces
+
 from .evaluate import RANDOM, Dataset, ModelResult, accumulate, empty_sums, finish_curves
 from .faithfulness import FRACTIONS, perturbation_outcome
-from .render import Word, merge_pieces
-from .results import Prediction, ServiceError
 
 
 def words_to_text(words: Sequence[Word], remove: Sequence[bool], mask_token: str = "[MASK]") -> str:

