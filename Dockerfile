@@ -67,11 +67,15 @@ COPY explainers ./explainers
 COPY handlers ./handlers
 COPY proto ./proto
 COPY explain_client ./explain_client
+COPY explain_eval ./explain_eval
 COPY bench ./bench
 # The per-pod authenticating proxy (Kubernetes sidecar; deploy/kubernetes/deployment.yaml).
 COPY deploy/__init__.py deploy/auth_proxy.py ./deploy/
 COPY pyproject.toml README.md ./
-RUN pip install --no-deps --no-build-isolation -e . \
+# The client is its own distribution (explain_client/pyproject.toml; its build step generates the gRPC stubs): the
+# server's code imports it.
+RUN pip install -e ./explain_client \
+ && pip install --no-deps --no-build-isolation -e . \
  && python -m handlers.protos \
  && mkdir -p run \
  && chown -R explain:explain run build
