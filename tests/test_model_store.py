@@ -459,7 +459,7 @@ def _copy(source: Path, destination: Path, *, drop: tuple[str, ...] = ()) -> Pat
     return destination
 
 
-def _refused(path: Path | str, name: str, out: Path, *needles: str) -> str:
+def _check_refused(path: Path | str, name: str, out: Path, *needles: str) -> str:
     """Run the packaging CLI's ``main`` on ``path``; expect exit status 2, an ``error:`` message on stderr holding
     every needle, and nothing written under ``out``."""
     capture = io.StringIO()
@@ -543,19 +543,19 @@ def test_generic_labels_are_served_with_a_warning(
 
 @pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "-rm", "", "x" * 65, "naïve", "a.b", "a b"])
 def test_unsafe_names_are_refused(own: dict[str, Path], tmp_path: Path, name: str) -> None:
-    _refused(own["pairs"], name, tmp_path / "out", "not a safe model name", "letters, digits")
+    _check_refused(own["pairs"], name, tmp_path / "out", "not a safe model name", "letters, digits")
 
 
 def test_not_a_folder_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
-    _refused(tmp_path / "missing", "m", tmp_path / "out", "is not a folder", "save_pretrained")
-    _refused(own["pairs"] / "config.json", "m", tmp_path / "out", "is not a folder")
-    _refused("some-org/some-model", "m", tmp_path / "out", "model hub id is not accepted", "--local-dir")
-    _refused("https://example.com/model", "m", tmp_path / "out", "is a URL", "no downloads")
+    _check_refused(tmp_path / "missing", "m", tmp_path / "out", "is not a folder", "save_pretrained")
+    _check_refused(own["pairs"] / "config.json", "m", tmp_path / "out", "is not a folder")
+    _check_refused("some-org/some-model", "m", tmp_path / "out", "model hub id is not accepted", "--local-dir")
+    _check_refused("https://example.com/model", "m", tmp_path / "out", "is a URL", "no downloads")
 
 
 def test_a_folder_without_config_json_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
     folder = _copy(own["pairs"], tmp_path / "ckpt", drop=("config.json",))
-    _refused(folder, "m", tmp_path / "out", "has no config.json", "save_pretrained")
+    _check_refused(folder, "m", tmp_path / "out", "has no config.json", "save_pretrained")
 
 
 def test_an_unsupported_architecture_is_refused_and_the_supported_ones_listed(tmp_path: Path) -> None:
@@ -566,14 +566,16 @@ def test_an_unsupported_architecture_is_refused_and_the_supported_ones_listed(tm
     (folder / "config.json").write_text(
         json.dumps({"model_type": "xlnet", "architectures": ["XLNetForSequenceClassification"]})
     )
-    _refused(folder, "m", tmp_path / "out", "model type 'xlnet' is not supported", ", ".join(supported_model_types()))
+    _check_refused(
+        folder, "m", tmp_path / "out", "model type 'xlnet' is not supported", ", ".join(supported_model_types())
+    )
 
 
 def test_a_base_model_without_a_classification_head_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
     folder = _copy(own["pairs"], tmp_path / "base")
     document = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**document, "architectures": ["BertModel"]}))
-    _refused(folder, "m", tmp_path / "out", "the service serves classifiers", "ForSequenceClassification")
+    _check_refused(folder, "m", tmp_path / "out", "the service serves classifiers", "ForSequenceClassification")
     headless = _copy(own["pairs"], tmp_path / "headless")
     from safetensors.torch import load_file, save_file
 
@@ -582,7 +584,7 @@ def test_a_base_model_without_a_classification_head_is_refused(own: dict[str, Pa
         {key: value for key, value in weights.items() if not key.startswith("classifier.")},
         str(headless / "model.safetensors"),
     )
-    _refused(headless, "m", tmp_path / "out", "no trained classification head", "classifier.weight")
+    _check_refused(headless, "m", tmp_path / "out", "no trained classification head", "classifier.weight")
 
 
 def test_labels_that_do_not_match_the_head_are_refused(own: dict[str, Path], tmp_path: Path) -> None:
@@ -591,14 +593,16 @@ def test_labels_that_do_not_match_the_head_are_refused(own: dict[str, Path], tmp
     document["id2label"] = {"0": "yes", "1": "no"}
     document["label2id"] = {"yes": 0, "no": 1}
     (folder / "config.json").write_text(json.dumps(document))
-    _refused(folder, "m", tmp_path / "out", "classifier.weight has shape [3, 32]", "num_labels")
+    _check_refused(folder, "m", tmp_path / "out", "classifier.weight has shape [3, 32]", "num_labels")
 
 
 def test_pickle_weights_are_refused_with_the_conversion_command(own: dict[str, Path], tmp_path: Path) -> None:
     folder = _copy(own["pairs"], tmp_path / "pickled", drop=("*.safetensors",))
     model = AutoModelForSequenceClassification.from_pretrained(str(own["pairs"]))
     torch.save(model.state_dict(), folder / "pytorch_model.bin")
-    message = _refused(folder, "m", tmp_path / "out", "pytorch_model.bin", "pickle runs code", "trusted environment")
+    message = _check_refused(
+        folder, "m", tmp_path / "out", "pytorch_model.bin", "pickle runs code", "trusted environment"
+    )
     assert "AutoModelForSequenceClassification" in message and "save_pretrained" in message
     # the command the message gives converts them (run here, in the test's trusted environment)
     command = message.strip().split("\n")[-1].strip()
@@ -631,14 +635,18 @@ def test_code_and_subfolders_are_left_out_of_the_archive(own: dict[str, Path], t
 def test_damaged_safetensors_are_refused(own: dict[str, Path], tmp_path: Path) -> None:
     folder = _copy(own["pairs"], tmp_path / "ckpt")
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
-    _refused(folder, "m", tmp_path / "out", "model.safetensors is not a readable safetensors file", "save_pretrained")
+    _check_refused(
+        folder, "m", tmp_path / "out", "model.safetensors is not a readable safetensors file", "save_pretrained"
+    )
 
 
 def test_a_missing_tokenizer_or_image_processor_is_refused(own: dict[str, Path], tmp_path: Path) -> None:
     text = _copy(own["pairs"], tmp_path / "text", drop=("tokenizer*", "vocab*", "special_tokens_map.json"))
-    _refused(text, "m", tmp_path / "out", "no loadable tokenizer", "tokenizer.save_pretrained(folder)")
+    _check_refused(text, "m", tmp_path / "out", "no loadable tokenizer", "tokenizer.save_pretrained(folder)")
     image = _copy(own["animals"], tmp_path / "image", drop=("preprocessor_config.json",))
-    _refused(image, "m", tmp_path / "out", "no loadable image processor", "image_processor.save_pretrained(folder)")
+    _check_refused(
+        image, "m", tmp_path / "out", "no loadable image processor", "image_processor.save_pretrained(folder)"
+    )
 
 
 def test_models_spec_and_yaml_file(tmp_path: Path) -> None:
@@ -691,11 +699,13 @@ def test_a_decoder_that_cannot_be_padded_is_refused(tmp_path: Path) -> None:
         single="$A </s>", special_tokens=[("</s>", tokenizer.eos_token_id)]
     )
     tokenizer.save_pretrained(folder)
-    _refused(folder, "m", tmp_path / "out", "ends every input with its EOS token", "add a pad token")
+    _check_refused(folder, "m", tmp_path / "out", "ends every input with its EOS token", "add a pad token")
     folder = checkpoints.decoder(tmp_path / "no-eos", pad=False)
     document = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**document, "eos_token": None}))
-    _refused(folder, "m", tmp_path / "out", "neither the tokenizer nor config.json has a pad token", "pad_token_id")
+    _check_refused(
+        folder, "m", tmp_path / "out", "neither the tokenizer nor config.json has a pad token", "pad_token_id"
+    )
 
 
 def test_a_new_head_is_announced_once_instead_of_the_missing_keys_report(caplog: pytest.LogCaptureFixture) -> None:
@@ -779,4 +789,4 @@ def test_sharded_weights_and_symlinked_cache_snapshots(own: dict[str, Path], tmp
     loaded = AutoModelForSequenceClassification.from_pretrained(str(served), use_safetensors=True)
     torch.testing.assert_close(loaded.state_dict()["classifier.weight"], weights["classifier.weight"])
     (snapshot / "model-00002-of-00002.safetensors").unlink()
-    _refused(snapshot, "m", tmp_path / "out", "model-00002-of-00002.safetensors", "not in the folder")
+    _check_refused(snapshot, "m", tmp_path / "out", "model-00002-of-00002.safetensors", "not in the folder")
