@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_store.serving.launcher import Ports
+from model_store.serving.launcher import Ports, pid_alive
 from tests.serving_support import ARCHIVE_CACHE, REPO_ROOT, tiny_archives
 
 logger = logging.getLogger(__name__)
@@ -185,21 +185,11 @@ def remove_stale_stacks() -> list[str]:
     stale = []
     for project in sorted(set(result.stdout.split())):
         found = re.fullmatch(re.escape(PROJECT_PREFIX) + r"(\d+)-\d+", project)
-        if found and not _alive(int(found.group(1))):
+        if found and not pid_alive(int(found.group(1))):
             ports = dict.fromkeys(("rest", "grpc", "prometheus", "grafana"), 0)  # unused by `down`
             Stack(project=project, ports=ports, models_dir=ARCHIVE_CACHE).teardown()
             stale.append(project)
     return stale
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def new_stack() -> Stack:

@@ -233,7 +233,8 @@ def _missing_archives(model_store: Path, models: Mapping[str, str]) -> list[str]
     return [name for name, path in models.items() if not (model_store / path / "MAR-INF" / "MANIFEST.json").is_file()]
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -282,7 +283,7 @@ def start(
     run_dir.mkdir(parents=True, exist_ok=True)
     for pid_name in (TS_PID, EXPORTER_PID):
         pid_file = run_dir / pid_name
-        if pid_file.is_file() and _alive(int(pid_file.read_text().strip() or 0)):
+        if pid_file.is_file() and pid_alive(int(pid_file.read_text().strip() or 0)):
             raise RuntimeError(f"already running from {run_dir} (pid file {pid_file}); run `make stop` first")
     missing = _missing_archives(model_store, models)
     if missing:
@@ -360,7 +361,7 @@ def _wait_ready(server: Server, process: subprocess.Popen[bytes], timeout: float
 
 def _terminate(pid: int, timeout: float = 20.0) -> None:
     """SIGTERM the process group led by ``pid`` (its workers too), then SIGKILL after ``timeout``."""
-    if not _alive(pid):
+    if not pid_alive(pid):
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
@@ -370,7 +371,7 @@ def _terminate(pid: int, timeout: float = 20.0) -> None:
             done, _ = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-        if not _alive(pid):
+        if not pid_alive(pid):
             break
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
@@ -387,7 +388,7 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR) -> bool:
         if not pid_file.is_file():
             continue
         text = pid_file.read_text().strip()
-        if text.isdigit() and _alive(int(text)):
+        if text.isdigit() and pid_alive(int(text)):
             _terminate(int(text))
             stopped = True
         pid_file.unlink(missing_ok=True)
@@ -532,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        while _alive(server.torchserve_pid):
+        while pid_alive(server.torchserve_pid):
             time.sleep(1.0)
         logger.error("TorchServe exited; see %s", server.log_dir)
         return 1
