@@ -405,20 +405,26 @@ def filtered_logits(logits: Tensor, settings: GenerationSettings) -> Tensor:
     return scores
 
 
-def _choose(logits: Tensor, settings: GenerationSettings, generators: Sequence[torch.Generator]) -> Tensor:
-    if not settings.do_sample:
-        return logits.argmax(dim=-1)
-    probabilities = filtered_logits(logits.float(), settings).softmax(dim=-1)
-    return torch.cat(
-        [torch.multinomial(probabilities[row], 1, generator=generators[row]) for row in range(logits.shape[0])]
-    )
+def _choose(logits: Tensor, settings: Sequence[GenerationSettings], generators: Sequence[torch.Generator]) -> Tensor:
+    """The next token of each row: its argmax, or a sample from its filtered distribution with its generator."""
+    greedy = logits.argmax(dim=-1)
+    if not any(row.do_sample for row in settings):
+        return greedy
+    chosen = []
+    for row, row_settings in enumerate(settings):
+        if not row_settings.do_sample:
+            chosen.append(greedy[row : row + 1])
+            continue
+        probabilities = filtered_logits(logits[row : row + 1].float(), row_settings).softmax(dim=-1)
+        chosen.append(torch.multinomial(probabilities[0], 1, generator=generators[row]))
+    return torch.cat(chosen)
 
 
 def generate_continuation(
     model: nn.Module,
     inputs: Mapping[str, Any],
     max_new_tokens: int | Sequence[int] | None = None,
-    generation: Mapping[str, Any] | GenerationSettings | None = None,
+    generation: Mapping[str, Any] | GenerationSettings | Sequence[Mapping[str, Any] | GenerationSettings] | None = None,
 ) -> Continuation:
     """Generate after each prompt of a batch, all rows together, each stopping at its EOS or its token budget.
 
@@ -427,7 +433,8 @@ def generate_continuation(
         inputs: the prompts (a tokenizer batch; left or right padding).
         max_new_tokens: the most tokens each row writes (one for all rows, or one per row;
             ``None``: :data:`DEFAULT_MAX_NEW_TOKENS`).
-        generation: sampling settings (:class:`GenerationSettings` or a mapping of its fields); greedy by default.
+        generation: sampling settings (:class:`GenerationSettings` or a mapping of its fields) for every row, or a
+            sequence of them, one per row (a served batch); greedy by default.
 
     Returns:
         The :class:`Continuation`; ``T`` is the longest row's number of steps.
@@ -439,15 +446,16 @@ def generate_continuation(
     prompt_ids, prompt_mask = left_padded_prompts(model, inputs)
     batch = prompt_ids.shape[0]
     budgets = _budgets(max_new_tokens, batch)
-    settings = (
-        generation if isinstance(generation, GenerationSettings) else GenerationSettings.from_mapping(generation, model)
-    )
+    rows = _row_settings(model, generation, batch)
     longest = max(budgets)
     _check_length(model, prompt_mask, longest)
     device = prompt_ids.device
-    generators = _generators(settings, batch, device)
+    if isinstance(rows[0].seed, tuple):  # one settings object for every row, a seed per row
+        generators = _generators(rows[0], batch, device)
+    else:
+        generators = [generator for settings in rows for generator in _generators(settings, 1, device)]
     budget = torch.tensor(budgets, device=device)
-    eos = torch.tensor(list(settings.eos_token_id), device=device, dtype=torch.long)
+    eos_rows = [torch.tensor(list(settings.eos_token_id), device=device, dtype=torch.long) for settings in rows]
     pad = pad_token(model)
     mask = prompt_mask
     positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
@@ -470,17 +478,36 @@ def generate_continuation(
                 logits_to_keep=1,
             )
             cache = output.cache if "cache" in output else output.past_key_values
-            token = _choose(output.logits[:, -1], settings, generators)
+            token = _choose(output.logits[:, -1], rows, generators)
             token = torch.where(alive, token, torch.full_like(token, pad))
             chosen.append(token)
             masks.append(alive.clone())
-            if eos.numel():
-                alive = alive & ~torch.isin(token, eos)
+            ended = torch.stack([torch.isin(token[row], eos) for row, eos in enumerate(eos_rows)])
+            alive = alive & ~ended
             step_input = token.view(-1, 1)
             mask = torch.cat([mask, torch.ones_like(step_input)], dim=1)
             step_positions = step_positions[:, -1:] + 1
     tokens = torch.stack(chosen, dim=1)
     return Continuation(prompt_ids, prompt_mask, tokens, torch.stack(masks, dim=1))
+
+
+def _row_settings(model: nn.Module, generation: Any, batch: int) -> list[GenerationSettings]:
+    """One :class:`GenerationSettings` per row (``generation``: one for all rows, or one per row)."""
+
+    def resolved(value: Any) -> GenerationSettings:
+        return value if isinstance(value, GenerationSettings) else GenerationSettings.from_mapping(value, model)
+
+    if generation is None or isinstance(generation, GenerationSettings | Mapping):
+        one = resolved(generation)
+        if isinstance(one.seed, tuple) and len(one.seed) != batch:
+            raise InvalidOptionError(f"generation 'seed' has {len(one.seed)} values for a batch of {batch} prompts")
+        return [one] * batch
+    rows = [resolved(value) for value in generation]
+    if len(rows) != batch:
+        raise InvalidOptionError(f"generation has {len(rows)} settings for a batch of {batch} prompts")
+    if any(isinstance(row.seed, tuple) for row in rows):
+        raise InvalidOptionError("per-row generation settings take one seed each, not a list")
+    return rows
 
 
 def _budgets(max_new_tokens: int | Sequence[int] | None, batch: int) -> list[int]:

@@ -175,3 +175,18 @@ def test_bad_prompts_and_budgets_are_refused() -> None:
         generate_continuation(model, mixed, 2)
     with pytest.raises(InvalidInputError, match="unexpected: token_type_ids"):
         generate_continuation(model, {**batch, "token_type_ids": batch["input_ids"]}, 2)
+
+
+def test_rows_of_one_batch_may_each_have_their_own_settings() -> None:
+    """A served batch: each row generates with its own sampling settings and budget, as it would alone."""
+    model = _model("qwen3")
+    batch = prompts()
+    settings = [
+        {"eos_token_id": None},
+        {"do_sample": True, "seed": 4, "top_k": 8, "eos_token_id": None},
+        {"do_sample": True, "seed": 9, "temperature": 0.5, "eos_token_id": None},
+    ]
+    together = generate_continuation(model, batch, [3, 5, 4], settings)
+    for row in range(3):
+        alone = generate_continuation(model, _alone(batch, row), [3, 5, 4][row], settings[row])
+        assert together.tokens[row][together.token_mask[row]].tolist() == alone.tokens[0].tolist()
