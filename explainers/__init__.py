@@ -25,6 +25,7 @@ from .errors import (
     UnsupportedMethodError,
     UnsupportedModelError,
 )
+from .generation import GenerationExplanation, StepSum, explain_generation
 from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .methods import Method, available_methods, get_method
 from .support import FAMILIES, Family, support_table, supported_model_types
@@ -50,6 +51,7 @@ __all__ = [
     "BatchExplanation",
     "ExplainError",
     "Family",
+    "GenerationExplanation",
     "InvalidInputError",
     "InvalidOptionError",
     "InvalidTargetError",
@@ -57,6 +59,7 @@ __all__ = [
     "NonFiniteScoresError",
     "RowExplanation",
     "RowRequest",
+    "StepSum",
     "UnknownMethodError",
     "UnsupportedMethodError",
     "UnsupportedModelError",
@@ -66,6 +69,7 @@ __all__ = [
     "describe",
     "explain",
     "explain_batch",
+    "explain_generation",
     "get_method",
     "head_type",
     "pooled_position",

@@ -171,12 +171,31 @@ class Continuation:
         prompt_mask: ``(batch, P)`` 1 at the prompts' real tokens.
         tokens: ``(batch, T)`` the continuation; after a row ended, the pad token.
         token_mask: ``(batch, T)`` bool, the steps each row has (up to and including its EOS).
+        probabilities: ``(batch, T)`` each token's probability under the model at its step (0 after a row ended),
+            when the tokens were generated here; ``None`` for a given continuation.
     """
 
     prompt_ids: Tensor
     prompt_mask: Tensor
     tokens: Tensor
     token_mask: Tensor
+    probabilities: Tensor | None = None
+
+    def rows(self, index: Sequence[int]) -> Continuation:
+        """The continuation of the rows ``index`` only, trimmed to their own widths."""
+        picked = torch.tensor(list(index), device=self.tokens.device, dtype=torch.long)
+        prompt_mask = self.prompt_mask[picked]
+        token_mask = self.token_mask[picked]
+        start = int((prompt_mask.sum(dim=0) == 0).sum())  # prompt columns that are padding in every row
+        steps = max(int(token_mask.sum(dim=1).max()), 1)
+        probabilities = None if self.probabilities is None else self.probabilities[picked][:, :steps]
+        return Continuation(
+            self.prompt_ids[picked][:, start:],
+            prompt_mask[:, start:],
+            self.tokens[picked][:, :steps],
+            token_mask[:, :steps],
+            probabilities,
+        )
 
     @property
     def prompt_width(self) -> int:
@@ -463,6 +482,7 @@ def generate_continuation(
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     chosen: list[Tensor] = []
     masks: list[Tensor] = []
+    probabilities: list[Tensor] = []
     cache: Any = None
     with evaluating(model), torch.no_grad():
         for step in range(longest):
@@ -478,9 +498,14 @@ def generate_continuation(
                 logits_to_keep=1,
             )
             cache = output.cache if "cache" in output else output.past_key_values
-            token = _choose(output.logits[:, -1], rows, generators)
+            logits = output.logits[:, -1]
+            token = _choose(logits, rows, generators)
             token = torch.where(alive, token, torch.full_like(token, pad))
             chosen.append(token)
+            log_probabilities = (
+                logits.log_softmax(dim=-1) if logits.dtype == torch.float64 else logits.float().log_softmax(-1)
+            )
+            probabilities.append(log_probabilities.gather(1, token.view(-1, 1)).view(-1).exp() * alive)
             masks.append(alive.clone())
             ended = torch.stack([torch.isin(token[row], eos) for row, eos in enumerate(eos_rows)])
             alive = alive & ~ended
@@ -488,7 +513,7 @@ def generate_continuation(
             mask = torch.cat([mask, torch.ones_like(step_input)], dim=1)
             step_positions = step_positions[:, -1:] + 1
     tokens = torch.stack(chosen, dim=1)
-    return Continuation(prompt_ids, prompt_mask, tokens, torch.stack(masks, dim=1))
+    return Continuation(prompt_ids, prompt_mask, tokens, torch.stack(masks, dim=1), torch.stack(probabilities, dim=1))
 
 
 def _row_settings(model: nn.Module, generation: Any, batch: int) -> list[GenerationSettings]:

@@ -61,8 +61,9 @@ def build_causal(model_type: str, seed: int = 0, softcap: bool = False) -> Any:
 
 
 def classifier_twin(lm: Any) -> Any:
-    """The LM's weights in its family's sequence classifier, the LM head as the ``score`` layer, no pad id (a
-    context alone is one unpadded row, and the head then reads its last token)."""
+    """The LM's weights in its family's sequence classifier, the LM head as the ``score`` layer, and as pad id one
+    that no token has (the vocabulary size): a context alone is one unpadded row, whose last token the head reads
+    whatever it is (integrated gradients repeats that row along its path, so the classifier needs some pad id)."""
     model_type = lm.config.model_type
     config = type(lm.config).from_dict(lm.config.to_dict())
     config.num_labels = int(lm.get_output_embeddings().weight.shape[0])
@@ -71,6 +72,7 @@ def classifier_twin(lm: Any) -> Any:
     twin = CLASSES[model_type][1](config).double().eval()
     state = {("score.weight" if key == "lm_head.weight" else key): value for key, value in lm.state_dict().items()}
     twin.load_state_dict(state, strict=True)
+    twin.config.pad_token_id = config.num_labels
     return twin
 
 
