@@ -7,7 +7,7 @@ exporter process (:mod:`handlers.exporter`, port 8083 by default) serves their s
 variable the metrics stay in the worker process (nothing to scrape) and a warning is logged once.
 
 Labels are bounded: ``model`` (served models), ``method`` (registered methods or ``none`` for a prediction),
-``stage`` (forward, backward, attribution, encode) and ``code`` (the error table's codes).
+``stage`` (generate, forward, backward, attribution, encode) and ``code`` (the error table's codes).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ LATENCY_BUCKETS = (
     0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
-STAGES = ("forward", "backward", "attribution", "encode")
+STAGES = ("generate", "forward", "backward", "attribution", "encode")
 PREDICTION = "none"
 
 EXPLANATION_SECONDS = Histogram(
@@ -42,6 +42,9 @@ STAGE_SECONDS = Histogram(
 )
 EXPLANATIONS = Counter("explain_explanations", "Rows served, by method (none = prediction only)", ["model", "method"])
 ERRORS = Counter("explain_errors", "Rows answered with an error, by method and error code", ["model", "method", "code"])
+GENERATED_TOKENS = Counter(
+    "explain_generated_tokens", "Tokens written by generation models (given continuations not counted)", ["model"]
+)
 BATCH_SIZE = Histogram("explain_batch_size", "Rows per batch the worker received", ["model"], buckets=BATCH_BUCKETS)
 
 _warned = False
@@ -67,6 +70,12 @@ def observe_row(model: str, method: str | None, stages: dict[str, float]) -> Non
 def observe_error(model: str, method: str | None, code: str) -> None:
     """Record one row answered with an error."""
     ERRORS.labels(model, method or PREDICTION, code).inc()
+
+
+def observe_generated_tokens(model: str, count: int) -> None:
+    """Record the tokens a generation model wrote for one batch."""
+    if count:
+        GENERATED_TOKENS.labels(model).inc(count)
 
 
 def observe_batch(model: str, size: int) -> None:
