@@ -117,3 +117,38 @@ def test_a_concurrent_batch_answers_each_row(writer: Server) -> None:
         metrics = response.read().decode()
     assert 'stage="generate"' in metrics and 'model="writer"' in metrics
     assert "explain_generated_tokens_total" in metrics
+
+
+def test_the_cli_generates_on_both_transports(writer: Server, tmp_path: Path) -> None:
+    import io
+
+    from explain_client.cli import main
+
+    token = writer.keys["inference"]
+    transports = [
+        ["--url", writer.inference_url],
+        ["--grpc", "--grpc-address", f"127.0.0.1:{writer.ports.grpc_inference}"],
+    ]
+    pages = []
+    for index, transport in enumerate(transports):
+        out = io.StringIO()
+        html, png = tmp_path / f"page{index}.html", tmp_path / f"matrix{index}.png"
+        status = main(
+            [PROMPTS[0], "--generate", "--model", "writer", "--method", "attnlrp", "--max-new-tokens", "3",
+             f"--token={token}", "--color", "never", "--html", str(html), "--png", str(png), *transport],
+            stdout=out,
+        )  # fmt: skip
+        assert status == 0, out.getvalue()
+        assert "generated (" in out.getvalue() and "<-" in out.getvalue()
+        assert png.read_bytes().startswith(b"\x89PNG")
+        pages.append(html.read_text(encoding="utf-8"))
+    import re
+
+    def without_data(page: str) -> str:  # REST rounds scores to 6 digits, gRPC sends float32
+        return re.sub(r'<script type="application/json" class="data">.*?</script>', "", page, flags=re.S)
+
+    assert without_data(pages[0]) == without_data(pages[1])  # the same tokens and layout over REST and gRPC
+    out = io.StringIO()
+    assert main([PROMPTS[0], "--generate", "--model", "writer", "--method", "saliency", f"--token={token}",
+                 "--url", writer.inference_url], stdout=out) == 1  # fmt: skip
+    assert "unknown_method" in out.getvalue()
