@@ -23,7 +23,8 @@ from transformers import (
     ViTForImageClassification,
 )
 
-from model_store.serving.launcher import Ports, Server, start, stop
+from model_store.serving.config import Ports
+from model_store.serving.process import Server, start, stop
 from tests.serving_support import tiny_archives
 
 VOCAB = 60

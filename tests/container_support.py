@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_store.serving.launcher import Ports, pid_alive
+from model_store.serving.config import Ports
+from model_store.serving.process import pid_alive
 from tests.serving_support import ARCHIVE_CACHE, REPO_ROOT, tiny_archives
 
 logger = logging.getLogger(__name__)

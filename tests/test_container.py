@@ -30,7 +30,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from explainers import explain
 from handlers import protos
-from model_store.serving.launcher import DEFAULT_MODELS
+from model_store.serving.archives import DEFAULT_MODELS
 from tests import container_support as support
 from tests.container_support import Stack, connects, container_ip, prometheus_get, prometheus_query, wait_until
 from tests.serving_support import REPO_ROOT, b64, http_post, png_bytes
@@ -99,8 +99,8 @@ def _check_models_in_image(stack: Stack, store: Path) -> subprocess.CompletedPro
     """The launcher's start-up model check, run in the stack's image as its user, with ``store`` (a host folder)
     mounted read-write where the image's default model store is, as the issue's user did."""
     script = (
-        "import logging; from model_store.serving import launcher; logging.basicConfig(level=logging.INFO);"
-        "launcher._ensure_models(launcher.DEFAULT_MODEL_STORE, launcher.DEFAULT_MODELS)"
+        "import logging; from model_store.serving import archives; logging.basicConfig(level=logging.INFO);"
+        "archives.ensure_models(archives.DEFAULT_MODEL_STORE, archives.DEFAULT_MODELS)"
     )
     command = ["docker", "run", "--rm", "--network", "none", "-v", f"{store}:/srv/explain/model_store/build"]
     command += [stack.image, "python", "-c", script]

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from handlers import metrics
-from model_store.serving.launcher import Ports, Server
+from model_store.serving.config import Ports
+from model_store.serving.process import Server
 from tests.ops_support import ops_server, rest_call, worker_pids
 from tests.serving_support import REPO_ROOT
 

@@ -23,7 +23,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from explainers import available_methods, explain
 from handlers import protos
-from model_store.serving.launcher import Ports, Server
+from model_store.serving.config import Ports
+from model_store.serving.process import Server
 from tests.serving_support import b64, http_post, png_bytes
 
 TEXT = "the service was quick and the staff were lovely"
