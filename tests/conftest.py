@@ -26,27 +26,10 @@ from transformers import (
 from model_store.serving.config import Ports
 from model_store.serving.process import Server, start, stop
 from tests.serving_support import tiny_archives
+from tests.weights import perturb
 
 VOCAB = 60
 NUM_LABELS = 3
-
-
-def _perturb(model: Any, seed: int) -> Any:
-    """Replace the near-zero default initialisation by weights large enough for distinct, confident logits."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
-            if "norm" in name.lower() and name.endswith("weight"):
-                parameter.copy_(1.0 + 0.2 * noise)
-            elif "embeddings" in name and parameter.dim() == 2:
-                parameter.copy_(noise)
-            elif parameter.dim() >= 2:
-                fan_in = parameter[0].numel()
-                parameter.copy_(noise * 1.5 / fan_in**0.5)
-            else:
-                parameter.copy_(0.1 * noise)
-    return model
 
 
 def _labelled(config: Any) -> Any:
@@ -64,7 +47,7 @@ def build_bert() -> Any:
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=64, hidden_act="gelu",
     )  # fmt: skip
-    return _eager(_perturb(BertForSequenceClassification(_labelled(config)), 1))
+    return _eager(perturb(BertForSequenceClassification(_labelled(config)), 1, unit_embeddings="embeddings"))
 
 
 def build_roberta() -> Any:
@@ -72,14 +55,14 @@ def build_roberta() -> Any:
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=72, pad_token_id=1, bos_token_id=0, eos_token_id=2,
     )  # fmt: skip
-    return _eager(_perturb(RobertaForSequenceClassification(_labelled(config)), 2))
+    return _eager(perturb(RobertaForSequenceClassification(_labelled(config)), 2, unit_embeddings="embeddings"))
 
 
 def build_distilbert() -> Any:
     config = DistilBertConfig(
         vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64,
     )  # fmt: skip
-    return _eager(_perturb(DistilBertForSequenceClassification(_labelled(config)), 3))
+    return _eager(perturb(DistilBertForSequenceClassification(_labelled(config)), 3, unit_embeddings="embeddings"))
 
 
 def build_vit(image_size: int | list[int] = 16, patch_size: int = 4) -> Any:
@@ -87,7 +70,7 @@ def build_vit(image_size: int | list[int] = 16, patch_size: int = 4) -> Any:
         image_size=image_size, patch_size=patch_size, num_channels=3, hidden_size=32, num_hidden_layers=2,
         num_attention_heads=4, intermediate_size=64,
     )  # fmt: skip
-    return _eager(_perturb(ViTForImageClassification(_labelled(config)), 4))
+    return _eager(perturb(ViTForImageClassification(_labelled(config)), 4, unit_embeddings="embeddings"))
 
 
 def build_vit_wide() -> Any:
