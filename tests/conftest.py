@@ -1,9 +1,15 @@
 """Shared fixtures: tiny Hugging Face classifiers built from configs (no downloads), with non-degenerate weights, and
 a real TorchServe (Java frontend + Python workers) serving the tiny archives on free loopback ports, started once per
-test session (on first use) and stopped by its pid, also when tests fail."""
+test session (on first use) and stopped by its pid, also when tests fail.
+
+Every server a test starts ends with the pytest process, even when pytest is killed (an outer timeout's SIGKILL)
+before any clean-up runs: ``EXPLAIN_OWNER_PID`` names this process, so the launcher (in this process or in a
+``python -m model_store.serving`` subprocess) puts a watchdog on each TorchServe, and the other servers go through
+:func:`tests.serving_support.owned_popen` (tests/test_cleanup.py kills a pytest to prove it)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +31,17 @@ from transformers import (
 
 from model_store.serving.config import Ports
 from model_store.serving.process import Server, start, stop
+from model_store.serving.watchdog import OWNER_ENV
 from tests.serving_support import tiny_archives
 from tests.weights import perturb
 
 VOCAB = 60
 NUM_LABELS = 3
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Servers started by this session (and by its subprocesses) end with this process (module docstring)."""
+    os.environ[OWNER_ENV] = str(os.getpid())
 
 
 def _labelled(config: Any) -> Any:

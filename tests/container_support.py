@@ -27,6 +27,7 @@ from typing import Any
 
 from model_store.serving.config import Ports
 from model_store.serving.process import pid_alive
+from model_store.serving.watchdog import watch
 from tests.serving_support import ARCHIVE_CACHE, REPO_ROOT, tiny_archives
 
 logger = logging.getLogger(__name__)
@@ -107,11 +108,21 @@ class Stack:
         assert result.returncode == 0, f"make {target} exited with {result.returncode}:\n{output[-6000:]}"
         return output
 
+    def compose_command(self, *args: str) -> list[str]:
+        """``docker compose -p <project> -f docker-compose.yml <args>``."""
+        return ["docker", "compose", "-p", self.project, "-f", str(REPO_ROOT / "docker-compose.yml"), *args]
+
+    @property
+    def compose_env(self) -> dict[str, str]:
+        """The environment of :meth:`compose`."""
+        return {**self.env, "GRAFANA_ADMIN_PASSWORD": "unused-by-the-test"}
+
     def compose(self, *args: str, timeout: float = DOWN_TIMEOUT) -> subprocess.CompletedProcess[str]:
         """``docker compose -p <project> -f docker-compose.yml <args>`` (not checked)."""
-        command = ["docker", "compose", "-p", self.project, "-f", str(REPO_ROOT / "docker-compose.yml"), *args]
-        env = {**self.env, "GRAFANA_ADMIN_PASSWORD": "unused-by-the-test"}
-        return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            self.compose_command(*args), cwd=REPO_ROOT, env=self.compose_env, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
 
     def containers(self, *, running_only: bool = False) -> list[str]:
         """Ids of the project's containers (by compose's project label)."""
@@ -209,8 +220,11 @@ def new_stack() -> Stack:
 
 @contextlib.contextmanager
 def running_stack() -> Iterator[Stack]:
-    """``make container-up`` a new stack; tear it down when the block ends, however it ends."""
+    """``make container-up`` a new stack; tear it down when the block ends, however it ends (a watchdog runs
+    ``docker compose down`` if the test process is killed before its clean-up runs)."""
     stack = new_stack()
+    down = stack.compose_command("down", "--volumes", "--remove-orphans", "--timeout", "10")
+    guard = watch(os.getpid(), command=down, env=stack.compose_env)
     try:
         stack.make("container-up", COLD_UP_TIMEOUT)
         yield stack
@@ -219,6 +233,8 @@ def running_stack() -> Iterator[Stack]:
         raise
     finally:
         stack.teardown()
+        guard.terminate()
+        guard.wait(timeout=30)
 
 
 def image_id(image: str) -> str:

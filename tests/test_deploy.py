@@ -22,7 +22,7 @@ from handlers import metrics
 from model_store.serving.config import Ports
 from model_store.serving.process import Server
 from tests.ops_support import ops_server, rest_call, worker_pids
-from tests.serving_support import REPO_ROOT
+from tests.serving_support import REPO_ROOT, owned_popen
 
 DEPLOY = REPO_ROOT / "deploy"
 COMPOSE = REPO_ROOT / "docker-compose.yml"
@@ -259,12 +259,12 @@ def test_real_prometheus_loads_the_compose_config_and_answers_the_dashboard(serv
     shutil.copy(RULES, tmp_path / RULES.name)
     port = Ports.free().inference
     log = (tmp_path / "prometheus.log").open("wb")
-    memory = subprocess.Popen(
+    memory = owned_popen(
         [exporter, f"-config.path={DEPLOY / 'process-exporter' / 'process-exporter.yml'}",
          f"-web.listen-address=127.0.0.1:{exporter_port}"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    process = subprocess.Popen(
+    process = owned_popen(
         [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=log, stderr=subprocess.STDOUT,

@@ -35,10 +35,14 @@ from model_store.serving.config import (
     link_store,
     write_config,
 )
+from model_store.serving.watchdog import owner_pid, pid_alive, watch
 
 TS_PID = "torchserve.pid"
 EXPORTER_PID = "exporter.pid"
 PORTS_FILE = "ports.json"
+WATCHDOG_PID = "watchdog.pid"
+
+__all__ = ["Server", "java_command", "pid_alive", "spawn", "start", "stop", "terminate", "wait_ready"]
 
 
 @dataclass
@@ -88,17 +92,6 @@ def java_command(config: Path, model_store: Path, tmp_dir: Path, models: list[st
     return command
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (one owned by another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def spawn(command: list[str], cwd: Path, env: dict[str, str], log: Path, pid_file: Path) -> subprocess.Popen[bytes]:
     """Start ``command`` in its own session (so ``stop`` can kill its whole group), appending its output to ``log``
     and recording its pid in ``pid_file``."""
@@ -119,6 +112,9 @@ def start(
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Server:
     """Start the exporter and TorchServe in the background and wait until every model's worker is ready.
+
+    With ``EXPLAIN_OWNER_PID`` set (the test suite sets it to the pytest process), a
+    :mod:`~model_store.serving.watchdog` ends both process groups when that process ends, however it ends.
 
     Args:
         run_dir: Folder for runtime state (created; the previous metric files are cleared).
@@ -173,6 +169,10 @@ def start(
     java = spawn(
         java_command(config, store, tmp_dir, list(models)), run_dir, env, run_dir / "torchserve.out", run_dir / TS_PID
     )
+    owner = owner_pid()
+    if owner is not None:  # EXPLAIN_OWNER_PID: the servers end with that process, even if it is SIGKILLed
+        guard = watch(owner, groups=[java.pid, exporter.pid], env=env)
+        (run_dir / WATCHDOG_PID).write_text(str(guard.pid))
     (run_dir / PORTS_FILE).write_text(json.dumps(asdict(ports)))
     server = Server(run_dir, ports, java.pid, exporter.pid, tuple(models))
     try:
@@ -247,4 +247,9 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR) -> bool:
             terminate(int(text))
             stopped = True
         pid_file.unlink(missing_ok=True)
+    guard = run_dir / WATCHDOG_PID  # nothing left to guard
+    text = guard.read_text().strip() if guard.is_file() else ""
+    if text.isdigit() and pid_alive(int(text)):
+        terminate(int(text))
+    guard.unlink(missing_ok=True)
     return stopped
