@@ -56,7 +56,7 @@ COPY model_store ./model_store
 COPY handlers/text_handler.py handlers/image_handler.py ./handlers/
 ARG BUILD_MODELS=true
 RUN case "${BUILD_MODELS}" in \
-      true) python -m model_store.build --no-progress ;; \
+      true) python -m model_store.build --progress lines ;; \
       false) ;; \
       *) echo "BUILD_MODELS must be true or false, not '${BUILD_MODELS}'" >&2; exit 2 ;; \
     esac \

@@ -47,8 +47,12 @@ def ensure_models(model_store: Path, models: Mapping[str, str]) -> None:
         logger.info("model store %s is not writable by uid %d: serving its archives as they are", model_store, uid)
         return
     if missing:
-        logger.info("building the default models %s (first run only)", missing)
-    command = [sys.executable, "-m", "model_store.build", "--out", str(model_store), "--no-progress"]
+        logger.info(
+            "building the default models %s: first run only, about 10 minutes on 2 CPU cores (progress: bars on a "
+            "terminal, a line at least every 15 s otherwise)",
+            ", ".join(missing),
+        )
+    command = [sys.executable, "-m", "model_store.build", "--out", str(model_store)]
     for name in models:
         command += ["--only", name]
     subprocess.run(command, cwd=REPO_ROOT, check=True)
