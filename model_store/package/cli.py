@@ -20,7 +20,16 @@ from model_store.package.validate import validate
 def _settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {
         key: getattr(args, key)
-        for key in ("default_method", "max_length", "batch_size", "max_batch_delay", "device", "threshold", "workers")
+        for key in (
+            "default_method",
+            "max_length",
+            "batch_size",
+            "max_batch_delay",
+            "device",
+            "threshold",
+            "workers",
+            "explain_below",
+        )
         if getattr(args, key) is not None
     }
     if args.bf16:
@@ -40,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", help="model name (the archive folder and the URL: /predictions/NAME)")
     parser.add_argument("--config", type=Path, help="a YAML file of several models (instead of PATH and --name)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="model store folder (default: %(default)s)")
-    parser.add_argument("--default-method", help="method used when a request names none (default: relevance)")
+    parser.add_argument("--default-method", help="method used when a request names none (default: attnlrp)")
     parser.add_argument("--max-length", type=int, help="tokens per text input, longer is truncated (default: 128)")
     parser.add_argument("--batch-size", type=int, help="TorchServe batchSize (default: 8)")
     parser.add_argument("--max-batch-delay", type=int, help="TorchServe maxBatchDelay in ms (default: 2)")
@@ -48,6 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bf16", action="store_true", help="run the forward under bfloat16 autocast (GPU)")
     parser.add_argument("--threshold", type=float, help="multi-label heads: probability to predict a label (0.5)")
     parser.add_argument("--workers", type=int, help="TorchServe workers of the model (default: 1)")
+    parser.add_argument(
+        "--explain-below",
+        type=float,
+        metavar="P",
+        help="explain when unsure by default: only when the prediction's confidence is below P (default: always)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(message)s")

@@ -46,6 +46,8 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
         extra["threshold"] = checkpoint.threshold
     if checkpoint.pad_token_id is not None:
         extra["pad_token_id"] = checkpoint.pad_token_id
+    if settings.explain_below is not None:
+        extra["explain_below"] = float(settings.explain_below)
     return ServingConfig(
         task=checkpoint.task,
         labels=checkpoint.labels,

@@ -28,7 +28,7 @@ class Settings:
 
     Attributes:
         default_method: Method used when a request asks for an explanation without naming one (``None``:
-            ``relevance`` where the architecture supports it, else ``gae``).
+            ``attnlrp``, the served default, where the architecture supports it (all supported ones do), else ``gae``).
         max_length: Text: tokens per input (both segments of a pair together); longer inputs are truncated
             (``None``: 128, or the model's position limit if smaller).
         batch_size: TorchServe ``batchSize``: rows per batch.
@@ -40,6 +40,9 @@ class Settings:
             checkpoint config's ``threshold`` key, else 0.5).
         workers: TorchServe workers of the model (``minWorkers`` = ``maxWorkers``).
         response_timeout: TorchServe ``responseTimeout`` in s: a slower batch kills the worker.
+        explain_below: Explain when unsure, by default: a request asking for an explanation without saying when gets
+            it only if the prediction's confidence is below this probability in (0, 1] (``None``: always; a request
+            overrides it with ``below``).
     """
 
     default_method: str | None = None
@@ -51,6 +54,7 @@ class Settings:
     threshold: float | None = None
     workers: int = 1
     response_timeout: int = 60
+    explain_below: float | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> Settings:
@@ -95,6 +99,9 @@ class Settings:
             isinstance(self.threshold, int | float) and not isinstance(self.threshold, bool) and 0 < self.threshold < 1
         ):
             raise PackageError(f"{where}: threshold must be a probability in (0, 1), got {self.threshold!r}")
+        below = self.explain_below
+        if below is not None and (isinstance(below, bool) or not isinstance(below, int | float) or not 0 < below <= 1):
+            raise PackageError(f"{where}: explain_below must be a probability in (0, 1], got {below!r}")
 
 
 def check_name(name: str) -> str:

@@ -61,7 +61,7 @@ class Checkpoint:
     architecture: str
     head_type: str
     labels: tuple[str, ...]
-    default_method: str = "relevance"
+    default_method: str = "attnlrp"
     max_length: int | None = None
     threshold: float | None = None
     image_size: tuple[int, int] | None = None
@@ -279,7 +279,7 @@ def _validate_staged(
     from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
     from explainers import ExplainError, describe, head_type, supported_methods
-    from handlers.config import DEFAULT_THRESHOLD
+    from handlers.config import DEFAULT_METHOD, DEFAULT_THRESHOLD
     from handlers.service import classifier_class
 
     try:
@@ -305,7 +305,7 @@ def _validate_staged(
         raise PackageError(f"the explainers cannot explain this model: {error}") from None
     _check_head(skeleton, shapes, architecture)
     methods = supported_methods(str(config.model_type))
-    default_method = settings.default_method or ("relevance" if "relevance" in methods else "gae")
+    default_method = settings.default_method or (DEFAULT_METHOD if DEFAULT_METHOD in methods else "gae")
     if default_method not in methods:
         raise PackageError(
             f"default_method {default_method!r} does not work on {config.model_type} models; choose one of "
