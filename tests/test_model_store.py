@@ -67,7 +67,7 @@ def corpus() -> list[TextExample]:
 
 
 def test_real_corpus_matches_its_documentation(corpus: list[TextExample]) -> None:
-    # shared/DATA.md: 38,158 rows; negative 16,186, neutral 15,018, positive 6,954; some empty confidences.
+    # docs/DATA.md: 38,158 rows; negative 16,186, neutral 15,018, positive 6,954; some empty confidences.
     assert len(corpus) == 38_158
     counts = Counter(SENTIMENT_LABELS[e.label] for e in corpus)
     assert counts == {"negative": 16_186, "neutral": 15_018, "positive": 6_954}
