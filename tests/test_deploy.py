@@ -44,7 +44,7 @@ def service_metric_names() -> set[str]:
     prometheus-client adds) and TorchServe's (model_store/serving/metrics.yaml)."""
     names: set[str] = set()
     for metric in (metrics.EXPLANATION_SECONDS, metrics.STAGE_SECONDS, metrics.EXPLANATIONS, metrics.ERRORS,
-                   metrics.BATCH_SIZE):  # fmt: skip
+                   metrics.BATCH_SIZE, metrics.UNSURE_ROWS):  # fmt: skip
         for family in metric.collect():
             names.update(sample.name for sample in family.samples)
             kind = family.type

@@ -38,8 +38,10 @@ def usage(server: Server, example: tuple[str, str] = ("sentiment", "text")) -> s
             f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
             f'       {url}/predictions/{model} -d \'{{"text": "what a lovely day"}}\'\n'
             f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
-            f'       {url}/explanations/{model} -d \'{{"text": "what a lovely day", "explain": '
-            f'{{"method": "relevance"}}}}\'\n'
+            f'       {url}/explanations/{model} -d \'{{"text": "what a lovely day"}}\'   # the default method\n'
+            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
+            f'       {url}/predictions/{model} -d \'{{"text": "what a lovely day", "explain": '
+            f'{{"below": 0.8}}}}\'   # explained only if unsure\n'
         )
     else:
         calls = (
