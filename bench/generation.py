@@ -50,15 +50,18 @@ FAST_OPTIONS: dict[str, dict[str, Any]] = {"integrated_gradients": {"n_steps": 8
 
 
 def word_tokenizer(vocabulary: int) -> Any:
-    """A word-level fast tokenizer of ``w0 … w{vocabulary-1}`` (no special tokens added): text ``"w5 w9"`` is ids
-    ``[5, 9]`` exactly, which Captum's text input needs."""
+    """A word-level fast tokenizer: ids 0, 1, 2 are ``<unk>``, ``<pad>``, ``<eos>``, id ``i >= 3`` is the word
+    ``w{i}`` (no special tokens added), so text ``"w5 w9"`` is ids ``[5, 9]`` exactly, which Captum's text input
+    needs."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"w{index}": index for index in range(vocabulary)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    vocab = {"<unk>": 0, "<pad>": 1, "<eos>": 2, **{f"w{index}": index for index in range(3, vocabulary)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", pad_token="w1", padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>", padding_side="left"
+    )
 
 
 def build_model(arch: str, layers: int, hidden: int, heads: int, vocabulary: int, positions: int) -> nn.Module:

@@ -24,7 +24,8 @@ class GenerationCall:
         sampling: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed`` (``None``: greedy).
         continuation: explain this continuation (text) instead of generating.
         continuation_ids: or this one, as token ids.
-        method: the attribution method (``None``: no explanation, only the generation and its probabilities).
+        method: the attribution method (``""``: the model's default method; ``None``: no explanation, only the
+            generation and its probabilities).
         steps: which steps to explain (see :data:`Steps`).
         contrast: a foil token (text or id) for every step, or one per step.
         options: method options.
@@ -54,7 +55,7 @@ class GenerationCall:
         if self.method is None:
             document["explain"] = False
             return document
-        explain: dict[str, Any] = {"method": self.method, **dict(self.options)}
+        explain: dict[str, Any] = {"method": self.method, **dict(self.options)} if self.method else dict(self.options)
         if isinstance(self.steps, tuple) and self.steps and self.steps[0] == "sum":
             explain["steps"] = {"sum": [self.steps[1], self.steps[2]]}
         elif self.steps is not None:

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, client: ExplainClient, out: TextIO, color: boo
             max_new_tokens=args.max_new_tokens,
             sampling=sampling or None,
             continuation=args.continuation,
-            method=None if args.no_explain else args.method,
+            method=None if args.no_explain else (args.method or ""),  # "": the model's default method
             steps=parse_steps(args.steps),
             contrast=_foils(args.contrast),
             **options,

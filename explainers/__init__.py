@@ -15,6 +15,7 @@ from .attention_capture import (
     attention_implementation,
     capturing_attention,
 )
+from .confidence import RowSkipped, prediction_confidence
 from .errors import (
     ExplainError,
     InvalidInputError,
@@ -59,6 +60,7 @@ __all__ = [
     "NonFiniteScoresError",
     "RowExplanation",
     "RowRequest",
+    "RowSkipped",
     "StepSum",
     "UnknownMethodError",
     "UnsupportedMethodError",
@@ -73,6 +75,7 @@ __all__ = [
     "get_method",
     "head_type",
     "pooled_position",
+    "prediction_confidence",
     "support_table",
     "supported_methods",
     "supported_model_types",

@@ -7,7 +7,8 @@ exporter process (:mod:`handlers.exporter`, port 8083 by default) serves their s
 variable the metrics stay in the worker process (nothing to scrape) and a warning is logged once.
 
 Labels are bounded: ``model`` (served models), ``method`` (registered methods or ``none`` for a prediction),
-``stage`` (generate, forward, backward, attribution, encode) and ``code`` (the error table's codes).
+``stage`` (generate, forward, backward, attribution, encode), ``code`` (the error table's codes) and ``outcome``
+(explained, skipped).
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ ERRORS = Counter("explain_errors", "Rows answered with an error, by method and e
 GENERATED_TOKENS = Counter(
     "explain_generated_tokens", "Tokens written by generation models (given continuations not counted)", ["model"]
 )
+UNSURE_ROWS = Counter(
+    "explain_unsure_rows",
+    "Rows that asked for an explanation only when unsure (below a confidence), by the method asked for and whether "
+    "they were explained or skipped (confident: no backward, served as a prediction)",
+    ["model", "method", "outcome"],
+)
 BATCH_SIZE = Histogram("explain_batch_size", "Rows per batch the worker received", ["model"], buckets=BATCH_BUCKETS)
 
 _warned = False
@@ -76,6 +83,11 @@ def observe_generated_tokens(model: str, count: int) -> None:
     """Record the tokens a generation model wrote for one batch."""
     if count:
         GENERATED_TOKENS.labels(model).inc(count)
+
+
+def observe_unsure(model: str, method: str, explained: bool) -> None:
+    """Record one row that asked for an explanation only when unsure."""
+    UNSURE_ROWS.labels(model, method, "explained" if explained else "skipped").inc()
 
 
 def observe_batch(model: str, size: int) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.checkpoints import WORDS, _perturb, decoder_tokenizer, save
+from tests.checkpoints import WORDS, decoder_tokenizer, save
+from tests.weights import perturb
 
 #: Prompts made of the tokenizer's words.
 PROMPTS = ("the service was", "a slow rude waiter and the food", "good")
@@ -22,7 +23,7 @@ def causal_lm(folder: Path, pad: bool = True) -> Path:
         intermediate_size=64, max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
     )  # fmt: skip
-    model: Any = _perturb(LlamaForCausalLM(config), 21).eval()
+    model: Any = perturb(LlamaForCausalLM(config), 21, unit_embeddings=None).eval()
     return save(model, tokenizer, folder)
 
 

@@ -181,7 +181,7 @@ def test_rows_of_one_batch_may_each_have_their_own_settings() -> None:
     """A served batch: each row generates with its own sampling settings and budget, as it would alone."""
     model = _model("qwen3")
     batch = prompts()
-    settings = [
+    settings: list[dict[str, Any]] = [
         {"eos_token_id": None},
         {"do_sample": True, "seed": 4, "top_k": 8, "eos_token_id": None},
         {"do_sample": True, "seed": 9, "temperature": 0.5, "eos_token_id": None},

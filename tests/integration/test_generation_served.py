@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explain_client import ExplainClient, ServiceError
 from model_store.archive import ServingConfig, make_archive
-from model_store.serving.launcher import Ports, Server, start, stop
+from model_store.serving.config import Ports
+from model_store.serving.process import Server, start, stop
 from tests.generation_checkpoint import PROMPTS, causal_lm
 
 pytest.importorskip("explainers.targets", reason="the multi-target core (explainers/targets.py) is not merged yet")
