@@ -15,14 +15,13 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explain_client import ExplainClient, ServiceError
-from model_store.archive import ServingConfig, make_archive
+from model_store.package import Settings, package
 from model_store.serving.config import Ports
 from model_store.serving.process import Server, start, stop
 from tests.generation_checkpoint import PROMPTS, causal_lm
 
 pytest.importorskip("explainers.targets", reason="the multi-target core (explainers/targets.py) is not merged yet")
 pytestmark = pytest.mark.slow
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +33,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def writer(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     store = tmp_path_factory.mktemp("store")
     run_dir = tmp_path_factory.mktemp("run")
-    config = ServingConfig(
-        task="generation", labels=(), max_length=32, default_method="attnlrp", batch_size=8, max_batch_delay_ms=20,
-        extra_handler_keys={"max_new_tokens": 8, "default_new_tokens": 4, "threads": 1},
-    )  # fmt: skip
-    make_archive("writer", REPO_ROOT / "handlers" / "generation_handler.py", checkpoint, config, store / "writer")
+    settings = Settings(max_length=32, batch_size=8, max_batch_delay=20, max_new_tokens=8, default_new_tokens=4)
+    packaged = package(checkpoint, "writer", store, settings)  # what `make serve MODELS=writer=PATH` runs
+    assert packaged.checkpoint.task == "generation" and packaged.checkpoint.default_method == "attnlrp"
     try:
         yield start(run_dir, store, {"writer": "writer"}, Ports.free(), timeout=240)
     finally:
