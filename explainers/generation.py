@@ -35,6 +35,7 @@ from .continuation import (
     vocabulary_size,
 )
 from .errors import InvalidTargetError, UnsupportedModelError
+from .targets import Targets, explain_targets
 
 
 @dataclass(frozen=True)
@@ -122,13 +123,6 @@ class GenerationExplanation:
         start, stop = self.steps.span(self.generated.shape[1])
         steps = int(self.generated_mask[row, :stop].sum())
         return max(min(steps, stop) - 1, start)
-
-
-def _core() -> Any:
-    """The multi-target core, :mod:`explainers.targets`."""
-    import importlib
-
-    return importlib.import_module(".targets", __package__)
 
 
 def resolve_steps(steps: Steps, total: int) -> tuple[int, ...] | StepSum:
@@ -264,17 +258,16 @@ def check_generation_call(model: nn.Module, method: str, options: Mapping[str, A
     """
     from .architectures import describe
     from .methods import available_methods, get_method
-    from .support import check_method
+    from .support import TASKS, check_method
 
-    arch: Any = describe(model)
-    if getattr(arch, "task", None) != "causal_lm":
+    arch = describe(model)
+    if arch.task != "causal_lm":
         raise UnsupportedModelError(
             f"explain_generation explains causal language models (*ForCausalLM, GPT2LMHeadModel); "
-            f"{type(model).__name__} is a {getattr(arch, 'task', 'classifier')}: use explainers.explain"
+            f"{type(model).__name__} is a {TASKS[arch.task].title}: explain it with {TASKS[arch.task].entry_point}"
         )
     chosen = get_method(method)
-    checker: Any = check_method  # takes the task once the core's registry has tasks
-    checker(arch.model_type, chosen.name, available_methods(), arch.task)
+    check_method(arch.model_type, chosen.name, available_methods(), arch.task)
     chosen.resolve_options(options, arch)
 
 
@@ -303,13 +296,12 @@ def explain_continuation(
             ask for different steps shares one forward); the others are not explained (scores 0). ``contrast`` may
             then hold ``-1`` for the steps without a foil.
     """
-    core = _core()
     total = made.steps
     resolved = resolve_steps(steps, total)
     foils = resolve_contrast(contrast, made.tokens.shape[0], total, vocabulary_size(model), wanted is not None)
     if foils is not None:
         foils = foils.to(made.tokens.device)
-    explained = core.explain_targets(
+    explained = explain_targets(
         model,
         {"input_ids": made.sequences, "attention_mask": made.forward_mask},
         step_targets(made, resolved, foils, wanted),
@@ -356,7 +348,7 @@ def step_probabilities(logits: Tensor, made: Continuation) -> Tensor:
 
 def step_targets(
     made: Continuation, steps: tuple[int, ...] | StepSum, foils: Tensor | None, wanted: Tensor | None = None
-) -> Any:
+) -> Targets:
     """The core's :class:`~explainers.targets.Targets` of the explained steps of ``made``.
 
     Per step ``t`` (a round): the objective of row ``b`` is the logit of ``tokens[b, t]`` at position ``P + t - 1``
@@ -364,7 +356,6 @@ def step_targets(
     whose step ``t`` does not exist (it ended earlier) is inactive. A :class:`StepSum` is one round: the sum over
     the span's steps of the token's log-probability (minus the foil's).
     """
-    core = _core()
     batch, total = made.tokens.shape
     width = made.prompt_width
     length = width + total
@@ -405,7 +396,7 @@ def step_targets(
             readout[0, torch.arange(batch, device=device), positions[k]] += live[k].double() / counts
         last = torch.where(live, positions, torch.full_like(positions, -1)).max(dim=0).values  # (B,)
         visible = (columns.view(1, -1) <= last.view(-1, 1)) & mask
-        return core.Targets(
+        return Targets(
             positions=stacked_positions,
             labels=stacked_labels,
             weights=stacked_weights,
@@ -416,7 +407,7 @@ def step_targets(
         )
     readout = torch.nn.functional.one_hot(positions, length).double() * live.unsqueeze(-1).double()
     visible = (columns.view(1, 1, -1) <= positions.unsqueeze(-1)) & mask.unsqueeze(0) & live.unsqueeze(-1)
-    return core.Targets(
+    return Targets(
         positions=stacked_positions,
         labels=stacked_labels,
         weights=stacked_weights,

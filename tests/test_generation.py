@@ -28,8 +28,6 @@ from explainers.support import refusal
 from .arch_zoo import VARIANTS
 from .causal_zoo import FAMILIES, build_causal, classifier_twin, prompts
 
-pytest.importorskip("explainers.targets", reason="the multi-target core (explainers/targets.py) is not merged yet")
-
 FAST: dict[str, dict[str, Any]] = {"integrated_gradients": {"n_steps": 4}}
 NEW = 4
 CELLS = [(family, method) for family in FAMILIES for method in available_methods()]

@@ -12,8 +12,6 @@ import yaml
 from model_store.package import PackageError, Settings, package, validate
 from tests.generation_checkpoint import causal_lm
 
-pytest.importorskip("explainers.targets", reason="the multi-target core (explainers/targets.py) is not merged yet")
-
 
 def test_a_causal_lm_folder_is_packaged_with_the_generation_handler(tmp_path: Path) -> None:
     folder = causal_lm(tmp_path / "lm")

@@ -21,8 +21,6 @@ from handlers.protos import explain_messages
 from handlers.schema import Encoding, row_encoding
 from tests.generation_checkpoint import PROMPTS, causal_lm
 
-pytest.importorskip("explainers.targets", reason="the multi-target core (explainers/targets.py) is not merged yet")
-
 CONFIG = HandlerConfig.from_model_yaml(
     {"handler": {"task": "generation", "default_method": "grad_x_input", "max_length": 16, "max_new_tokens": 6,
                  "default_new_tokens": 3, "device": "cpu"}}

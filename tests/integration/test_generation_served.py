@@ -20,7 +20,6 @@ from model_store.serving.config import Ports
 from model_store.serving.process import Server, start, stop
 from tests.generation_checkpoint import PROMPTS, causal_lm
 
-pytest.importorskip("explainers.targets", reason="the multi-target core (explainers/targets.py) is not merged yet")
 pytestmark = pytest.mark.slow
 
 
