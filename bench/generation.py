@@ -143,6 +143,11 @@ def captum_run(attribution: Any, tokenizer: Any, made: Continuation) -> list[Any
     return results
 
 
+def _worse(current: float, new: float) -> float:
+    """The larger difference, NaN winning (``max`` would hide a NaN)."""
+    return new if new != new or new > current else current
+
+
 def compare_with_captum(model: nn.Module, tokenizer: Any, made: Continuation) -> dict[str, float]:
     """Largest differences, relative to the largest score, between Captum and ours (float64 copies of the model)."""
     import copy
@@ -159,13 +164,13 @@ def compare_with_captum(model: nn.Module, tokenizer: Any, made: Continuation) ->
         for row, result in enumerate(captum):
             theirs = result.token_attr[step].to(torch.float64)
             mine = ours[row][made.prompt_mask[row].bool()]
-            per_step = max(per_step, float((mine - theirs).abs().max() / theirs.abs().max()))
+            per_step = _worse(per_step, float((mine - theirs).abs().max() / theirs.abs().max()))
     summed = explain_generation(double, batch, method="grad_x_input", continuation=made.tokens, steps="sum")
     sequence = 0.0
     for row, result in enumerate(captum):
         mine = summed.scores[row, 0, :prompt_width][made.prompt_mask[row].bool()]
         theirs = result.seq_attr.to(torch.float64)
-        sequence = max(sequence, float((mine - theirs).abs().max() / theirs.abs().max()))
+        sequence = _worse(sequence, float((mine - theirs).abs().max() / theirs.abs().max()))
     return {"per_step": per_step, "sequence": sequence}
 
 

@@ -29,7 +29,7 @@ from .arch_zoo import VARIANTS
 from .causal_zoo import FAMILIES, build_causal, classifier_twin, prompts
 
 FAST: dict[str, dict[str, Any]] = {"integrated_gradients": {"n_steps": 4}}
-NEW = 4
+NEW = 3
 CELLS = [(family, method) for family in FAMILIES for method in available_methods()]
 
 
