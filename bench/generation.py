@@ -225,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--captum", action="store_true", help="side by side with Captum (pip install captum)")
     parser.add_argument("--no-rerun", action="store_true", help="skip the per-step re-run of attention/rollout")
+    parser.add_argument("--no-compare", action="store_true", help="with --captum: skip the float64 comparison")
     parser.add_argument("--memory", action="store_true", help="peak memory per method (child processes)")
     parser.add_argument("--memory-batch", type=int, default=1)
     parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
@@ -282,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
                             runs[f"{method} per step"] = rerun
                 if args.captum:
-                    if not compared:
+                    if not compared and not args.no_compare:
                         differences = compare_with_captum(model, tokenizer, made)
                         print(
                             f"# Captum vs ours (float64, P={prompt}, T={new}, batch {batch_size}): per-step "

@@ -97,7 +97,9 @@ class GenerationService:
             return int(vocabulary[foil])
         ids = self.tokenizer(foil, add_special_tokens=False)["input_ids"]
         unknown = self.tokenizer.unk_token_id
-        if len(ids) != 1 or (unknown is not None and ids[0] == unknown and foil != self.tokenizer.unk_token):
+        if len(ids) == 1 and unknown is not None and ids[0] == unknown and foil != self.tokenizer.unk_token:
+            raise RowError("invalid_target", f"foil {foil!r} is not in the vocabulary (it is the unknown token)")
+        if len(ids) != 1:
             raise RowError(
                 "invalid_target",
                 f"foil {foil!r} is not one token of the vocabulary (it tokenizes to {len(ids)} tokens): give a "
