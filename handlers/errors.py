@@ -73,6 +73,10 @@ class RowError(Exception):
         self.code = code
         self.message = message
 
+    def __reduce__(self) -> tuple[type[RowError], tuple[str, str]]:
+        """Pickle as ``RowError(code, message)`` (rows travel between Ray Serve processes)."""
+        return RowError, (self.code, self.message)
+
     @property
     def kind(self) -> ErrorKind:
         """The table row of this error."""

@@ -1,0 +1,277 @@
+"""Start and stop the KServe and Ray Serve doors (``make serve SERVER=kserve``, ``SERVER=ray REPLICAS=2``).
+
+The door runs as one process (:mod:`servers.process`) in its own session, its pid in ``RUN_DIR/doors.pid``; for
+``ray`` that process also starts (and stops) a local Ray, or joins ``RAY_ADDRESS``. REST listens on
+``INFERENCE_PORT`` and gRPC on ``GRPC_INFERENCE_PORT`` (8080 and 7070 as on TorchServe), on 127.0.0.1 unless
+``INFERENCE_ADDRESS`` is set (containers, pods). The models are the same archive folders TorchServe serves: the
+default models, or the packages of ``MODELS=``/``MODELS_FILE=`` checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .process import DOORS, DoorConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PID_FILE = "doors.pid"
+CONFIG_FILE = "doors.json"
+LOG_FILE = "doors.log"
+
+
+@dataclass(frozen=True)
+class Door:
+    """A started door: where it listens and what it serves."""
+
+    server: str
+    run_dir: Path
+    address: str
+    http_port: int
+    grpc_port: int
+    pid: int
+    models: tuple[str, ...]
+
+    @property
+    def url(self) -> str:
+        """Base URL of the REST API."""
+        return f"http://{self.address}:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        """``host:port`` of the gRPC API."""
+        return f"{self.address}:{self.grpc_port}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start(
+    server: str,
+    models: Mapping[str, str | Path],
+    run_dir: Path,
+    http_port: int,
+    grpc_port: int,
+    address: str = "127.0.0.1",
+    replicas: int | None = None,
+    ray_address: str | None = None,
+    timeout: float = 240.0,
+    env: Mapping[str, str] | None = None,
+) -> Door:
+    """Start a door in the background and wait until every model is ready.
+
+    Args:
+        server: ``kserve`` or ``ray``.
+        models: served name → archive folder.
+        run_dir: folder of the pid file, the config and the log (created).
+        http_port: REST port.
+        grpc_port: gRPC port.
+        address: address both bind to.
+        replicas: Ray Serve replicas per model (``None``: each model's ``minWorkers``).
+        ray_address: an existing Ray cluster to deploy on (``None``: a local one).
+        timeout: seconds to wait for readiness.
+        env: extra environment variables of the server process.
+
+    Raises:
+        RuntimeError: if a door already runs from ``run_dir``, or it exits or is not ready in time (it is stopped
+            then; the message names the log).
+    """
+    if server not in DOORS:
+        raise ValueError(f"SERVER must be one of torchserve, {', '.join(DOORS)}; got {server!r}")
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pid_file = run_dir / PID_FILE
+    if pid_file.is_file() and pid_file.read_text().strip().isdigit() and _alive(int(pid_file.read_text())):
+        raise RuntimeError(f"a door already runs from {run_dir} (pid file {pid_file}); stop it first")
+    config = DoorConfig(server, {name: str(Path(path).resolve()) for name, path in models.items()}, address,
+                        http_port, grpc_port, replicas, ray_address)  # fmt: skip
+    config_path = run_dir / CONFIG_FILE
+    config_path.write_text(json.dumps(asdict(config), indent=2), encoding="utf-8")
+    process_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **(env or {}),
+    }
+    process_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the door's metrics live in its own process
+    with (run_dir / LOG_FILE).open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "servers.process", str(config_path)],
+            cwd=REPO_ROOT, env=process_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    pid_file.write_text(str(process.pid))
+    door = Door(server, run_dir, address, http_port, grpc_port, process.pid, tuple(models))
+    try:
+        _wait_ready(door, process, timeout)
+    except BaseException:
+        stop(run_dir)
+        raise
+    return door
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
+
+
+def _wait_ready(door: Door, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = set(door.models)
+    host = "127.0.0.1" if door.address in ("0.0.0.0", "::") else door.address
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log = door.run_dir / LOG_FILE
+            raise RuntimeError(f"the {door.server} door exited with {process.returncode}; see {log}")
+        for name in sorted(pending):
+            if _get(f"http://{host}:{door.http_port}/v2/models/{name}/ready") == 200:
+                pending.discard(name)
+        if not pending:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"the {door.server} door is not ready after {timeout:.0f} s (waiting for {sorted(pending)}); "
+        f"see {door.run_dir / LOG_FILE}"
+    )
+
+
+def stop(run_dir: Path, timeout: float = 30.0) -> bool:
+    """Stop the door started from ``run_dir`` (SIGTERM to its process group, SIGKILL after ``timeout``); returns
+    whether one was running."""
+    pid_file = run_dir / PID_FILE
+    if not pid_file.is_file():
+        return False
+    text = pid_file.read_text().strip()
+    pid_file.unlink(missing_ok=True)
+    if not text.isdigit() or not _alive(int(text)):
+        return False
+    pid = int(text)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+        if not _alive(pid):
+            break
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    return True
+
+
+def usage(door: Door, example: tuple[str, str] = ("sentiment", "text")) -> str:
+    """How to call the running door (printed by ``make serve SERVER=...``)."""
+    model, task = example
+    url = door.url
+    if task == "text":
+        body = (
+            '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["what a lovely day"]}], '
+            '"parameters": {"explain_method": "attnlrp"}}'
+        )
+        v1_body = '{"instances": ["what a lovely day"]}'
+    else:
+        body = (
+            '{"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["<base64 PNG>"]}], '
+            '"parameters": {"explain_method": "default"}}'
+        )
+        v1_body = '{"instances": [{"image": {"b64": "<base64 PNG>"}}]}'
+    door_name = "KServe model server" if door.server == "kserve" else "KServe door in front of Ray Serve replicas"
+    return f"""
+The explanation service is up on the {door_name} (models: {", ".join(door.models)}); no token on loopback.
+  OIP v2 REST (explain extension):
+  curl -s -H 'Content-Type: application/json' {url}/v2/models/{model}/infer \\
+       -d '{body}'
+  KServe v1:  curl -s {url}/v1/models/{model}:explain -d '{v1_body}'
+  gRPC (OIP GRPCInferenceService/ModelInfer): {door.grpc_target}
+  Health: {url}/v2/health/ready   Metadata: {url}/v2/models/{model}   Metrics: {url}/metrics
+Log: {door.run_dir / LOG_FILE}. Docs: docs/SERVING.md ("Other doors: KServe and Ray Serve").
+"""
+
+
+def _models(args: argparse.Namespace) -> tuple[dict[str, Path], tuple[str, str]] | None:
+    """The archives to serve: the packages of ``--models``/``--models-file``, else the default models (built or
+    refreshed first); ``None`` if a checkpoint is refused (the message is printed)."""
+    from model_store.serving import launcher as torchserve_launcher
+
+    store: Path = args.model_store
+    if args.models or args.models_file:
+        from model_store.package import PackageError
+
+        try:
+            packaged, example = torchserve_launcher.package_own_models(args.models, args.models_file, store)
+        except PackageError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return None
+        return {name: store / path for name, path in packaged.items()}, example
+    defaults = dict(torchserve_launcher.DEFAULT_MODELS)
+    torchserve_launcher._ensure_models(store, defaults)
+    return {name: store / path for name, path in defaults.items()}, ("sentiment", "text")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m servers serve|start|stop``: the KServe or Ray Serve door in the foreground or background."""
+    from model_store.serving.launcher import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, Ports, bind_address
+
+    parser = argparse.ArgumentParser(prog="python -m servers", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("serve", "start", "stop"))
+    parser.add_argument("--server", default=os.environ.get("SERVER") or "kserve", choices=DOORS)
+    replicas = int(os.environ["REPLICAS"]) if os.environ.get("REPLICAS") else None
+    parser.add_argument("--replicas", type=int, default=replicas, help="Ray Serve replicas per model")
+    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS") or None)
+    parser.add_argument("--run-dir", type=Path, default=Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR))
+    parser.add_argument("--model-store", type=Path, default=Path(os.environ.get("MODEL_STORE") or DEFAULT_MODEL_STORE))
+    parser.add_argument("--models", default=os.environ.get("MODELS") or None)
+    parser.add_argument("--models-file", type=Path,
+                        default=Path(os.environ["MODELS_FILE"]) if os.environ.get("MODELS_FILE") else None)  # fmt: skip
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.command == "stop":
+        print("stopped" if stop(args.run_dir) else "not running")
+        return 0
+    chosen = _models(args)
+    if chosen is None:
+        return 2
+    models, example = chosen
+    ports = Ports.from_env()
+    door = start(args.server, models, args.run_dir, ports.inference, ports.grpc_inference,
+                 bind_address("INFERENCE_ADDRESS"), args.replicas, args.ray_address)  # fmt: skip
+    print(usage(door, example), flush=True)
+    if args.command == "start":
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        while _alive(door.pid):
+            time.sleep(1.0)
+        print(f"the door exited; see {door.run_dir / LOG_FILE}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop(args.run_dir)
