@@ -72,7 +72,7 @@ def start(
     http_port: int,
     grpc_port: int,
     address: str = "127.0.0.1",
-    replicas: int | None = None,
+    replicas: int | Mapping[str, int] | None = None,
     ray_address: str | None = None,
     timeout: float = 240.0,
     env: Mapping[str, str] | None = None,
@@ -86,7 +86,7 @@ def start(
         http_port: REST port.
         grpc_port: gRPC port.
         address: address both bind to.
-        replicas: Ray Serve replicas per model (``None``: each model's ``minWorkers``).
+        replicas: Ray Serve replicas of every model, or per model name (``None``: each model's ``minWorkers``).
         ray_address: an existing Ray cluster to deploy on (``None``: a local one).
         timeout: seconds to wait for readiness.
         env: extra environment variables of the server process.
@@ -102,8 +102,11 @@ def start(
     pid_file = run_dir / PID_FILE
     if pid_file.is_file() and pid_file.read_text().strip().isdigit() and _alive(int(pid_file.read_text())):
         raise RuntimeError(f"a door already runs from {run_dir} (pid file {pid_file}); stop it first")
-    config = DoorConfig(server, {name: str(Path(path).resolve()) for name, path in models.items()}, address,
-                        http_port, grpc_port, replicas, ray_address)  # fmt: skip
+    per_model = dict(replicas) if isinstance(replicas, Mapping) else {}
+    config = DoorConfig(
+        server, {name: str(Path(path).resolve()) for name, path in models.items()}, address, http_port, grpc_port,
+        replicas if isinstance(replicas, int) else None, per_model, ray_address,
+    )  # fmt: skip
     config_path = run_dir / CONFIG_FILE
     config_path.write_text(json.dumps(asdict(config), indent=2), encoding="utf-8")
     process_env = {
@@ -208,7 +211,7 @@ The explanation service is up on the {door_name} (models: {", ".join(door.models
   OIP v2 REST (explain extension):
   curl -s -H 'Content-Type: application/json' {url}/v2/models/{model}/infer \\
        -d '{body}'
-  KServe v1:  curl -s {url}/v1/models/{model}:explain -d '{v1_body}'
+  KServe v1:  curl -s -H 'Content-Type: application/json' {url}/v1/models/{model}:explain -d '{v1_body}'
   gRPC (OIP GRPCInferenceService/ModelInfer): {door.grpc_target}
   Health: {url}/v2/health/ready   Metadata: {url}/v2/models/{model}   Metrics: {url}/metrics
 Log: {door.run_dir / LOG_FILE}. Docs: docs/SERVING.md ("Other doors: KServe and Ray Serve").

@@ -3,8 +3,9 @@ model server until SIGTERM.
 
 ``CONFIG.json`` (written by :mod:`servers.launcher`) names the door (``kserve``: the models in this process;
 ``ray``: the models as Ray Serve deployments behind this process's KServe door), the models (served name → archive
-folder), the address and ports, and for Ray the replicas per model and the cluster to join (``ray_address``; absent:
-a local Ray started here and stopped on exit, with ``ray_cpus`` CPUs).
+folder), the address and ports, and for Ray the replicas (``replicas`` for every model, ``model_replicas`` per
+model) and the cluster to join (``ray_address``; absent: a local Ray started here and stopped on exit, with
+``ray_cpus`` CPUs).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class DoorConfig:
     http_port: int = 8080
     grpc_port: int = 7070
     replicas: int | None = None
+    model_replicas: Mapping[str, int] = field(default_factory=dict)
     ray_address: str | None = None
     ray_cpus: float | None = None
     grpc_threads: int = 4
@@ -59,7 +61,10 @@ class DoorConfig:
 
     def settings(self) -> list[ModelSettings]:
         """Each model's settings from its archive folder."""
-        return [read_settings(name, Path(path), self.replicas) for name, path in self.models.items()]
+        return [
+            read_settings(name, Path(path), self.model_replicas.get(name, self.replicas))
+            for name, path in self.models.items()
+        ]
 
 
 @contextmanager
@@ -81,9 +86,10 @@ def ray_cluster(config: DoorConfig, settings: list[ModelSettings]) -> Iterator[N
         yield
     finally:
         try:
-            for model in settings:
-                serve.delete(model.name)
-            if not config.ray_address:
+            if config.ray_address:  # a shared cluster: remove only this door's applications
+                for model in settings:
+                    serve.delete(model.name, _blocking=False)
+            else:
                 serve.shutdown()
         finally:
             ray.shutdown()
@@ -96,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m servers.process CONFIG.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for name in ("kserve.trace", "uvicorn.access"):  # one line per request: only at DEBUG
+        logging.getLogger(name).setLevel(logging.WARNING)
     config = DoorConfig.read(Path(args[0]))
     settings = config.settings()
     from handlers.protos import generate

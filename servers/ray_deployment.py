@@ -70,9 +70,11 @@ class ExplainReplica:
         """The model's head type."""
         return str(self.service.head_type)
 
-    def pid(self) -> int:
-        """This replica's process id (the fault test kills it)."""
-        return os.getpid()
+    def where(self) -> tuple[int, str]:
+        """This replica's process id and Ray node id (the scale-out test checks placement and kills one)."""
+        import ray
+
+        return os.getpid(), str(ray.get_runtime_context().get_node_id())
 
 
 def deployment_for(settings: ModelSettings) -> Any:

@@ -12,6 +12,7 @@ and explanation is the TorchServe door's JSON (docs/SERVING.md, "Response"); a r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,11 @@ def decode_instances(payload: Any, config: HandlerConfig, explain: bool) -> list
     Raises:
         RowError: if the body has no list of 1 to :data:`~servers.oip.MAX_ROWS` instances.
     """
+    if isinstance(payload, bytes | str):  # a body sent without Content-Type: application/json
+        try:
+            payload = json.loads(payload)
+        except ValueError as error:
+            raise RowError("invalid_json", f"the body is not JSON: {error}") from None
     instances = payload.get("instances", payload.get("inputs")) if isinstance(payload, Mapping) else None
     if not isinstance(instances, list):
         raise RowError("invalid_request", 'the body must be a JSON object {"instances": [...]}')
