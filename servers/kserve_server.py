@@ -91,7 +91,7 @@ class BodyLimit:
 def _too_large(limit: int) -> Any:
     from handlers.errors import RowError
 
-    return RowError("text_too_long", f"the request body exceeds {limit} bytes; send fewer or smaller rows")
+    return RowError("request_too_large", f"the request body exceeds {limit} bytes; send fewer or smaller rows")
 
 
 async def _door_error(_: Request, error: Exception) -> JSONResponse:
