@@ -76,6 +76,8 @@ def start(
     ray_address: str | None = None,
     timeout: float = 240.0,
     env: Mapping[str, str] | None = None,
+    metrics: tuple[str, int] | None = None,
+    attach: bool = False,
 ) -> Door:
     """Start a door in the background and wait until every model is ready.
 
@@ -90,6 +92,8 @@ def start(
         ray_address: an existing Ray cluster to deploy on (``None``: a local one).
         timeout: seconds to wait for readiness.
         env: extra environment variables of the server process.
+        metrics: (address, port) of a separate ``/metrics`` endpoint for Prometheus (``None``: only on REST).
+        attach: Ray: use the Serve applications already deployed on ``ray_address`` (a KubeRay RayService).
 
     Raises:
         RuntimeError: if a door already runs from ``run_dir``, or it exits or is not ready in time (it is stopped
@@ -105,7 +109,8 @@ def start(
     per_model = dict(replicas) if isinstance(replicas, Mapping) else {}
     config = DoorConfig(
         server, {name: str(Path(path).resolve()) for name, path in models.items()}, address, http_port, grpc_port,
-        replicas if isinstance(replicas, int) else None, per_model, ray_address,
+        replicas if isinstance(replicas, int) else None, per_model, ray_address, attach=attach,
+        metrics_port=metrics[1] if metrics else None, metrics_address=metrics[0] if metrics else "127.0.0.1",
     )  # fmt: skip
     config_path = run_dir / CONFIG_FILE
     config_path.write_text(json.dumps(asdict(config), indent=2), encoding="utf-8")
@@ -213,7 +218,7 @@ The explanation service is up on the {door_name} (models: {", ".join(door.models
        -d '{body}'
   KServe v1:  curl -s -H 'Content-Type: application/json' {url}/v1/models/{model}:explain -d '{v1_body}'
   gRPC (OIP GRPCInferenceService/ModelInfer): {door.grpc_target}
-  Health: {url}/v2/health/ready   Metadata: {url}/v2/models/{model}   Metrics: {url}/metrics
+  Health: {url}/v2/health/ready   Metadata: {url}/v2/models/{model}   Metrics: {url}/metrics (and on EXPORTER_PORT)
 Log: {door.run_dir / LOG_FILE}. Docs: docs/SERVING.md ("Other doors: KServe and Ray Serve").
 """
 
@@ -238,22 +243,32 @@ def _models(args: argparse.Namespace) -> tuple[dict[str, Path], tuple[str, str]]
     return {name: store / path for name, path in defaults.items()}, ("sentiment", "text")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m servers serve|start|stop``: the KServe or Ray Serve door in the foreground or background."""
-    from model_store.serving.launcher import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, Ports, bind_address
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m servers`` (defaults from the environment ``make serve`` sets)."""
+    from model_store.serving.launcher import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR
 
     parser = argparse.ArgumentParser(prog="python -m servers", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("serve", "start", "stop"))
-    parser.add_argument("--server", default=os.environ.get("SERVER") or "kserve", choices=DOORS)
+    server = os.environ.get("SERVER") if os.environ.get("SERVER") in DOORS else "kserve"
+    parser.add_argument("--server", default=server, choices=DOORS)
     replicas = int(os.environ["REPLICAS"]) if os.environ.get("REPLICAS") else None
     parser.add_argument("--replicas", type=int, default=replicas, help="Ray Serve replicas per model")
     parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS") or None)
+    parser.add_argument("--attach", action="store_true", default=os.environ.get("RAY_ATTACH") == "1",
+                        help="Ray: serve the applications already on --ray-address (a RayService)")  # fmt: skip
     parser.add_argument("--run-dir", type=Path, default=Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR))
     parser.add_argument("--model-store", type=Path, default=Path(os.environ.get("MODEL_STORE") or DEFAULT_MODEL_STORE))
     parser.add_argument("--models", default=os.environ.get("MODELS") or None)
     parser.add_argument("--models-file", type=Path,
                         default=Path(os.environ["MODELS_FILE"]) if os.environ.get("MODELS_FILE") else None)  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m servers serve|start|stop``: the KServe or Ray Serve door in the foreground or background."""
+    from model_store.serving.launcher import Ports, bind_address
+
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.command == "stop":
         print("stopped" if stop(args.run_dir) else "not running")
@@ -264,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     models, example = chosen
     ports = Ports.from_env()
     door = start(args.server, models, args.run_dir, ports.inference, ports.grpc_inference,
-                 bind_address("INFERENCE_ADDRESS"), args.replicas, args.ray_address)  # fmt: skip
+                 bind_address("INFERENCE_ADDRESS"), args.replicas, args.ray_address,
+                 metrics=(bind_address("METRICS_ADDRESS"), ports.exporter), attach=args.attach)  # fmt: skip
     print(usage(door, example), flush=True)
     if args.command == "start":
         return 0

@@ -5,7 +5,9 @@ model server until SIGTERM.
 ``ray``: the models as Ray Serve deployments behind this process's KServe door), the models (served name → archive
 folder), the address and ports, and for Ray the replicas (``replicas`` for every model, ``model_replicas`` per
 model) and the cluster to join (``ray_address``; absent: a local Ray started here and stopped on exit, with
-``ray_cpus`` CPUs).
+``ray_cpus`` CPUs; ``attach``: use the Serve applications already running there, as a KubeRay RayService deploys
+them, instead of deploying). ``metrics_port`` also serves ``/metrics`` (KServe's request histograms and the
+explanation metrics) on ``metrics_address`` for Prometheus, apart from the REST port.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class DoorConfig:
     model_replicas: Mapping[str, int] = field(default_factory=dict)
     ray_address: str | None = None
     ray_cpus: float | None = None
+    attach: bool = False
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
     grpc_threads: int = 4
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -82,11 +87,14 @@ def ray_cluster(config: DoorConfig, settings: list[ModelSettings]) -> Iterator[N
         ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=200 * 1024**2,
                  logging_level=logging.WARNING, log_to_driver=False)  # fmt: skip
     try:
-        serve.start(proxy_location="Disabled")
+        if not config.attach:
+            serve.start(proxy_location="Disabled")
         yield
     finally:
         try:
-            if config.ray_address:  # a shared cluster: remove only this door's applications
+            if config.attach:  # the applications belong to whoever deployed them
+                pass
+            elif config.ray_address:  # a shared cluster: remove only this door's applications
                 for model in settings:
                     serve.delete(model.name, _blocking=False)
             else:
@@ -114,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
 
         _serve(config, [LocalBackend(model) for model in settings])
         return 0
-    from .ray_deployment import RayBackend
+    from .ray_deployment import RayBackend, attached
 
     with ray_cluster(config, settings):
-        _serve(config, [RayBackend(model) for model in settings])
+        _serve(config, [RayBackend(model, attached(model) if config.attach else None) for model in settings])
     return 0
 
 
@@ -125,6 +133,11 @@ def _serve(config: DoorConfig, backends: list[Any]) -> None:
     from .kserve_model import ExplainModel
     from .kserve_server import ExplainModelServer
 
+    if config.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(config.metrics_port, addr=config.metrics_address)
+        logger.info("metrics on %s:%d/metrics", config.metrics_address, config.metrics_port)
     models = [ExplainModel(backend) for backend in backends]
     for model in models:
         model.load()

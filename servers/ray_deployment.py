@@ -96,6 +96,23 @@ def deploy(settings: ModelSettings) -> DeploymentHandle:
     return handle
 
 
+def attached(settings: ModelSettings) -> DeploymentHandle:
+    """The handle of the model's Serve application already running on the cluster (a RayService deployed it)."""
+    return serve.get_app_handle(settings.name)
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """Ray Serve application builder (``import_path: servers.ray_deployment:build_app`` in a Serve config or a KubeRay
+    RayService): ``args`` = ``{"name": ..., "archive": ..., "replicas": optional}``."""
+    from pathlib import Path
+
+    from .settings import read_settings
+
+    replicas = args.get("replicas")
+    settings = read_settings(str(args["name"]), Path(str(args["archive"])), int(replicas) if replicas else None)
+    return deployment_for(settings)
+
+
 class RayBackend:
     """A door's rows served by the model's Ray Serve replicas."""
 
