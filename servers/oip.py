@@ -385,6 +385,7 @@ def row_asks(request: OipRequest, batch: int, config: HandlerConfig) -> list[Row
     for row in range(batch):
         try:
             method, target, options = base.method, base.target, dict(base.options)
+            explicit = False  # a per-row target or option was set for this row
             if EXPLAIN_METHOD in columns:
                 value = _text_value(columns[EXPLAIN_METHOD][row], f"{EXPLAIN_METHOD}[{row}]")
                 method = _resolve_method(value, config) if value else method
@@ -392,15 +393,18 @@ def row_asks(request: OipRequest, batch: int, config: HandlerConfig) -> list[Row
                 value = columns[EXPLAIN_TARGET][row]
                 if isinstance(value, bytes | bytearray | str):
                     label = _text_value(value, f"{EXPLAIN_TARGET}[{row}]")
-                    target = label if label else target
+                    target, explicit = (label, True) if label else (target, explicit)
                 else:
                     number = _int_value(value, f"{EXPLAIN_TARGET}[{row}]")
-                    target = number if number >= 0 else target
+                    target, explicit = (number, True) if number >= 0 else (target, explicit)
             for name, values in columns.items():
                 if name.startswith(OPTION_PREFIX):
                     number = _int_value(values[row], f"{name}[{row}]")
                     if number >= 0:
                         options[name[len(OPTION_PREFIX) :]] = number
+                        explicit = True
+            if method is None and not explicit and EXPLAIN_METHOD in columns:
+                target, options = None, {}  # a row left unexplained on purpose: the parameters' target is not for it
             asks.append(RowAsk(method, target, options))
         except RowError as error:
             asks.append(error)
