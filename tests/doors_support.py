@@ -23,9 +23,10 @@ import grpc
 import pytest
 
 from handlers import protos
-from model_store.serving.launcher import Ports, Server
-from model_store.serving.launcher import start as start_torchserve
-from model_store.serving.launcher import stop as stop_torchserve
+from model_store.serving.config import Ports
+from model_store.serving.process import Server
+from model_store.serving.process import start as start_torchserve
+from model_store.serving.process import stop as stop_torchserve
 from tests import checkpoints
 from tests.serving_support import REPO_ROOT, http_post, tiny_archives
 
