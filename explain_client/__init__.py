@@ -3,15 +3,17 @@ renderers (terminal and HTML in :mod:`~explain_client.render`; image overlays in
 with the ``pictures`` extra). Its own distribution (``pip install ./explain_client``): urllib3, grpcio and protobuf,
 no torch and no server code; the gRPC stubs are generated when it is built (:mod:`~explain_client.protos`)."""
 
-from .client import ExplainClient, Request, is_retryable, read_token_file, resolve_token
-from .results import Explanation, Prediction, ServiceError
+from .client import SERVICE_DEFAULT, ExplainClient, Request, is_retryable, read_token_file, resolve_token
+from .results import Explanation, Prediction, ServiceError, Skipped
 
 __all__ = [
+    "SERVICE_DEFAULT",
     "ExplainClient",
     "Explanation",
     "Prediction",
     "Request",
     "ServiceError",
+    "Skipped",
     "is_retryable",
     "read_token_file",
     "resolve_token",
