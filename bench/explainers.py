@@ -7,8 +7,9 @@ method, the median ratio of its time to a forward timed just before it (pairs, s
 machine's speed cancels), plus, at one batch size, the cost of explaining each example alone (the research-code
 way), so the gain of batching is visible. Methods an architecture refuses are shown as ``refused``.
 
-Models are loaded with ``--attn`` (default ``sdpa``, as the service loads them; ``eager`` gives the figures of a
-model loaded with eager attention, where every method runs on eager attention).
+Models are loaded with ``--attn`` (default ``sdpa``: the library's default, sdpa where the architecture has it, as
+the service loads them; ``eager`` gives the figures of a model loaded with eager attention, where every method runs
+on eager attention).
 
 ``--memory`` instead reports the peak memory of chosen methods at chosen lengths (batch ``--memory-batch``,
 default 1), each measured in a fresh child process above the memory in use after loading the model
@@ -99,7 +100,8 @@ def build_model(
     if arch in ("llama", "qwen2", "mistral"):
         sizes["num_key_value_heads"] = kv_heads or (max(1, heads // 3) if arch == "llama" else heads)
     config = AutoConfig.for_model(arch, **sizes)
-    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn).eval()
+    implementation = None if attn == "sdpa" else attn  # the library's default: sdpa where the architecture has it
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation=implementation).eval()
 
 
 def timed(run: Callable[[], object], device: str) -> float:
