@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.load import _document, _rest_caller, make_texts, percentile
-from model_store.serving.launcher import DEFAULT_MODEL_STORE, Ports, load_profile, start, stop
+from model_store.serving.config import DEFAULT_MODEL_STORE, Ports, load_profile
+from model_store.serving.process import start, stop
 
 logger = logging.getLogger(__name__)
 
