@@ -26,6 +26,7 @@ from .errors import (
     UnsupportedMethodError,
     UnsupportedModelError,
 )
+from .generation import GenerationExplanation, StepSum, explain_generation
 from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .methods import Method, available_methods, get_method
 from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
@@ -53,6 +54,7 @@ __all__ = [
     "BatchExplanation",
     "ExplainError",
     "Family",
+    "GenerationExplanation",
     "InvalidInputError",
     "InvalidOptionError",
     "InvalidTargetError",
@@ -61,6 +63,7 @@ __all__ = [
     "RowExplanation",
     "RowRequest",
     "RowSkipped",
+    "StepSum",
     "TargetExplanation",
     "Targets",
     "Task",
@@ -73,6 +76,7 @@ __all__ = [
     "describe",
     "explain",
     "explain_batch",
+    "explain_generation",
     "explain_targets",
     "get_method",
     "head_type",

@@ -38,7 +38,7 @@ class ExplanationHandler:
         """Create an uninitialised handler (TorchServe calls :meth:`initialize`)."""
         self.initialized = False
         self.config: HandlerConfig | None = None
-        self.service: ExplanationService | None = None
+        self.service: Any = None
         self.model_name = ""
 
     def initialize(self, context: Any) -> None:
@@ -65,10 +65,14 @@ class ExplanationHandler:
 
             device = torch.device(f"cuda:{int(gpu_id)}")
         self.model_name = str(context.model_name)
-        self.service = ExplanationService(config, model_dir, device)
+        self.service = self.create_service(config, model_dir, device)
         self.config = config
         metrics.check_multiprocess()
         self.initialized = True
+
+    def create_service(self, config: HandlerConfig, model_dir: Path, device: Any) -> Any:
+        """The serving core of this handler's task (generation models override it)."""
+        return ExplanationService(config, model_dir, device)
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """Serve one TorchServe batch: exactly one response per row, in order."""
