@@ -11,6 +11,10 @@ from explainers import available_methods
 #: Multi-label threshold when neither the user nor the checkpoint's config sets one.
 DEFAULT_THRESHOLD = 0.5
 
+#: The handler tasks: ``text`` (sequence classifiers), ``image`` and ``token_classification`` (NER, PII detection:
+#: a label per token, explained per entity). Every task but ``image`` takes text.
+TASKS = ("text", "image", "token_classification")
+
 #: Keys the ``handler:`` section may hold.
 _KNOWN_KEYS = frozenset(
     {
@@ -41,7 +45,7 @@ class HandlerConfig:
     """Settings of one served model.
 
     Attributes:
-        task: ``text`` or ``image``.
+        task: ``text``, ``image`` or ``token_classification`` (:data:`TASKS`).
         model_dir: The Hugging Face checkpoint folder, relative to the archive.
         default_method: Method used when a request asks for an explanation without naming one.
         labels: Class names in index order.
@@ -61,7 +65,7 @@ class HandlerConfig:
             without a pad token (it then pads with EOS).
     """
 
-    task: Literal["text", "image"]
+    task: Literal["text", "image", "token_classification"]
     labels: tuple[str, ...]
     model_dir: str = "model"
     default_method: str = "attnlrp"
@@ -90,8 +94,8 @@ class HandlerConfig:
         if unknown:
             raise ConfigError(f"unknown handler key(s) {unknown}; known: {sorted(_KNOWN_KEYS)}")
         task = section.get("task")
-        if task not in ("text", "image"):
-            raise ConfigError(f"handler.task must be 'text' or 'image', got {task!r}")
+        if task not in TASKS:
+            raise ConfigError(f"handler.task must be one of {', '.join(TASKS)}, got {task!r}")
         labels = section.get("labels")
         if not isinstance(labels, list) or not labels or not all(isinstance(label, str) for label in labels):
             raise ConfigError("handler.labels must be a non-empty list of class names")
@@ -128,6 +132,11 @@ class HandlerConfig:
         if config.max_length < 3:
             raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")
         return config
+
+    @property
+    def input_kind(self) -> Literal["text", "image"]:
+        """What a request carries: ``image`` for the image task, ``text`` for every other task."""
+        return "image" if self.task == "image" else "text"
 
 
 def _positive_int(value: Any) -> bool:
