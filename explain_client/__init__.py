@@ -4,14 +4,16 @@ with the ``pictures`` extra). Its own distribution (``pip install ./explain_clie
 no torch and no server code; the gRPC stubs are generated when it is built (:mod:`~explain_client.protos`)."""
 
 from .client import ExplainClient, Request, is_retryable, read_token_file, resolve_token
-from .results import Explanation, Prediction, ServiceError
+from .results import Entity, Explanation, Prediction, ServiceError, TokenClassification
 
 __all__ = [
+    "Entity",
     "ExplainClient",
     "Explanation",
     "Prediction",
     "Request",
     "ServiceError",
+    "TokenClassification",
     "is_retryable",
     "read_token_file",
     "resolve_token",

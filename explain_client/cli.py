@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare", help="comma-separated methods shown side by side, e.g. attention,rollout,relevance"
     )
     parser.add_argument("--target", help="class to explain (label name or index; default: the predicted class)")
+    parser.add_argument(
+        "--entity",
+        type=int,
+        metavar="N",
+        help="token classifiers: show the attribution of entity #N only (as numbered in the answer; default: all)",
+    )
     parser.add_argument("--option", action="append", default=[], metavar="NAME=INT", help="method option, repeatable")
     parser.add_argument("--grpc", action="store_true", help="call over gRPC instead of REST")
     parser.add_argument("--url", default=os.environ.get("EXPLAIN_URL"), help=f"REST base URL ({DEFAULT_REST_URL})")
@@ -263,6 +269,9 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
                 out.write(f"error ({method}): {result.code}: {result.message}\n")
         if not predictions:
             continue
+        if predictions[0].token_classification is not None:
+            failed += _write_entities(out, predictions, label, color, args.entity)
+            continue
         if len(methods) > 1 and len(predictions) > 1:
             out.write(terminal_compare(predictions, color) + "\n")
         else:
@@ -299,6 +308,20 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
             parser.error("--png needs an image input (--image or image lines) that was explained")
         out.write("wrote " + ", ".join(str(path) for path in written) + "\n")
     return 1 if failed else 0
+
+
+def _write_entities(out: TextIO, predictions: Sequence[Prediction], text: str, color: bool, entity: int | None) -> int:
+    """Write a token classifier's answers for one text (one per method); 1 if the chosen entity does not exist."""
+    from .entities import terminal_entities
+
+    chosen = None if entity is None else entity - 1
+    try:
+        for number, prediction in enumerate(predictions):
+            out.write(terminal_entities(prediction, text, color, chosen, header=number == 0) + "\n")
+    except ValueError as error:
+        out.write(f"error: {error}\n")
+        return 1
+    return 0
 
 
 def _write_pngs(path: Path, inputs: Sequence[PlainInput], grouped: Sequence[Sequence[Any]]) -> list[Path]:
