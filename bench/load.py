@@ -27,7 +27,8 @@ from typing import Any
 import torch
 import yaml
 
-from model_store.serving.launcher import DEFAULT_MODEL_STORE, Ports, Server, load_profile, start, stop
+from model_store.serving.config import DEFAULT_MODEL_STORE, Ports, load_profile
+from model_store.serving.process import Server, start, stop
 
 logger = logging.getLogger(__name__)
 

@@ -6,10 +6,11 @@ take seconds), starts ``explain``, ``prometheus`` and ``process-exporter`` from 
 healthy, and prints the published addresses and how to read the token. ``down`` stops and removes the project's
 containers and network (``--volumes``: its volumes too: tokens, Prometheus data, Grafana state).
 
-The engine: where ``$ENGINE_SH`` names a file (the Makefile passes ``../shared/container/engine.sh``, the
-script that installs and starts a Docker engine on machines without an image registry), ``up`` runs its ``start``
-and builds with ``--network host`` against the CPU torch wheel index its ``torch-index`` serves; elsewhere plain
-Docker, with the Dockerfile's default index (``TORCH_INDEX_URL`` overrides it).
+The engine: a running Docker engine, or Podman through its Docker socket (:mod:`deploy.engine`), with the
+Dockerfile's default torch index (``TORCH_INDEX_URL`` overrides it). Only where ``$ENGINE_SH`` names a script that
+installs and starts an engine (``.ci/run`` sets it on the project's build machines, which reach no image registry),
+``up`` runs its ``start`` and builds with ``--network host`` against the CPU torch wheel index its ``torch-index``
+serves.
 
 Settings (environment variables, all optional; the Makefile passes its command-line variables through):
 
@@ -42,6 +43,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from deploy.engine import INSTALL_HINT, docker_env, engine_problem
 
 logger = logging.getLogger("deploy.stack")
 
@@ -92,27 +95,26 @@ def _run(command: Sequence[str], *, capture: bool = False, timeout: float | None
 
 
 def engine() -> Engine:
-    """Start the engine through ``$ENGINE_SH`` where it exists (and take its torch index), else check that plain
-    Docker answers.
+    """Start the engine through ``$ENGINE_SH`` when it is set (and take its torch index), else check that Docker (or
+    Podman's Docker socket) answers.
 
     Raises:
-        StackError: if no Docker engine answers.
+        StackError: if ``$ENGINE_SH`` is not a file, or no engine answers.
     """
     value = os.environ.get("ENGINE_SH", "")
     script = (REPO_ROOT / value).resolve() if value else None
-    if script is not None and script.is_file():
+    if script is not None and not script.is_file():
+        raise StackError(f"ENGINE_SH={value} is not a file: unset it to use the running Docker engine")
+    if script is not None:
         # run through bash: a copy of the script may have lost its executable bit
         logger.info("engine: %s start", script)
         _run(["bash", str(script), "start"])
         index = os.environ.get("TORCH_INDEX_URL") or _run(["bash", str(script), "torch-index"], capture=True).strip()
         return Engine(script, index)
-    try:
-        _run(["docker", "info", "--format", "{{.ServerVersion}}"], capture=True, timeout=30)
-    except (OSError, StackError, subprocess.TimeoutExpired) as error:
-        raise StackError(
-            f"no Docker engine answers ({error}); start Docker, or on the shared build machines pass "
-            "ENGINE_SH=<path of ../shared/container/engine.sh>"
-        ) from None
+    os.environ.update(docker_env())  # Podman's Docker socket, when that is the engine here
+    problem = engine_problem()
+    if problem is not None:
+        raise StackError(f"no container engine ({problem}): {INSTALL_HINT}")
     return Engine(None, os.environ.get("TORCH_INDEX_URL") or None)
 
 

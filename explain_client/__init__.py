@@ -3,16 +3,18 @@ renderers (terminal and HTML in :mod:`~explain_client.render`; image overlays in
 with the ``pictures`` extra). Its own distribution (``pip install ./explain_client``): urllib3, grpcio and protobuf,
 no torch and no server code; the gRPC stubs are generated when it is built (:mod:`~explain_client.protos`)."""
 
-from .client import ExplainClient, Request, is_retryable, read_token_file, resolve_token
-from .results import Entity, Explanation, Prediction, ServiceError, TokenClassification
+from .client import SERVICE_DEFAULT, ExplainClient, Request, is_retryable, read_token_file, resolve_token
+from .results import Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
 
 __all__ = [
+    "SERVICE_DEFAULT",
     "Entity",
     "ExplainClient",
     "Explanation",
     "Prediction",
     "Request",
     "ServiceError",
+    "Skipped",
     "TokenClassification",
     "is_retryable",
     "read_token_file",

@@ -2,7 +2,9 @@
 
 Examples::
 
+    explain "the crew was rude and the flight late"                        # the model's default method
     explain "the crew was rude and the flight late" --method relevance
+    explain "the crew was rude and the flight late" --below 0.8            # only if the model is unsure
     explain "the crew was rude" --compare attention,rollout,relevance --grpc --html out.html
     explain --model digits --image digit.png --compare rollout,relevance --png out.png
     explain --input tweets.txt --method rollout --jsonl results.jsonl      # one text per line, or JSON lines
@@ -29,6 +31,7 @@ from typing import Any, TextIO
 from .client import (
     DEFAULT_GRPC_ADDRESS,
     DEFAULT_REST_URL,
+    SERVICE_DEFAULT,
     TOKEN_ENV,
     TOKEN_FILE_ENV,
     ExplainClient,
@@ -101,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--input", help="file with many inputs, one per line or JSON lines ({'text'|'image'}); - = stdin"
     )
     parser.add_argument("--model", default="sentiment", help="served model name (default: sentiment)")
-    parser.add_argument("--method", default="relevance", help="attribution method (default: relevance)")
+    parser.add_argument(
+        "--method",
+        default=None,
+        help="attribution method (default: the model's default method, chosen by the service; the output names it)",
+    )
     parser.add_argument(
         "--compare", help="comma-separated methods shown side by side, e.g. attention,rollout,relevance"
     )
@@ -111,6 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="token classifiers: show the attribution of entity #N only (as numbered in the answer; default: all)",
+    )
+    unsure = parser.add_mutually_exclusive_group()
+    unsure.add_argument(
+        "--below",
+        type=float,
+        metavar="P",
+        help="explain only when the prediction's confidence is below P (0 < P <= 1); otherwise say why not",
+    )
+    unsure.add_argument(
+        "--always", action="store_true", help="explain whatever the confidence (overrides the model's explain_below)"
     )
     parser.add_argument("--option", action="append", default=[], metavar="NAME=INT", help="method option, repeatable")
     parser.add_argument("--grpc", action="store_true", help="call over gRPC instead of REST")
@@ -224,9 +241,14 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         options = _options(args.option)
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
-    methods = [name.strip() for name in (args.compare or args.method).split(",") if name.strip()]
-    if not methods:
-        parser.error("--compare needs at least one method")
+    if args.compare is not None:
+        methods = [name.strip() for name in args.compare.split(",") if name.strip()]
+        if not methods:
+            parser.error("--compare needs at least one method")
+    else:
+        methods = [args.method.strip() if args.method else SERVICE_DEFAULT]
+    if args.below is not None and not 0 < args.below <= 1:
+        parser.error(f"--below must be a probability in (0, 1], got {args.below:g}")
     try:
         inputs, labels = _read_inputs(args, stdin)
     except (OSError, ValueError) as error:
@@ -243,6 +265,8 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
             target=target,
             options=options,
             text_pair=item[1] if isinstance(item, tuple) else None,
+            below=args.below,
+            always=args.always,
         )
         for item in inputs
         for method in methods
@@ -259,6 +283,7 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         results = client.explain_many(args.model, requests, on_result=advance)
     grouped = [results[index * len(methods) : (index + 1) * len(methods)] for index in range(len(inputs))]
     failed = 0
+    explained_text = False  # the legend explains coloured words: printed once, under them, only if some were shown
     for label, item_results in zip(labels, grouped, strict=True):
         if len(inputs) > 1:
             out.write(f"\n== {label}\n")
@@ -266,18 +291,23 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         for result, method in zip(item_results, methods, strict=True):
             if isinstance(result, ServiceError):
                 failed += 1
-                out.write(f"error ({method}): {result.code}: {result.message}\n")
+                asked = method or "the model's default method"
+                out.write(f"error ({asked}): {result.code}: {result.message}\n")
         if not predictions:
             continue
         if predictions[0].token_classification is not None:
             failed += _write_entities(out, predictions, label, color, args.entity)
             continue
-        if len(methods) > 1 and len(predictions) > 1:
+        explained = [prediction for prediction in predictions if prediction.explanation is not None]
+        if len(methods) > 1 and len(explained) > 1 and len(explained) == len(predictions):
             out.write(terminal_compare(predictions, color) + "\n")
         else:
             for prediction in predictions:
-                out.write(terminal_prediction(prediction, color) + "\n")
-    if any(not isinstance(item, bytes) for item in inputs):
+                out.write(terminal_prediction(prediction, color, service_default=methods == [SERVICE_DEFAULT]) + "\n")
+        explained_text = explained_text or any(
+            prediction.explanation.tokens is not None for prediction in explained if prediction.explanation
+        )
+    if explained_text:
         out.write(f"({legend(color)})\n")
     if args.jsonl:
         with args.jsonl.open("w", encoding="utf-8") as handle:
@@ -285,7 +315,7 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
                 record: dict[str, Any] = {"input": request.text if request.text is not None else "<image>"}
                 if request.text_pair is not None:
                     record["text_pair"] = request.text_pair
-                record["method"] = request.method
+                record["method"] = _method_used(request, result)
                 if isinstance(result, Prediction):
                     record.update(result.to_dict())
                 else:
@@ -293,8 +323,10 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
                 handle.write(json.dumps(record) + "\n")
     if args.html:
         images = [item if isinstance(item, bytes) else None for item in inputs]
+        pairs = zip(requests, results, strict=True)
+        used = dict.fromkeys(_method_used(request, result) or "none" for request, result in pairs)
         try:
-            page = html_page(list(zip(labels, grouped, strict=True)), f"{args.model}: {', '.join(methods)}", images)
+            page = html_page(list(zip(labels, grouped, strict=True)), f"{args.model}: {', '.join(used)}", images)
         except ImportError as error:
             parser.error(str(error))
         args.html.write_text(page, encoding="utf-8")
@@ -322,6 +354,16 @@ def _write_entities(out: TextIO, predictions: Sequence[Prediction], text: str, c
         out.write(f"error: {error}\n")
         return 1
     return 0
+
+
+def _method_used(request: Request, result: Prediction | ServiceError) -> str | None:
+    """The method that explained ``result`` (the service's choice when the request left it), the one that was
+    skipped, or the one asked for (``None``: the model's default, for an error)."""
+    if isinstance(result, Prediction) and result.explanation is not None:
+        return result.explanation.method
+    if isinstance(result, Prediction) and result.skipped is not None:
+        return result.skipped.method
+    return request.method or None
 
 
 def _write_pngs(path: Path, inputs: Sequence[PlainInput], grouped: Sequence[Sequence[Any]]) -> list[Path]:

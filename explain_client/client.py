@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol
 import urllib3
 from urllib3.exceptions import ProtocolError
 
-from .results import Entity, Explanation, Prediction, ServiceError, TokenClassification
+from .results import Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,9 @@ Transport = Literal["rest", "grpc"]
 Target = str | int | None
 #: A plain input of :meth:`ExplainClient.explain_many`: a text, a ``(text, text_pair)`` sentence pair, or image bytes.
 PlainInput = str | bytes | tuple[str, str]
+#: ``method=SERVICE_DEFAULT``: explain with the model's own default method (its ``default_method``, ``attnlrp`` for
+#: the default models), chosen by the service; the answer's ``explanation.method`` says which it was.
+SERVICE_DEFAULT = ""
 #: Seconds before the first retry; doubled before each further one.
 RETRY_BACKOFF_S = 0.2
 
@@ -66,9 +69,14 @@ class Request:
         image: PNG or JPEG bytes, for an image model.
         text_pair: the second text of a sentence pair (NLI, question/passage, …), for a text model that takes
             pairs; ``None`` = a single text.
-        method: the attribution method; ``None`` asks for the prediction only.
+        method: the attribution method; :data:`SERVICE_DEFAULT` (``""``) = the model's default method, chosen by
+            the service; ``None`` asks for the prediction only.
         target: the class to explain (label name or index); ``None`` = the predicted class.
         options: method options (``start_layer``, ``layer``, ``n_steps``, …).
+        below: explain only when the prediction's confidence is below this probability in (0, 1] (the answer's
+            ``explained`` and ``skipped`` say what happened); ``None`` = the model's ``explain_below`` setting
+            (none: always).
+        always: explain whatever the confidence, overriding the model's ``explain_below``.
     """
 
     text: str | None = None
@@ -77,13 +85,19 @@ class Request:
     target: Target = None
     options: Mapping[str, int] = field(default_factory=dict)
     text_pair: str | None = None
+    below: float | None = None
+    always: bool = False
 
     def __post_init__(self) -> None:
-        """Exactly one input; a pair only with a text."""
+        """Exactly one input; a pair only with a text; ``below`` a probability, not with ``always``."""
         if (self.text is None) == (self.image is None):
             raise ValueError("give exactly one of text= or image=")
         if self.text_pair is not None and self.text is None:
             raise ValueError("text_pair= goes with text= (the second text of a sentence pair)")
+        if self.below is not None and (isinstance(self.below, bool) or not 0 < self.below <= 1):
+            raise ValueError(f"below= must be a probability in (0, 1], got {self.below!r}")
+        if self.below is not None and self.always:
+            raise ValueError("give below= (explain only when unsure) or always=True, not both")
 
     def to_json(self) -> dict[str, Any]:
         """The REST/JSON request document."""
@@ -97,9 +111,14 @@ class Request:
         if self.method is None:
             document["explain"] = False
         else:
-            explain: dict[str, Any] = {"method": self.method, **dict(self.options)}
+            explain: dict[str, Any] = {"method": self.method} if self.method else {}
+            explain.update(self.options)
             if self.target is not None:
                 explain["target"] = self.target
+            if self.always:
+                explain["below"] = None
+            elif self.below is not None:
+                explain["below"] = self.below
             document["explain"] = explain
         return document
 
@@ -289,7 +308,12 @@ class _GrpcBackend:
         else:
             message.image = request.image or b""
         if request.method is not None:
+            message.explain.SetInParent()  # present, even empty: explain (with the model's default method)
             message.explain.method = request.method
+            if request.always:
+                message.explain.always = True
+            elif request.below is not None:
+                message.explain.below = request.below
             if isinstance(request.target, str):
                 message.explain.target_label = request.target
             elif request.target is not None:
@@ -406,6 +430,12 @@ def _from_protobuf(response: Any) -> Prediction:
         # float32 on the wire: shown with float32's precision (0.3, not 0.30000001192092896)
         threshold=float(f"{response.threshold:.7g}") if head_type == "multi_label" else None,
         value=float(response.value) if response.HasField("value") else None,
+        explained=bool(response.explained) if response.HasField("explained") else None,
+        below=float(f"{response.below:.7g}") if response.HasField("below") else None,
+        confidence=float(f"{response.confidence:.7g}") if response.HasField("confidence") else None,
+        skipped=Skipped(response.skipped.reason, response.skipped.method, response.skipped.message)
+        if response.HasField("skipped")
+        else None,
     )
 
 
@@ -559,8 +589,10 @@ class ExplainClient:
         *,
         image: bytes | None = None,
         text_pair: str | None = None,
-        method: str = "relevance",
+        method: str = SERVICE_DEFAULT,
         target: Target = None,
+        below: float | None = None,
+        always: bool = False,
         **options: int,
     ) -> Prediction:
         """The prediction and one explanation of it.
@@ -571,14 +603,21 @@ class ExplainClient:
             image: PNG/JPEG bytes, for an image model.
             text_pair: the second text of a sentence pair (the explanation then covers the tokens of both texts;
                 ``Explanation.segments`` says which text each token came from).
-            method: the attribution method.
+            method: the attribution method; by default the model's own default method, chosen by the service
+                (``explanation.method`` of the answer says which).
             target: the class to explain (name or index); ``None`` = the predicted class.
+            below: explain only when the prediction's confidence is below this probability (the answer's
+                ``explained``/``skipped`` say what happened); ``None`` = the model's ``explain_below`` (none: always).
+            always: explain whatever the confidence, overriding the model's ``explain_below``.
             **options: method options (``start_layer``, ``layer``, ``n_steps``).
 
         Raises:
             ServiceError: see :meth:`call`.
         """
-        request = Request(text=text, image=image, method=method, target=target, options=options, text_pair=text_pair)
+        request = Request(
+            text=text, image=image, method=method, target=target, options=options, text_pair=text_pair, below=below,
+            always=always,
+        )  # fmt: skip
         return self.call(model, request)
 
     def explain_many(
@@ -586,10 +625,12 @@ class ExplainClient:
         model: str,
         requests: Iterable[Request | PlainInput],
         *,
-        method: str | None = "relevance",
+        method: str | None = SERVICE_DEFAULT,
         target: Target = None,
         options: Mapping[str, int] | None = None,
         on_result: Callable[[int, ResultOrError], None] | None = None,
+        below: float | None = None,
+        always: bool = False,
     ) -> list[ResultOrError]:
         """Send many inputs as concurrent calls (``concurrency`` at a time; TorchServe batches them).
 
@@ -597,9 +638,12 @@ class ExplainClient:
             model: the served model name.
             requests: :class:`Request` objects, or plain inputs (``str`` = text, ``(text, text_pair)`` = a sentence
                 pair, ``bytes`` = image) that get ``method``, ``target`` and ``options``.
-            method: for plain inputs; ``None`` = prediction only.
+            method: for plain inputs; by default the model's default method (chosen by the service); ``None`` =
+                prediction only.
             target: for plain inputs.
             options: for plain inputs.
+            below: for plain inputs: explain only when unsure (see :meth:`explain`).
+            always: for plain inputs: explain whatever the model's ``explain_below``.
             on_result: called with ``(index, result)`` as each call finishes (from a worker thread), e.g. to
                 advance a progress bar.
 
@@ -607,7 +651,8 @@ class ExplainClient:
             One :class:`Prediction` or :class:`ServiceError` per input, in input order: a failed input does not
             stop the others.
         """
-        items = [self._as_request(item, method, target, options or {}) for item in requests]
+        condition = {"below": below, "always": always}
+        items = [self._as_request(item, method, target, options or {}, condition) for item in requests]
         results: list[ResultOrError | None] = [None] * len(items)
         lock = threading.Lock()
 
@@ -632,16 +677,21 @@ class ExplainClient:
 
     @staticmethod
     def _as_request(
-        item: Request | PlainInput, method: str | None, target: Target, options: Mapping[str, int]
+        item: Request | PlainInput,
+        method: str | None,
+        target: Target,
+        options: Mapping[str, int],
+        condition: Mapping[str, Any],
     ) -> Request:
         if isinstance(item, Request):
             return item
+        asks: dict[str, Any] = {"method": method, "target": target, "options": dict(options), **condition}
         if isinstance(item, str):
-            return Request(text=item, method=method, target=target, options=dict(options))
+            return Request(text=item, **asks)
         if isinstance(item, tuple) and len(item) == 2 and all(isinstance(part, str) for part in item):
-            return Request(text=item[0], text_pair=item[1], method=method, target=target, options=dict(options))
+            return Request(text=item[0], text_pair=item[1], **asks)
         if isinstance(item, bytes | bytearray):
-            return Request(image=bytes(item), method=method, target=target, options=dict(options))
+            return Request(image=bytes(item), **asks)
         raise TypeError(
             f"expected a Request, str (text), (text, text_pair) or bytes (image), got {type(item).__name__}"
         )

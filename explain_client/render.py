@@ -151,14 +151,24 @@ def terminal_words(words: Sequence[Word], color: bool = True) -> str:
     return " ".join(f"{word.text}[{value:+.2f}]" for word, value in zip(words, values, strict=True))
 
 
-def terminal_prediction(prediction: Prediction, color: bool = True) -> str:
-    """Label, probabilities and (for text) the words coloured by score, as terminal text."""
+def terminal_prediction(prediction: Prediction, color: bool = True, service_default: bool = False) -> str:
+    """Label, probabilities and (for text) the words coloured by score, as terminal text; ``service_default``: the
+    request left the method to the service, so the line naming the method says it was the model's default. An
+    explanation asked for only when unsure and not computed is one line saying why."""
     lines = [prediction_line(prediction)]
     if prediction.truncated:
         lines.append("note: the text was truncated to the model's max_length")
+    if prediction.skipped is not None:
+        lines.append(f"{prediction.skipped.method}: {prediction.skipped.message}")
     explanation = prediction.explanation
     if explanation is not None:
-        lines.append(f"{explanation.method} (explaining '{explanation.target_label}'):")
+        chosen = ", the model's default method" if service_default else ""
+        unsure = (
+            f", confidence {prediction.confidence:.3g} < {prediction.below:g}"
+            if prediction.below is not None and prediction.confidence is not None
+            else ""
+        )
+        lines.append(f"{explanation.method}{chosen} (explaining '{explanation.target_label}'{unsure}):")
         if explanation.tokens is not None:
             lines.append("  " + terminal_words(explanation_words(explanation), color))
         else:

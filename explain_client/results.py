@@ -303,6 +303,30 @@ class TokenClassification:
         return document
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """Why an explanation asked for only when unsure was not computed.
+
+    Attributes:
+        reason: ``confident``: the prediction's confidence was not below the threshold.
+        method: the method that would have run.
+        message: one sentence saying so.
+    """
+
+    reason: str
+    method: str
+    message: str = ""
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> Skipped:
+        """Parse the ``skipped`` object of a JSON response."""
+        return cls(str(document.get("reason", "")), str(document.get("method", "")), str(document.get("message", "")))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object the service sends."""
+        return {"reason": self.reason, "method": self.method, "message": self.message}
+
+
 #: The kinds of head the service reports (``head_type``): a sequence classifier's three, and token classifiers'.
 HEAD_TYPES = ("single_label", "multi_label", "regression", "token_classification")
 
@@ -322,6 +346,12 @@ class Prediction:
         labels: multi-label heads: every label whose probability is at least ``threshold``, in label order.
         threshold: multi-label heads: the decision threshold.
         value: regression heads: the predicted value.
+        explained: when an explanation was asked for: whether ``explanation`` holds one (``None``: none was asked
+            for, or an older server).
+        below: when the explanation was asked for only when unsure: the threshold applied (the request's, or the
+            model's ``explain_below``).
+        confidence: with ``below``: the prediction's confidence it was compared with.
+        skipped: when ``explained`` is false: why (:class:`Skipped`).
         token_classification: token classifiers (``head_type`` ``token_classification``): the entities found, and
             each one's attribution when asked; ``label``, ``label_id`` and ``probabilities`` are then empty.
     """
@@ -335,6 +365,10 @@ class Prediction:
     labels: tuple[str, ...] = ()
     threshold: float | None = None
     value: float | None = None
+    explained: bool | None = None
+    below: float | None = None
+    confidence: float | None = None
+    skipped: Skipped | None = None
     token_classification: TokenClassification | None = None
 
     @property
@@ -371,6 +405,8 @@ class Prediction:
         regression = head_type == "regression"
         value = document.get("value")
         threshold = document.get("threshold")
+        explained, below, confidence = document.get("explained"), document.get("below"), document.get("confidence")
+        skipped = document.get("skipped")
         return cls(
             label=None if regression else str(document["label"]),
             label_id=None if regression else int(document["label_id"]),
@@ -381,6 +417,10 @@ class Prediction:
             labels=tuple(str(label) for label in document.get("labels") or ()),
             threshold=float(threshold) if threshold is not None else None,
             value=float(value) if value is not None else None,
+            explained=bool(explained) if explained is not None else None,
+            below=float(below) if below is not None else None,
+            confidence=float(confidence) if confidence is not None else None,
+            skipped=Skipped.from_dict(skipped) if isinstance(skipped, Mapping) else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -397,6 +437,12 @@ class Prediction:
         if self.head_type == "multi_label":
             document.update(labels=list(self.labels), threshold=self.threshold)
         document["truncated"] = self.truncated
+        if self.explained is not None:
+            document["explained"] = self.explained
+        if self.below is not None:
+            document.update(below=self.below, confidence=self.confidence)
+        if self.skipped is not None:
+            document["skipped"] = self.skipped.to_dict()
         if self.explanation is not None:
             document["explanation"] = self.explanation.to_dict()
         return document

@@ -15,6 +15,7 @@ from .attention_capture import (
     attention_implementation,
     capturing_attention,
 )
+from .confidence import RowSkipped, prediction_confidence
 from .errors import (
     ExplainError,
     InvalidInputError,
@@ -57,6 +58,7 @@ __all__ = [
     "NonFiniteScoresError",
     "RowExplanation",
     "RowRequest",
+    "RowSkipped",
     "UnknownMethodError",
     "UnsupportedMethodError",
     "UnsupportedModelError",
@@ -69,6 +71,7 @@ __all__ = [
     "get_method",
     "head_type",
     "pooled_position",
+    "prediction_confidence",
     "support_table",
     "supported_methods",
     "supported_model_types",

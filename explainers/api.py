@@ -15,7 +15,8 @@ from torch import Tensor, nn
 from .architectures import Architecture, describe, model_config
 from .attention_capture import AttentionObserver
 from .capture import GRADIENT_NEEDS, Capture, prepared_model, run_capture
-from .errors import ExplainError, InvalidInputError, InvalidTargetError, NonFiniteScoresError
+from .confidence import RowSkipped, check_below, prediction_confidence
+from .errors import ExplainError, InvalidInputError, InvalidOptionError, InvalidTargetError, NonFiniteScoresError
 from .heads import head_probabilities, last_positions, readout_tokens, readout_weights
 from .methods import Method, MethodInputs, available_methods, get_method
 from .support import check_method
@@ -58,11 +59,14 @@ class Attribution:
 
 @dataclass(frozen=True)
 class RowRequest:
-    """What one row of a served batch asks for: ``method=None`` means a prediction only."""
+    """What one row of a served batch asks for: ``method=None`` means a prediction only; ``below`` (a probability
+    in (0, 1]) asks for the explanation only when the prediction's confidence is below it
+    (:mod:`explainers.confidence`), ``None`` always."""
 
     method: str | None = None
     target: int | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    below: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,15 +97,16 @@ class BatchExplanation:
 
     Attributes:
         logits: ``(batch, num_labels)`` from the one shared forward.
-        rows: per row a :class:`RowExplanation`, ``None`` (prediction only) or the :class:`ExplainError` that row's
-            request raised (the other rows are unaffected).
+        rows: per row a :class:`RowExplanation`, ``None`` (prediction only), a :class:`RowSkipped` (asked to be
+            explained only when unsure, and confident) or the :class:`ExplainError` that row's request raised (the
+            other rows are unaffected).
         seconds: wall time of the shared stages: ``forward`` and, if any row needed it, ``backward``.
         pooled: the position explained (see :class:`Attribution`).
         head_type: see :class:`Attribution`.
     """
 
     logits: Tensor
-    rows: list[RowExplanation | ExplainError | None]
+    rows: list[RowExplanation | RowSkipped | ExplainError | None]
     seconds: Mapping[str, float]
     pooled: str = "first"
     head_type: str = "single_label"
@@ -356,6 +361,10 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
     (unknown method, bad target or option) gets its :class:`ExplainError` in its place, and so does a row whose
     scores came out NaN or infinite (:class:`NonFiniteScoresError`); the others are served.
 
+    A row with ``below`` is decided from the shared forward's logits: a confident one gets a :class:`RowSkipped`
+    and costs no backward (nor a grad-enabled forward, unless another row needs one); an unsure one whose method
+    needs gradients gets a gradient pass of its own over the unsure rows (as rows of another gradient kind do).
+
     Args:
         model: see :func:`explain`.
         inputs: the batched inputs of all rows (right-padded for text).
@@ -374,8 +383,10 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
     if len(rows) != batch:
         raise InvalidInputError(f"got {len(rows)} row requests for a batch of {batch}")
     num_labels = int(model_config(model).num_labels)
-    results: list[RowExplanation | ExplainError | None] = [None] * batch
-    groups: dict[tuple[str, tuple[tuple[str, int], ...]], list[int]] = {}
+    results: list[RowExplanation | RowSkipped | ExplainError | None] = [None] * batch
+    # (method, options, whether the rows are explained only when unsure) -> rows
+    groups: dict[tuple[str, tuple[tuple[str, int], ...], bool], list[int]] = {}
+    conditional: dict[int, float] = {}  # row -> its ``below``
     methods: dict[str, Method] = {}
     explicit = torch.full((batch,), -1, dtype=torch.long)
     for index, row in enumerate(rows):
@@ -386,22 +397,32 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
             _check_method(arch, method)
             options = method.resolve_options(row.options, arch)
             target = _validate_target(row.target, 1, num_labels, arch.head_type)
+            below = check_below(row.below)
+            if below is not None and arch.head_type == "regression":
+                raise InvalidOptionError("'below' needs class probabilities, and a regression head has none")
         except ExplainError as error:
             results[index] = error
             continue
         if target is not None:
             explicit[index] = target[0]
+        if below is not None:
+            conditional[index] = below
         methods[method.name] = method
-        groups.setdefault((method.name, tuple(sorted(options.items()))), []).append(index)
+        groups.setdefault((method.name, tuple(sorted(options.items())), below is not None), []).append(index)
 
-    needs: frozenset[str] = frozenset().union(*(method.needs for method in methods.values()))
+    def deferred(name: str, when_unsure: bool) -> bool:  # decided after the shared forward, gradients on their own
+        return when_unsure and bool(methods[name].needs & GRADIENT_NEEDS)
+
+    needs: frozenset[str] = frozenset().union(
+        *(methods[name].needs for name, _, when_unsure in groups if not deferred(name, when_unsure))
+    )
     # Rows whose gradients come from different rules (true gradients, AttnLRP's, CP-LRP's) never share a gradient
     # pass: the shared forward serves the true-gradient rows (or, if there are none, one kind of modified-gradient
     # rows, so that a batch of one method still costs one forward and one backward); any other kind gets a
     # grad-enabled pass of its own over its rows. The logits of every row come from the shared forward.
     kinds: dict[RulesKey, list[int]] = {}
-    for (name, _), indices in groups.items():
-        if methods[name].needs & GRADIENT_NEEDS:
+    for (name, _, when_unsure), indices in groups.items():
+        if methods[name].needs & GRADIENT_NEEDS and not when_unsure:
             kinds.setdefault(methods[name].rules, []).extend(indices)
     shared_kind: RulesKey = None if None in kinds or not kinds else next(iter(kinds))
     gradient_rows = torch.zeros(batch, dtype=torch.bool)
@@ -417,24 +438,36 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
         shared_rules = None if shared_kind is None else _bind(shared_kind, model, arch)
         capture = run_capture(model, arch, validated, needs, resolve, gradient_rows.to(mask.device), shared_rules)
         own: dict[int, tuple[Capture, int]] = {}  # row -> (its kind's own capture, its position in it)
-        for kind, kind_rows in kinds.items():
-            if kind is shared_kind:
-                continue
-            assert kind is not None
+        passes = {kind: kind_rows for kind, kind_rows in kinds.items() if kind is not shared_kind}
+        if conditional:  # the decision, from the shared forward: skip the confident rows, pass the unsure ones on
+            confidence = prediction_confidence(capture.logits, arch.head_type).tolist()
+            for key in [key for key in groups if key[2]]:
+                unsure = [index for index in groups[key] if confidence[index] < conditional[index]]
+                for index in set(groups[key]) - set(unsure):
+                    results[index] = RowSkipped(key[0], float(confidence[index]), conditional[index])
+                if unsure:
+                    groups[key] = unsure
+                else:
+                    del groups[key]
+                if unsure and deferred(key[0], True):
+                    passes.setdefault(methods[key[0]].rules, []).extend(unsure)
+        for kind, kind_rows in passes.items():
             ordered = sorted(kind_rows)
             picked = torch.tensor(ordered, device=mask.device)
-            kind_needs = frozenset().union(*(m.needs for m in methods.values() if m.rules is kind))
+            kind_needs = frozenset().union(
+                *(methods[name].needs for (name, _, _), indices in groups.items() if set(indices) & set(ordered))
+            )
             kind_capture = run_capture(
                 model,
                 arch,
                 {key: value[picked] for key, value in validated.items()},
                 kind_needs,
                 _fixed_targets(capture.targets[picked]),
-                rules=_bind(kind, model, arch),
+                rules=None if kind is None else _bind(kind, model, arch),
             )
             kind_capture = replace(kind_capture, logits=capture.logits[picked])
             own.update({row: (kind_capture, position) for position, row in enumerate(ordered)})
-        for (name, options_key), indices in groups.items():
+        for (name, options_key, _), indices in groups.items():
             started = time.perf_counter()
             selected = torch.tensor(indices, device=mask.device)
             whole = len(indices) == batch

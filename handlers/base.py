@@ -118,5 +118,7 @@ class ExplanationHandler:
                     if timings.backward > 0 and get_method(outcome.method).needs_gradients:
                         stages["backward"] = timings.backward
                 metrics.observe_row(self.model_name, outcome.method, stages)
+                if outcome.below is not None:
+                    metrics.observe_unsure(self.model_name, _metric_method(requested), outcome.skipped is None)
             responses.append(body)
         return responses

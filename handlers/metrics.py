@@ -7,7 +7,8 @@ exporter process (:mod:`handlers.exporter`, port 8083 by default) serves their s
 variable the metrics stay in the worker process (nothing to scrape) and a warning is logged once.
 
 Labels are bounded: ``model`` (served models), ``method`` (registered methods or ``none`` for a prediction),
-``stage`` (forward, backward, attribution, encode) and ``code`` (the error table's codes).
+``stage`` (forward, backward, attribution, encode), ``code`` (the error table's codes) and ``outcome`` (explained,
+skipped).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ STAGE_SECONDS = Histogram(
 )
 EXPLANATIONS = Counter("explain_explanations", "Rows served, by method (none = prediction only)", ["model", "method"])
 ERRORS = Counter("explain_errors", "Rows answered with an error, by method and error code", ["model", "method", "code"])
+UNSURE_ROWS = Counter(
+    "explain_unsure_rows",
+    "Rows that asked for an explanation only when unsure (below a confidence), by the method asked for and whether "
+    "they were explained or skipped (confident: no backward, served as a prediction)",
+    ["model", "method", "outcome"],
+)
 BATCH_SIZE = Histogram("explain_batch_size", "Rows per batch the worker received", ["model"], buckets=BATCH_BUCKETS)
 
 _warned = False
@@ -67,6 +74,11 @@ def observe_row(model: str, method: str | None, stages: dict[str, float]) -> Non
 def observe_error(model: str, method: str | None, code: str) -> None:
     """Record one row answered with an error."""
     ERRORS.labels(model, method or PREDICTION, code).inc()
+
+
+def observe_unsure(model: str, method: str, explained: bool) -> None:
+    """Record one row that asked for an explanation only when unsure."""
+    UNSURE_ROWS.labels(model, method, "explained" if explained else "skipped").inc()
 
 
 def observe_batch(model: str, size: int) -> None:

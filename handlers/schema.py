@@ -11,7 +11,9 @@ JSON request: ``{"text": "...", "explain": {"method": "relevance", "target": "ne
 (sentence-pair models also take ``"text_pair": "..."``);
 ``explain`` absent (or ``false``) = prediction only, ``true`` or ``{}`` = the default method. Images:
 ``{"image": "<base64 PNG/JPEG>", "explain": ...}``. On ``/explanations/{model}`` an absent ``explain`` means the
-default method.
+default method. Explain when unsure: ``"explain": {"method": "attnlrp", "below": 0.8}`` explains only when the
+prediction's confidence is below 0.8 (``"below": null``: always; absent: the model's ``explain_below``); the answer
+then says ``explained`` and, when not, ``skipped`` (why).
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from explainers import RowRequest
+from explainers import RowRequest, RowSkipped
 
 from .config import HandlerConfig
 from .errors import RowError
 from .protos import explain_messages
 
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
-_EXPLAIN_RESERVED = frozenset({"method", "target"})
+_EXPLAIN_RESERVED = frozenset({"method", "target", "below"})
 
 
 class Encoding(enum.Enum):
@@ -75,6 +77,10 @@ class RowOutcome:
     grid: tuple[int, int] | None = None
     pooled: str = "first"
     attribution_seconds: float = 0.0
+    explain_requested: bool = False
+    below: float | None = None
+    confidence: float | None = None
+    skipped: RowSkipped | None = None
 
 
 def row_encoding(row: Mapping[str, Any]) -> Encoding:
@@ -192,7 +198,12 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
             target = explain.target_label
         elif target_kind == "target_id":
             target = int(explain.target_id)
-        request = _row_request(explain.method or config.default_method, target, dict(explain.options), config)
+        condition = explain.WhichOneof("condition")
+        # float32 on the wire: 0.8 arrives as 0.800000011920929; read with float32's precision
+        below = float(f"{explain.below:.7g}") if condition == "below" else _MODEL
+        if condition == "always" and explain.always:
+            below = None
+        request = _row_request(explain.method or config.default_method, target, dict(explain.options), config, below)
     if kind == "text":
         text, pair = _check_pair(message.text, message.text_pair or None, config)
         return DecodedRow(Encoding.PROTOBUF, request, text=text, text_pair=pair)
@@ -204,28 +215,43 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
 
 def _explain_request(explain: Any, explain_header: bool, config: HandlerConfig) -> RowRequest:
     if explain is None:
-        return RowRequest(method=config.default_method) if explain_header else RowRequest()
+        if not explain_header:
+            return RowRequest()
+        return RowRequest(method=config.default_method, below=config.explain_below)
     if explain is False:
         return RowRequest()
     if explain is True:
-        return RowRequest(method=config.default_method)
+        return RowRequest(method=config.default_method, below=config.explain_below)
     if not isinstance(explain, Mapping):
         raise RowError("invalid_request", "'explain' must be an object like {'method': 'relevance'}, true or false")
     method = explain.get("method", config.default_method)
     if not isinstance(method, str):
         raise RowError("invalid_request", f"'explain.method' must be a string, got {type(method).__name__}")
+    below = explain.get("below", _MODEL)
+    if below is not None and below is not _MODEL and (isinstance(below, bool) or not isinstance(below, int | float)):
+        raise RowError(
+            "invalid_request",
+            f"'explain.below' must be a probability in (0, 1] or null (always explain), got {type(below).__name__}",
+        )
     options = {key: value for key, value in explain.items() if key not in _EXPLAIN_RESERVED}
-    return _row_request(method, explain.get("target"), options, config)
+    return _row_request(method, explain.get("target"), options, config, below)
 
 
-def _row_request(method: str, target: Any, options: dict[str, Any], config: HandlerConfig) -> RowRequest:
+#: ``below`` not given by the request: the model's ``explain_below`` applies.
+_MODEL: Any = object()
+
+
+def _row_request(
+    method: str, target: Any, options: dict[str, Any], config: HandlerConfig, below: Any = _MODEL
+) -> RowRequest:
     if isinstance(target, str):
         if target not in config.labels:
             raise RowError("invalid_target", f"unknown label {target!r}; labels: {', '.join(config.labels)}")
         target = config.labels.index(target)
     elif target is not None and (isinstance(target, bool) or not isinstance(target, int)):
         raise RowError("invalid_target", f"'target' must be a label name ({', '.join(config.labels)}) or a class index")
-    return RowRequest(method=method, target=target, options=options)
+    below = config.explain_below if below is _MODEL else below
+    return RowRequest(method=method, target=target, options=options, below=below)
 
 
 def _check_text(text: str, config: HandlerConfig) -> str:
@@ -275,6 +301,14 @@ def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, A
         document["threshold"] = outcome.threshold
     if outcome.tokens is not None:
         document["truncated"] = outcome.truncated
+    if outcome.explain_requested:
+        document["explained"] = outcome.method is not None
+    if outcome.below is not None:
+        document["below"] = outcome.below
+        document["confidence"] = float(f"{outcome.confidence:.6g}") if outcome.confidence is not None else None
+    if outcome.skipped is not None:
+        skipped = outcome.skipped
+        document["skipped"] = {"reason": skipped.reason, "method": skipped.method, "message": skipped.message}
     if outcome.method is not None:
         explanation: dict[str, Any] = {
             "method": outcome.method,
@@ -326,6 +360,15 @@ def encode_outcome(outcome: RowOutcome, labels: tuple[str, ...]) -> bytes:
         response.labels.extend(labels[index] for index in outcome.predicted)
         response.threshold = outcome.threshold or 0.0
     response.truncated = outcome.truncated
+    if outcome.explain_requested:
+        response.explained = outcome.method is not None
+    if outcome.below is not None:
+        response.below = outcome.below
+        response.confidence = outcome.confidence or 0.0
+    if outcome.skipped is not None:
+        response.skipped.reason = outcome.skipped.reason
+        response.skipped.method = outcome.skipped.method
+        response.skipped.message = outcome.skipped.message
     if outcome.method is not None:
         explanation = response.explanation
         explanation.method = outcome.method

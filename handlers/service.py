@@ -30,7 +30,16 @@ from transformers import (
     AutoTokenizer,
 )
 
-from explainers import ExplainError, RowExplanation, describe, explain_batch, head_type, pooled_position
+from explainers import (
+    ExplainError,
+    RowExplanation,
+    RowSkipped,
+    describe,
+    explain_batch,
+    head_type,
+    pooled_position,
+    prediction_confidence,
+)
 
 from .config import DEFAULT_THRESHOLD, HandlerConfig
 from .errors import RowError, from_explain_error
@@ -234,6 +243,8 @@ class ExplanationService:
                 outcomes[index].error = RowError("internal", "the batch failed on the server; see the server log")
             return outcomes, BatchTimings(0.0, 0.0)
         values = result.probabilities.float().cpu()  # softmax, sigmoid or the regression values (head_type)
+        conditional = any(request.below is not None for request in requests) and self.head_type != "regression"
+        confidences = prediction_confidence(result.logits, self.head_type).tolist() if conditional else []
         input_ids = inputs["input_ids"].cpu() if "input_ids" in inputs else None
         for position, index in enumerate(valid):
             outcome = outcomes[index]
@@ -246,11 +257,18 @@ class ExplanationService:
                 outcome.special_tokens = [token_id in self.special_ids for token_id in ids]
                 outcome.segments = segments[position]
             row_result = result.rows[position]
+            request = requests[position]
+            outcome.explain_requested = request.method is not None
             if isinstance(row_result, ExplainError):
                 outcome.error = from_explain_error(row_result)
-                outcome.method = requests[position].method
+                outcome.method = request.method
             elif isinstance(row_result, RowExplanation):
                 self._fill_explanation(outcome, row_result)
+            elif isinstance(row_result, RowSkipped):
+                outcome.skipped = row_result
+            if request.method is not None and request.below is not None and outcome.error is None:
+                outcome.below = float(request.below)
+                outcome.confidence = float(confidences[position])
         seconds = result.seconds
         return outcomes, BatchTimings(float(seconds.get("forward", 0.0)), float(seconds.get("backward", 0.0)))
 

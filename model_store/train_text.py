@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from model_store.common import (
@@ -39,6 +38,7 @@ from model_store.data import (
     split_tweets,
     stratified_subsample,
 )
+from model_store.progress import ProgressSetting, progress_bar, stage
 from model_store.recipes import TextRecipe
 
 logger = logging.getLogger(__name__)
@@ -94,13 +94,18 @@ def _collate(sequences: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch
 
 @torch.inference_mode()
 def predict_token_ids(
-    model: torch.nn.Module, sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int, desc: str, progress: bool
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    pad_id: int,
+    batch_size: int,
+    desc: str,
+    progress: ProgressSetting,
 ) -> np.ndarray:
     """Return the arg-max class of each token-id sequence (evaluated in length-sorted batches, returned in order)."""
     model.eval()
     order = np.argsort([len(ids) for ids in sequences], kind="stable")
     predictions = np.empty(len(sequences), dtype=np.int64)
-    for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress, leave=False):
+    for start in progress_bar(range(0, len(order), batch_size), desc=desc, unit="batch", enabled=progress, leave=False):
         idx = order[start : start + batch_size]
         logits = model(**_collate([sequences[i] for i in idx], pad_id)).logits
         predictions[idx] = logits.argmax(dim=-1).numpy()
@@ -138,13 +143,13 @@ def _build_model(recipe: TextRecipe, vocab_size: int, pad_id: int) -> BertForSeq
     return model
 
 
-def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: ProgressSetting = True) -> dict[str, Any]:
     """Train the text classifier and save it as a Hugging Face checkpoint folder.
 
     Args:
         recipe: Hyper-parameters (see :class:`TextRecipe`).
         model_dir: Folder to create; receives ``config.json``, ``model.safetensors`` and the tokenizer files.
-        progress: Show tqdm progress bars.
+        progress: Report progress (bars on a terminal, lines elsewhere: :mod:`model_store.progress`).
 
     Returns:
         Metrics: held-out test and validation metrics, split sizes and label counts, deduplication counts, seed,
@@ -152,10 +157,11 @@ def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = Tru
     """
     started = time.perf_counter()
     seed_everything(recipe.seed)
-    splits = split_tweets(load_tweets(), recipe.test_fraction, recipe.val_fraction, recipe.seed)
-    train = stratified_subsample(splits.train, recipe.train_examples, recipe.seed)
-    val = stratified_subsample(splits.val, recipe.max_eval_examples, recipe.seed)
-    test = stratified_subsample(splits.test, recipe.max_eval_examples, recipe.seed)
+    with stage("sentiment: read and split the tweet corpus", progress):
+        splits = split_tweets(load_tweets(), recipe.test_fraction, recipe.val_fraction, recipe.seed)
+        train = stratified_subsample(splits.train, recipe.train_examples, recipe.seed)
+        val = stratified_subsample(splits.val, recipe.max_eval_examples, recipe.seed)
+        test = stratified_subsample(splits.test, recipe.max_eval_examples, recipe.seed)
     logger.info(
         "sentiment: %d unique tweets -> train pool %d (using %d), val %d, test %d",
         splits.dedup.rows_out,
@@ -165,13 +171,13 @@ def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = Tru
         len(test),
     )
 
-    tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
-    pad_id = int(tokenizer.pad_token_id)
-    train_ids = _encode(tokenizer, train, recipe.max_length)
-    train_labels = torch.tensor([example.label for example in train], dtype=torch.long)
-
-    seed_everything(recipe.seed)
-    model = _build_model(recipe, len(tokenizer), pad_id)
+    with stage("sentiment: tokenise and load the base model", progress):
+        tokenizer = AutoTokenizer.from_pretrained(minilm_checkpoint_path())
+        pad_id = int(tokenizer.pad_token_id)
+        train_ids = _encode(tokenizer, train, recipe.max_length)
+        train_labels = torch.tensor([example.label for example in train], dtype=torch.long)
+        seed_everything(recipe.seed)
+        model = _build_model(recipe, len(tokenizer), pad_id)
     if recipe.freeze_word_embeddings:
         model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
     if recipe.freeze_layers > 0:
@@ -197,7 +203,7 @@ def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = Tru
 
     train_started = time.perf_counter()
     model.train()
-    bar = tqdm(total=total_steps, desc="sentiment: fine-tune", unit="batch", disable=not progress)
+    bar = progress_bar(total=total_steps, desc="sentiment: fine-tune", unit="batch", enabled=progress)
     running_loss = 0.0
     for batches in epochs_batches:
         for step, idx in enumerate(batches):
@@ -229,7 +235,8 @@ def train_sentiment(recipe: TextRecipe, model_dir: Path, *, progress: bool = Tru
         results[split_name] = classification_metrics([e.label for e in examples], predictions.tolist(), recipe.labels)
     eval_seconds = time.perf_counter() - eval_started
 
-    save_checkpoint("sentiment", model_dir, model, tokenizer, results["test"])
+    with stage("sentiment: save the checkpoint", progress):
+        save_checkpoint("sentiment", model_dir, model, tokenizer, results["test"])
     return {
         "model": "sentiment",
         "held_out": results["test"],

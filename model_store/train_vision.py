@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from tqdm.auto import tqdm
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
 
 from model_store.common import (
@@ -37,6 +36,7 @@ from model_store.common import (
     seed_everything,
 )
 from model_store.data import load_digit_images, stratified_split_indices
+from model_store.progress import ProgressSetting, progress_bar, stage
 from model_store.recipes import VisionRecipe
 
 #: Config keyword that selects eager attention (the explainers need the attention probabilities).
@@ -105,20 +105,21 @@ def predict_pixels(model: torch.nn.Module, pixels: torch.Tensor, batch_size: int
     return torch.cat(out).numpy()
 
 
-def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: ProgressSetting = True) -> dict[str, Any]:
     """Train the digit classifier and save it as a Hugging Face checkpoint folder.
 
     Args:
         recipe: Hyper-parameters (see :class:`VisionRecipe`).
         model_dir: Folder to create; receives ``config.json``, ``model.safetensors``, ``preprocessor_config.json``.
-        progress: Show tqdm progress bars.
+        progress: Report progress (bars on a terminal, lines elsewhere: :mod:`model_store.progress`).
 
     Returns:
         Metrics: held-out test and validation metrics, split sizes, seed, timings and the recipe.
     """
     started = time.perf_counter()
     seed_everything(recipe.seed)
-    images, labels = load_digit_images()
+    with stage("digits: read the scikit-learn digits", progress):
+        images, labels = load_digit_images()
     rest_idx, test_idx = stratified_split_indices(labels, recipe.test_fraction, recipe.seed)
     train_pos, val_pos = stratified_split_indices(
         labels[rest_idx], recipe.val_fraction / (1.0 - recipe.test_fraction), recipe.seed + 1
@@ -127,8 +128,9 @@ def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: bool = True
     if recipe.max_train_examples is not None and recipe.max_train_examples < len(train_idx):
         train_idx = np.sort(np.random.default_rng(recipe.seed).choice(train_idx, recipe.max_train_examples, False))
 
-    processor = make_image_processor(recipe)
-    pixels = preprocess(processor, images)
+    with stage("digits: preprocess the images", progress):
+        processor = make_image_processor(recipe)
+        pixels = preprocess(processor, images)
     targets = torch.from_numpy(labels)
     background = float(pixels.min())
 
@@ -144,7 +146,7 @@ def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: bool = True
 
     train_started = time.perf_counter()
     model.train()
-    bar = tqdm(total=total_steps, desc="digits: train", unit="batch", disable=not progress)
+    bar = progress_bar(total=total_steps, desc="digits: train", unit="batch", enabled=progress)
     for epoch in range(recipe.epochs):
         order = train_tensor[torch.randperm(len(train_tensor), generator=generator)]
         for start in range(0, len(order), recipe.batch_size):
@@ -160,11 +162,14 @@ def train_digits(recipe: VisionRecipe, model_dir: Path, *, progress: bool = True
     bar.close()
     train_seconds = time.perf_counter() - train_started
 
-    results = {
-        name: classification_metrics(labels[idx].tolist(), predict_pixels(model, pixels[idx]).tolist(), recipe.labels)
-        for name, idx in (("val", val_idx), ("test", test_idx))
-    }
-    save_checkpoint("digits", model_dir, model, processor, results["test"])
+    with stage("digits: evaluate and save the checkpoint", progress):
+        results = {
+            name: classification_metrics(
+                labels[idx].tolist(), predict_pixels(model, pixels[idx]).tolist(), recipe.labels
+            )
+            for name, idx in (("val", val_idx), ("test", test_idx))
+        }
+        save_checkpoint("digits", model_dir, model, processor, results["test"])
     return {
         "model": "digits",
         "held_out": results["test"],

@@ -6,11 +6,11 @@ the programs its purpose needs and, when some are missing, installs their Debian
 (running as root, or ``sudo`` without a password). Otherwise it stops with one message that lists exactly what is
 missing and the command that installs it. ``--no-install`` only checks (and says the same).
 
-For ``--for test`` it also starts the container engine for the container-stack test: where the machine's engine
-script exists (``$ENGINE_SH``, by default ``../shared/container/engine.sh`` beside the checkout, as on the project's
-build machines) it runs ``engine.sh start``; elsewhere a running Docker engine is
-used if there is one, and the container test skips itself and says how to run it if there is none. The script is
-idempotent: it takes about a second when the engine and its stand-in base images are already there.
+For ``--for test`` it also starts the container engine for the container-stack test, but only where ``$ENGINE_SH``
+names a script that installs and starts one (``.ci/run`` sets it on the project's build machines; such a script is
+idempotent, about a second when the engine is already up). Elsewhere nothing is needed: a running Docker engine (or
+Podman's Docker socket) is used if there is one, and the container test skips itself with one line saying what to
+install if there is none.
 
 Standard library only, any Python 3.8+: it runs with the system's ``python3`` before ``.venv`` is made.
 """
@@ -161,10 +161,11 @@ def ensure_packages(purpose: str, allow_install: bool) -> int:
     return 0
 
 
-def engine_script() -> Path:
-    """Where the machine's container-engine script is: ``$ENGINE_SH``, else ``../shared/container/engine.sh``."""
+def engine_script() -> Path | None:
+    """The container-engine script ``$ENGINE_SH`` names (relative paths: to the repository root), or None when unset:
+    a machine with a running Docker engine, or Podman's Docker socket, needs none."""
     configured = os.environ.get("ENGINE_SH")
-    return Path(configured) if configured else ROOT.parent / "shared" / "container" / "engine.sh"
+    return ROOT / configured if configured else None
 
 
 def engine_answers() -> bool:
@@ -175,9 +176,13 @@ def engine_answers() -> bool:
 
 
 def ensure_engine(allow_install: bool) -> int:
-    """Start the container engine through the machine's engine script when there is one and none answers yet."""
+    """Start the container engine through ``$ENGINE_SH`` when it names a script (nothing to do otherwise: the container
+    test uses a running engine, or says in one line what to install)."""
     script = engine_script()
+    if script is None:
+        return 0
     if not script.is_file():
+        print(f"system set-up: ENGINE_SH={os.environ.get('ENGINE_SH')} is not a file: not starting an engine")
         return 0
     if not allow_install:
         if engine_answers():

@@ -51,28 +51,12 @@ from transformers import (
     XLMRobertaForSequenceClassification,
 )
 
+from tests.weights import perturb
+
 VOCAB = 60
 NUM_LABELS = 3
 PAD = 1
 LENGTHS = (7, 3, 9, 5)
-
-
-def perturb(model: Any, seed: int) -> Any:
-    """Replace the near-zero default initialisation by weights large enough for distinct, confident logits."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
-            if "norm" in name.lower() and name.endswith("weight"):
-                parameter.copy_(1.0 + 0.2 * noise)
-            elif "embed" in name and parameter.dim() == 2:
-                parameter.copy_(noise)
-            elif parameter.dim() >= 2:
-                fan_in = parameter[0].numel()
-                parameter.copy_(noise * 1.5 / fan_in**0.5)
-            else:
-                parameter.copy_(0.1 * noise)
-    return model
 
 
 _TEXT: dict[str, Any] = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     BertConfig,
@@ -26,24 +25,10 @@ from transformers import (
 )
 
 from model_store.data import minilm_checkpoint_path
+from tests.weights import perturb
 
 _SENTENCES = ("the service was quick and the staff were lovely", "a slow rude waiter", "food cold not warm good")
 WORDS = tuple(dict.fromkeys(word for sentence in _SENTENCES for word in sentence.split()))
-
-
-def _perturb(model: Any, seed: int) -> Any:
-    """Weights large enough for distinct, confident outputs (the default initialisation is near zero)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
-            if "norm" in name.lower() and name.endswith("weight"):
-                parameter.copy_(1.0 + 0.2 * noise)
-            elif parameter.dim() >= 2:
-                parameter.copy_(noise * 1.5 / parameter[0].numel() ** 0.5)
-            else:
-                parameter.copy_(0.1 * noise)
-    return model
 
 
 def bert_tokenizer() -> BertTokenizer:
@@ -78,13 +63,17 @@ def save(model: Any, preprocessor: Any, folder: Path) -> Path:
 def pair_encoder(folder: Path) -> Path:
     """A BERT sentence-pair classifier (entailment / neutral / contradiction)."""
     config = _labelled(_bert_config(), ["entailment", "neutral", "contradiction"])
-    return save(_perturb(BertForSequenceClassification(config), 11).eval(), bert_tokenizer(), folder)
+    return save(
+        perturb(BertForSequenceClassification(config), 11, unit_embeddings=None).eval(), bert_tokenizer(), folder
+    )
 
 
 def multi_label(folder: Path) -> Path:
     """A BERT multi-label classifier (``problem_type: multi_label_classification``) with four topics."""
     config = _labelled(_bert_config(), ["food", "service", "price", "ambience"], "multi_label_classification")
-    return save(_perturb(BertForSequenceClassification(config), 12).eval(), bert_tokenizer(), folder)
+    return save(
+        perturb(BertForSequenceClassification(config), 12, unit_embeddings=None).eval(), bert_tokenizer(), folder
+    )
 
 
 def regression(folder: Path) -> Path:
@@ -94,14 +83,16 @@ def regression(folder: Path) -> Path:
         max_position_embeddings=128,
     )  # fmt: skip
     model = DistilBertForSequenceClassification(_labelled(config, ["score"], "regression"))
-    return save(_perturb(model, 13).eval(), bert_tokenizer(), folder)
+    return save(perturb(model, 13, unit_embeddings=None).eval(), bert_tokenizer(), folder)
 
 
 def generic_labels(folder: Path) -> Path:
     """A BERT classifier saved without label names (``LABEL_0``, ``LABEL_1``)."""
     config = _bert_config()
     config.num_labels = 2
-    return save(_perturb(BertForSequenceClassification(config), 14).eval(), bert_tokenizer(), folder)
+    return save(
+        perturb(BertForSequenceClassification(config), 14, unit_embeddings=None).eval(), bert_tokenizer(), folder
+    )
 
 
 def decoder_tokenizer(pad: bool = True) -> PreTrainedTokenizerFast:
@@ -126,7 +117,7 @@ def decoder(folder: Path, pad: bool = True) -> Path:
         pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
     config = _labelled(config, ["negative", "positive"])
-    return save(_perturb(LlamaForSequenceClassification(config), 15).eval(), tokenizer, folder)
+    return save(perturb(LlamaForSequenceClassification(config), 15, unit_embeddings=None).eval(), tokenizer, folder)
 
 
 def vision(folder: Path) -> Path:
@@ -137,7 +128,7 @@ def vision(folder: Path) -> Path:
     )  # fmt: skip
     config = _labelled(config, ["cat", "dog", "bird"])
     processor = ViTImageProcessorPil(size={"height": 16, "width": 16})
-    return save(_perturb(ViTForImageClassification(config), 16).eval(), processor, folder)
+    return save(perturb(ViTForImageClassification(config), 16, unit_embeddings=None).eval(), processor, folder)
 
 
 BUILDERS: dict[str, Callable[[Path], Path]] = {

@@ -1,9 +1,15 @@
 """Shared fixtures: tiny Hugging Face classifiers built from configs (no downloads), with non-degenerate weights, and
 a real TorchServe (Java frontend + Python workers) serving the tiny archives on free loopback ports, started once per
-test session (on first use) and stopped by its pid, also when tests fail."""
+test session (on first use) and stopped by its pid, also when tests fail.
+
+Every server a test starts ends with the pytest process, even when pytest is killed (an outer timeout's SIGKILL)
+before any clean-up runs: ``EXPLAIN_OWNER_PID`` names this process, so the launcher (in this process or in a
+``python -m model_store.serving`` subprocess) puts a watchdog on each TorchServe, and the other servers go through
+:func:`tests.serving_support.owned_popen` (tests/test_cleanup.py kills a pytest to prove it)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,29 +29,19 @@ from transformers import (
     ViTForImageClassification,
 )
 
-from model_store.serving.launcher import Ports, Server, start, stop
+from model_store.serving.config import Ports
+from model_store.serving.process import Server, start, stop
+from model_store.serving.watchdog import OWNER_ENV
 from tests.serving_support import tiny_archives
+from tests.weights import perturb
 
 VOCAB = 60
 NUM_LABELS = 3
 
 
-def _perturb(model: Any, seed: int) -> Any:
-    """Replace the near-zero default initialisation by weights large enough for distinct, confident logits."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
-            if "norm" in name.lower() and name.endswith("weight"):
-                parameter.copy_(1.0 + 0.2 * noise)
-            elif "embeddings" in name and parameter.dim() == 2:
-                parameter.copy_(noise)
-            elif parameter.dim() >= 2:
-                fan_in = parameter[0].numel()
-                parameter.copy_(noise * 1.5 / fan_in**0.5)
-            else:
-                parameter.copy_(0.1 * noise)
-    return model
+def pytest_configure(config: pytest.Config) -> None:
+    """Servers started by this session (and by its subprocesses) end with this process (module docstring)."""
+    os.environ[OWNER_ENV] = str(os.getpid())
 
 
 def _labelled(config: Any) -> Any:
@@ -63,7 +59,7 @@ def build_bert() -> Any:
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=64, hidden_act="gelu",
     )  # fmt: skip
-    return _eager(_perturb(BertForSequenceClassification(_labelled(config)), 1))
+    return _eager(perturb(BertForSequenceClassification(_labelled(config)), 1, unit_embeddings="embeddings"))
 
 
 def build_roberta() -> Any:
@@ -71,14 +67,14 @@ def build_roberta() -> Any:
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=72, pad_token_id=1, bos_token_id=0, eos_token_id=2,
     )  # fmt: skip
-    return _eager(_perturb(RobertaForSequenceClassification(_labelled(config)), 2))
+    return _eager(perturb(RobertaForSequenceClassification(_labelled(config)), 2, unit_embeddings="embeddings"))
 
 
 def build_distilbert() -> Any:
     config = DistilBertConfig(
         vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64,
     )  # fmt: skip
-    return _eager(_perturb(DistilBertForSequenceClassification(_labelled(config)), 3))
+    return _eager(perturb(DistilBertForSequenceClassification(_labelled(config)), 3, unit_embeddings="embeddings"))
 
 
 def build_vit(image_size: int | list[int] = 16, patch_size: int = 4) -> Any:
@@ -86,7 +82,7 @@ def build_vit(image_size: int | list[int] = 16, patch_size: int = 4) -> Any:
         image_size=image_size, patch_size=patch_size, num_channels=3, hidden_size=32, num_hidden_layers=2,
         num_attention_heads=4, intermediate_size=64,
     )  # fmt: skip
-    return _eager(_perturb(ViTForImageClassification(_labelled(config)), 4))
+    return _eager(perturb(ViTForImageClassification(_labelled(config)), 4, unit_embeddings="embeddings"))
 
 
 def build_vit_wide() -> Any:

@@ -25,7 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_store.serving.launcher import Ports, pid_alive
+from deploy import engine
+from deploy.engine import INSTALL_HINT
+from model_store.serving.config import Ports
+from model_store.serving.process import pid_alive
+from model_store.serving.watchdog import watch
 from tests.serving_support import ARCHIVE_CACHE, REPO_ROOT, tiny_archives
 
 logger = logging.getLogger(__name__)
@@ -39,23 +43,15 @@ WARM_UP_TIMEOUT = 300
 HEALTH_TIMEOUT = 300
 DOWN_TIMEOUT = 120
 
-HOW_TO_RUN = (
-    "start a Docker engine (on the shared build machines: `../shared/container/engine.sh start`; `make test` does it "
-    "where that script exists), then run `.venv/bin/python -m pytest -q tests/test_container.py`"
-)
-
 
 def engine_problem() -> str | None:
-    """Why no container test can run here (``docker info`` fails), or None when an engine answers."""
-    try:
-        result = subprocess.run(
-            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"`docker info` failed ({error})"
-    if result.returncode != 0:
-        return f"`docker info` failed: {(result.stderr or result.stdout).strip()[:300]}"
-    return None
+    """Why no container test can run here (no ``docker``, or ``docker info`` fails), or None when an engine answers."""
+    return engine.engine_problem()
+
+
+def skip_line(problem: str) -> str:
+    """The one line the container test skips with: what is missing and what to install."""
+    return f"container test: no container engine ({problem}); to run it, {INSTALL_HINT}, then make test"
 
 
 @dataclass
@@ -72,7 +68,7 @@ class Stack:
     def env(self) -> dict[str, str]:
         """Environment of ``make container-up`` / ``container-down`` / ``container-token`` for this stack."""
         return {
-            **os.environ,
+            **engine.docker_env(),  # with DOCKER_HOST at Podman's socket where that is the engine
             "COMPOSE_PROJECT_NAME": self.project,
             "EXPLAIN_IMAGE": self.image,
             "MODEL_STORE_DIR": str(self.models_dir),
@@ -106,11 +102,21 @@ class Stack:
         assert result.returncode == 0, f"make {target} exited with {result.returncode}:\n{output[-6000:]}"
         return output
 
+    def compose_command(self, *args: str) -> list[str]:
+        """``docker compose -p <project> -f docker-compose.yml <args>``."""
+        return ["docker", "compose", "-p", self.project, "-f", str(REPO_ROOT / "docker-compose.yml"), *args]
+
+    @property
+    def compose_env(self) -> dict[str, str]:
+        """The environment of :meth:`compose`."""
+        return {**self.env, "GRAFANA_ADMIN_PASSWORD": "unused-by-the-test"}
+
     def compose(self, *args: str, timeout: float = DOWN_TIMEOUT) -> subprocess.CompletedProcess[str]:
         """``docker compose -p <project> -f docker-compose.yml <args>`` (not checked)."""
-        command = ["docker", "compose", "-p", self.project, "-f", str(REPO_ROOT / "docker-compose.yml"), *args]
-        env = {**self.env, "GRAFANA_ADMIN_PASSWORD": "unused-by-the-test"}
-        return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            self.compose_command(*args), cwd=REPO_ROOT, env=self.compose_env, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
 
     def containers(self, *, running_only: bool = False) -> list[str]:
         """Ids of the project's containers (by compose's project label)."""
@@ -208,8 +214,11 @@ def new_stack() -> Stack:
 
 @contextlib.contextmanager
 def running_stack() -> Iterator[Stack]:
-    """``make container-up`` a new stack; tear it down when the block ends, however it ends."""
+    """``make container-up`` a new stack; tear it down when the block ends, however it ends (a watchdog runs
+    ``docker compose down`` if the test process is killed before its clean-up runs)."""
     stack = new_stack()
+    down = stack.compose_command("down", "--volumes", "--remove-orphans", "--timeout", "10")
+    guard = watch(os.getpid(), command=down, env=stack.compose_env)
     try:
         stack.make("container-up", COLD_UP_TIMEOUT)
         yield stack
@@ -218,6 +227,8 @@ def running_stack() -> Iterator[Stack]:
         raise
     finally:
         stack.teardown()
+        guard.terminate()
+        guard.wait(timeout=30)
 
 
 def image_id(image: str) -> str:

@@ -1,7 +1,7 @@
 """Helpers of the operations tests (hardening, reliability, fuzz, deploy): one TorchServe for all of them, worker
 pids and memory, and a bounded mixed-load generator over REST and gRPC.
 
-The server is the same launcher and tiny archives as tests/integration (``model_store.serving.launcher.start``,
+The server is the same launcher and tiny archives as tests/integration (``model_store.serving.process.start``,
 :func:`tests.serving_support.tiny_archives`), started once per test session on free loopback ports the first time
 one of these modules asks for it, and stopped by its pid at the end of the session, also when tests fail. It is a
 separate server from the integration suite's because the reliability tests kill its workers. The text model runs
@@ -29,7 +29,8 @@ import pytest
 
 from explainers import available_methods
 from handlers import protos
-from model_store.serving.launcher import Ports, Server, start, stop
+from model_store.serving.config import Ports
+from model_store.serving.process import Server, start, stop
 from tests.serving_support import b64, http_call, http_post, png_bytes, tiny_archives
 
 logger = logging.getLogger(__name__)

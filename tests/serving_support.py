@@ -6,12 +6,16 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
+
+from model_store.serving.watchdog import watch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE_CACHE = REPO_ROOT / "build" / "test-archives"
@@ -22,6 +26,14 @@ def tiny_archives() -> dict[str, Path]:
     from model_store.build import build_tiny_archives
 
     return build_tiny_archives(ARCHIVE_CACHE)
+
+
+def owned_popen(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(args, **kwargs)`` in its own session, with a watchdog that ends it (its whole process group)
+    when this test process ends, even by SIGKILL. Stop it as usual (``terminate``/``wait``) in the test."""
+    process = subprocess.Popen(args, start_new_session=True, **kwargs)
+    watch(os.getpid(), groups=[process.pid])
+    return process
 
 
 def png_bytes(size: tuple[int, int] = (32, 32), seed: int = 0) -> bytes:

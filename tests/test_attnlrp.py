@@ -23,8 +23,9 @@ from explainers.attention_capture import capturing_attention
 from explainers.attnlrp import attach_rules
 from explainers.capture import prepared_model
 
-from .conftest import _eager, _labelled, _perturb, build_bert, build_vit, image_batch, row_inputs, text_batch
+from .conftest import _eager, _labelled, build_bert, build_vit, image_batch, row_inputs, text_batch
 from .test_explainers import _assert_same, _snapshot, _unusual_state
+from .weights import perturb
 
 # ---- the rules, one by one ---------------------------------------------------------------------------------
 
@@ -105,7 +106,7 @@ def _one_block_bert() -> Any:
         vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
         max_position_embeddings=16, hidden_act="gelu",
     )  # fmt: skip
-    return _eager(_perturb(BertForSequenceClassification(_labelled(config)), 7)).double()
+    return _eager(perturb(BertForSequenceClassification(_labelled(config)), 7, unit_embeddings="embeddings")).double()
 
 
 def _linear_rule(x: Tensor, linear: nn.Linear, relevance_out: Tensor) -> Tensor:
@@ -489,7 +490,7 @@ DECODERS = ("llama", "qwen2", "qwen3", "mistral", "gemma2")  # rotary: the word 
 
 
 def _family_model(name: str) -> Any:
-    return _eager(_perturb(FAMILIES[name](), 5)).double()
+    return _eager(perturb(FAMILIES[name](), 5, unit_embeddings="embeddings")).double()
 
 
 def _family_batch(model: Any, lengths: tuple[int, ...] = (7, 3, 6)) -> dict[str, Tensor]:

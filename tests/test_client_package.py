@@ -27,7 +27,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from explain_client import protos as client_protos
-from model_store.serving.launcher import Server
+from model_store.serving.process import Server
 from tests.ops_support import log_figures, wait_for_worker, worker_pids
 from tests.serving_support import png_bytes
 

@@ -4,8 +4,9 @@ machines); the tests talk to it only through the host's published ports and ``do
 
 Models: the image is built with ``BUILD_MODELS=false`` and serves the tiny test archives, a host folder that the
 container's user cannot write, mounted read-only by ``deploy/docker-compose.models.yml`` (the documented way to reuse
-host-built models). Skipped, saying how to run it, where no Docker engine answers ``docker info``; ``make test``
-starts one through ``../shared/container/engine.sh`` where that script exists. Bounded: each ``make`` call has its
+host-built models). Skipped with one line saying what to install where no engine (Docker, or Podman's Docker socket)
+answers ``docker info``; where ``$ENGINE_SH`` names an engine script (``.ci/run`` sets it on the project's build
+machines), ``make test`` starts the engine through it first. Bounded: each ``make`` call has its
 own timeout, and the stack is torn down by its project name when the module ends, also after a failure.
 """
 
@@ -28,9 +29,10 @@ import torch
 import yaml
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from deploy.engine import docker_env
 from explainers import explain
 from handlers import protos
-from model_store.serving.launcher import DEFAULT_MODELS
+from model_store.serving.archives import DEFAULT_MODELS
 from tests import container_support as support
 from tests.container_support import Stack, connects, container_ip, prometheus_get, prometheus_query, wait_until
 from tests.serving_support import REPO_ROOT, b64, http_post, png_bytes
@@ -51,15 +53,20 @@ SCRAPE_WAIT = 90
 RATE_INTERVAL = "1m"
 #: The first test also brings the stack up (a cold image build included): pytest-timeout's bound covers that.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(support.COLD_UP_TIMEOUT + support.HEALTH_TIMEOUT)]
+#: Checked once, at collection: with no engine the whole module is one skip, one line saying what to install.
+ENGINE_PROBLEM = support.engine_problem()
+if ENGINE_PROBLEM is not None:
+    pytest.skip(support.skip_line(ENGINE_PROBLEM), allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    problem = support.engine_problem()
-    if problem is not None:
-        pytest.skip(f"no container engine: {problem}. To run the container test: {support.HOW_TO_RUN}")
-    with support.running_stack() as running:
-        yield running
+    with pytest.MonkeyPatch.context() as patch:  # every `docker` call of the module reaches the same engine
+        host = docker_env().get("DOCKER_HOST")
+        if host:
+            patch.setenv("DOCKER_HOST", host)
+        with support.running_stack() as running:
+            yield running
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +106,8 @@ def _check_models_in_image(stack: Stack, store: Path) -> subprocess.CompletedPro
     """The launcher's start-up model check, run in the stack's image as its user, with ``store`` (a host folder)
     mounted read-write where the image's default model store is, as the issue's user did."""
     script = (
-        "import logging; from model_store.serving import launcher; logging.basicConfig(level=logging.INFO);"
-        "launcher._ensure_models(launcher.DEFAULT_MODEL_STORE, launcher.DEFAULT_MODELS)"
+        "import logging; from model_store.serving import archives; logging.basicConfig(level=logging.INFO);"
+        "archives.ensure_models(archives.DEFAULT_MODEL_STORE, archives.DEFAULT_MODELS)"
     )
     command = ["docker", "run", "--rm", "--network", "none", "-v", f"{store}:/srv/explain/model_store/build"]
     command += [stack.image, "python", "-c", script]

@@ -19,9 +19,10 @@ import pytest
 import yaml
 
 from handlers import metrics
-from model_store.serving.launcher import Ports, Server
+from model_store.serving.config import Ports
+from model_store.serving.process import Server
 from tests.ops_support import ops_server, rest_call, worker_pids
-from tests.serving_support import REPO_ROOT
+from tests.serving_support import REPO_ROOT, owned_popen
 
 DEPLOY = REPO_ROOT / "deploy"
 COMPOSE = REPO_ROOT / "docker-compose.yml"
@@ -43,7 +44,7 @@ def service_metric_names() -> set[str]:
     prometheus-client adds) and TorchServe's (model_store/serving/metrics.yaml)."""
     names: set[str] = set()
     for metric in (metrics.EXPLANATION_SECONDS, metrics.STAGE_SECONDS, metrics.EXPLANATIONS, metrics.ERRORS,
-                   metrics.BATCH_SIZE):  # fmt: skip
+                   metrics.BATCH_SIZE, metrics.UNSURE_ROWS):  # fmt: skip
         for family in metric.collect():
             names.update(sample.name for sample in family.samples)
             kind = family.type
@@ -258,12 +259,12 @@ def test_real_prometheus_loads_the_compose_config_and_answers_the_dashboard(serv
     shutil.copy(RULES, tmp_path / RULES.name)
     port = Ports.free().inference
     log = (tmp_path / "prometheus.log").open("wb")
-    memory = subprocess.Popen(
+    memory = owned_popen(
         [exporter, f"-config.path={DEPLOY / 'process-exporter' / 'process-exporter.yml'}",
          f"-web.listen-address=127.0.0.1:{exporter_port}"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    process = subprocess.Popen(
+    process = owned_popen(
         [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=log, stderr=subprocess.STDOUT,
@@ -335,8 +336,8 @@ def _compose_config(*files: Path, env: dict[str, str]) -> subprocess.CompletedPr
     compose = _compose_binary()
     if compose is None:
         pytest.skip(
-            "no `docker compose` here: install Docker Compose (apt-get install -y docker-compose; on the shared "
-            "build machines `../shared/container/engine.sh start` does) to validate the compose files"
+            "no `docker compose` here: install Docker Compose (apt-get install -y docker-compose) to validate the "
+            "compose files"
         )
     command = [*compose, "-p", "explain-config-check", *(item for path in files for item in ("-f", str(path)))]
     clean = {

@@ -38,7 +38,7 @@ from handlers.config import HandlerConfig
 from handlers.errors import RowError
 from handlers.schema import DecodedRow, decode_row, encode_outcome, row_encoding
 from handlers.service import ExplanationService
-from model_store.serving.launcher import Server
+from model_store.serving.process import Server
 from tests.ops_support import GrpcCaller, log_figures, ops_server, worker_pids
 from tests.serving_support import REPO_ROOT, b64, http_post, png_bytes, tiny_archives
 

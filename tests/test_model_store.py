@@ -67,7 +67,7 @@ def corpus() -> list[TextExample]:
 
 
 def test_real_corpus_matches_its_documentation(corpus: list[TextExample]) -> None:
-    # shared/DATA.md: 38,158 rows; negative 16,186, neutral 15,018, positive 6,954; some empty confidences.
+    # docs/DATA.md: 38,158 rows; negative 16,186, neutral 15,018, positive 6,954; some empty confidences.
     assert len(corpus) == 38_158
     counts = Counter(SENTIMENT_LABELS[e.label] for e in corpus)
     assert counts == {"negative": 16_186, "neutral": 15_018, "positive": 6_954}
@@ -676,7 +676,7 @@ def test_a_decoder_classifier_pads_on_the_left_and_gets_a_supported_default_meth
     folder = checkpoints.decoder(tmp_path / "decoder")
     checkpoint = package_module.validate(folder, "decoder")
     assert checkpoint.pad_token_id is None and not checkpoint.warnings
-    assert checkpoint.default_method == "gae", "relevance has no LRP rule for decoders: the default falls back"
+    assert checkpoint.default_method == "attnlrp", "the served default works on decoders (relevance does not)"
     with pytest.raises(package_module.PackageError, match="default_method 'relevance' does not work on llama"):
         package_module.validate(folder, "decoder", package_module.Settings(default_method="relevance"))
 

@@ -22,8 +22,9 @@ from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, pre
 from explainers.lrp import block_relprop, head_relprop, linear_relprop
 from explainers.methods import _block_weights
 
-from .arch_zoo import VARIANTS, batch_for, perturb, row_alone
+from .arch_zoo import VARIANTS, batch_for, row_alone
 from .conftest import build_bert, build_roberta, build_vit, build_vit_wide, image_batch, row_inputs, text_batch
+from .weights import perturb
 
 
 def _divide(numerator: Tensor, denominator: Tensor) -> Tensor:

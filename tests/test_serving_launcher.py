@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from model_store.serving.launcher import Ports, _link_store, load_profile, write_config
+from model_store.serving.config import Ports, link_store, load_profile, write_config
 
 
 def test_config_binds_loopback_and_keeps_auth(tmp_path: Path) -> None:
@@ -40,7 +40,7 @@ def test_profiles_and_overlay(tmp_path: Path) -> None:
     assert load_profile("archive") == {}
     with pytest.raises(ValueError, match="known: archive"):
         load_profile("tpu")
-    store = _link_store(
+    store = link_store(
         tmp_path / "run", tmp_path / "store", {"a": "sentiment/archive", "b": "sentiment/archive"}, {"b": gpu}
     )
     untouched = yaml.safe_load((store / "a" / "model-config.yaml").read_text())

@@ -24,7 +24,8 @@ from transformers import AutoModelForImageClassification, AutoModelForSequenceCl
 
 from explainers import explain
 from handlers import protos
-from model_store.serving.launcher import Ports, Server, stop
+from model_store.serving.config import Ports
+from model_store.serving.process import Server, stop
 from tests import checkpoints
 from tests.serving_support import b64, http_post, png_bytes
 

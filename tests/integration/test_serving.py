@@ -23,8 +23,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from explainers import available_methods, explain
 from handlers import protos
-from model_store.serving.launcher import Ports, Server
-from tests.serving_support import b64, http_post, png_bytes
+from model_store.serving.config import Ports
+from model_store.serving.process import Server
+from tests.serving_support import b64, http_post, owned_popen, png_bytes
 
 TEXT = "the service was quick and the staff were lovely"
 LABELS = ("negative", "neutral", "positive")
@@ -296,7 +297,7 @@ def test_prometheus_scrapes_and_answers_histogram_quantile(server: Server, tmp_p
         )
     )
     log = (tmp_path / "prometheus.log").open("wb")
-    process = subprocess.Popen(
+    process = owned_popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=log, stderr=subprocess.STDOUT,

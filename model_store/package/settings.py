@@ -1,0 +1,118 @@
+"""What the packaging modules share: the refusal error, the per-model settings a user tunes, the archive-name rule.
+
+A :class:`Settings` comes from the command-line options (:mod:`model_store.package.cli`), a models file's keys of the
+same names (:mod:`model_store.package.models_file`) or the defaults; :mod:`model_store.package.validate` checks a
+checkpoint against it and :mod:`model_store.package.packaging` writes it into the archive's ``model-config.yaml``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+#: A safe TorchServe model / archive name: no path separators, dots or leading dash; at most 64 characters.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+Task = Literal["text", "image"]
+
+
+class PackageError(ValueError):
+    """A checkpoint that cannot be served; the message names the problem and the fix. Nothing was written."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The per-model settings a user tunes (command-line options or a YAML file's keys of the same names).
+
+    Attributes:
+        default_method: Method used when a request asks for an explanation without naming one (``None``:
+            ``attnlrp``, the served default, where the architecture supports it (all supported ones do), else ``gae``).
+        max_length: Text: tokens per input (both segments of a pair together); longer inputs are truncated
+            (``None``: 128, or the model's position limit if smaller).
+        batch_size: TorchServe ``batchSize``: rows per batch.
+        max_batch_delay: TorchServe ``maxBatchDelay`` in ms: how long a partial batch waits (a lone request waits
+            all of it).
+        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        bf16: Run the forward under bfloat16 autocast (GPU).
+        threshold: Multi-label heads: probability at or above which a label is predicted (default: the
+            checkpoint config's ``threshold`` key, else 0.5).
+        workers: TorchServe workers of the model (``minWorkers`` = ``maxWorkers``).
+        response_timeout: TorchServe ``responseTimeout`` in s: a slower batch kills the worker.
+        explain_below: Explain when unsure, by default: a request asking for an explanation without saying when gets
+            it only if the prediction's confidence is below this probability in (0, 1] (``None``: always; a request
+            overrides it with ``below``).
+    """
+
+    default_method: str | None = None
+    max_length: int | None = None
+    batch_size: int = 8
+    max_batch_delay: int = 2
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    bf16: bool = False
+    threshold: float | None = None
+    workers: int = 1
+    response_timeout: int = 60
+    explain_below: float | None = None
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str) -> Settings:
+        """Settings from a YAML mapping; ``where`` names it in error messages.
+
+        Raises:
+            PackageError: for an unknown key or a value of the wrong type or range.
+        """
+        known = {name: default for name, default in asdict(cls()).items()}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise PackageError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
+        settings = cls(**{key: values[key] for key in values})
+        settings.check(where)
+        return settings
+
+    def check(self, where: str = "settings") -> None:
+        """Check types and ranges.
+
+        Raises:
+            PackageError: naming the setting and what it must be.
+        """
+        from explainers import available_methods
+
+        if self.default_method is not None and self.default_method not in available_methods():
+            raise PackageError(f"{where}: default_method {self.default_method!r} is not one of {available_methods()}")
+        for key, low in (("max_length", 3), ("batch_size", 1), ("max_batch_delay", 1), ("workers", 1)):
+            value = getattr(self, key)
+            if key == "max_length" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise PackageError(f"{where}: {key} must be an integer >= {low}, got {value!r}")
+        if isinstance(self.response_timeout, bool) or not isinstance(self.response_timeout, int):
+            raise PackageError(f"{where}: response_timeout must be an integer number of seconds")
+        if self.response_timeout < 1:
+            raise PackageError(f"{where}: response_timeout must be at least 1 s, got {self.response_timeout}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise PackageError(f"{where}: device must be auto, cpu or cuda, got {self.device!r}")
+        if not isinstance(self.bf16, bool):
+            raise PackageError(f"{where}: bf16 must be true or false, got {self.bf16!r}")
+        if self.threshold is not None and not (
+            isinstance(self.threshold, int | float) and not isinstance(self.threshold, bool) and 0 < self.threshold < 1
+        ):
+            raise PackageError(f"{where}: threshold must be a probability in (0, 1), got {self.threshold!r}")
+        below = self.explain_below
+        if below is not None and (isinstance(below, bool) or not isinstance(below, int | float) or not 0 < below <= 1):
+            raise PackageError(f"{where}: explain_below must be a probability in (0, 1], got {below!r}")
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it is a safe archive name.
+
+    Raises:
+        PackageError: naming the rule.
+    """
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
+        raise PackageError(
+            f"{name!r} is not a safe model name: use 1-64 letters, digits, '_' or '-', starting with a letter or "
+            "digit (it becomes a folder name and a URL path segment), e.g. --name my-classifier"
+        )
+    return name

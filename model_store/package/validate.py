@@ -1,0 +1,366 @@
+"""Validation of a checkpoint folder before anything is written: :func:`validate` returns a :class:`Checkpoint` (what
+the archive will say about the model) or raises the first problem found as a :class:`PackageError` whose message names
+the problem and the fix.
+
+Refused: not a local folder or no ``config.json``; an architecture the explainers do not support; a head that is not
+a sequence or image classifier, or whose weights are missing or of the wrong shape; weights only as pickle or
+unreadable safetensors; bad ``id2label`` or ``problem_type``; no tokenizer / image processor; no way to pad a batch;
+a default method the architecture refuses; ``max_length`` beyond the model's positions; an unsafe archive name.
+Generic labels (``LABEL_0``...) and a substituted pad token are served, with a warning. Only the config, the
+safetensors headers and the tokenizer or image processor are read; the model is built on ``meta`` (no weights).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_store.package.checkpoint_files import (
+    conversion_command,
+    is_vocabulary,
+    read_config,
+    safetensors_shapes,
+    select_files,
+)
+from model_store.package.settings import PackageError, Settings, Task, check_name
+
+_GENERIC_LABEL = re.compile(r"LABEL_\d+")
+_PROBLEM_TYPES = (None, "single_label_classification", "multi_label_classification", "regression")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A validated checkpoint folder: what the archive will say about it.
+
+    Attributes:
+        path: The folder as given.
+        files: The top-level files copied into the archive, by name, resolved (symbolic links followed).
+        task: ``text`` or ``image``.
+        model_type: ``config.model_type``.
+        architecture: The classifier class (``config.architectures[0]``).
+        head_type: ``single_label``, ``multi_label`` or ``regression``.
+        labels: Label names in index order.
+        default_method: The method served when a request names none (one that works on this architecture).
+        max_length: Text models: tokens per input served.
+        threshold: Multi-label heads: the threshold served.
+        image_size: Image models: ``(height, width)``.
+        pad_token_id: Text models: the pad token the handler sets on the tokenizer and ``config.pad_token_id``
+            (``None``: both already agree).
+        warnings: What is served but worth fixing (generic labels, a substituted pad token).
+        left_out: Files of the folder not copied (pickle weights, code, sub-folders).
+    """
+
+    path: Path
+    files: Mapping[str, Path]
+    task: Task
+    model_type: str
+    architecture: str
+    head_type: str
+    labels: tuple[str, ...]
+    default_method: str = "attnlrp"
+    max_length: int | None = None
+    threshold: float | None = None
+    image_size: tuple[int, int] | None = None
+    pad_token_id: int | None = None
+    warnings: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _task_of(architecture: str) -> Task | None:
+    if architecture.endswith("ForSequenceClassification"):
+        return "text"
+    if "ForImageClassification" in architecture:  # also DeiTForImageClassificationWithTeacher
+        return "image"
+    return None
+
+
+def _check_head(model: Any, shapes: Mapping[str, list[int]], architecture: str) -> None:
+    """Every parameter outside the base model (the classification head) must be in the weights, with its shape."""
+    prefix = f"{model.base_model_prefix}."
+    expected = {key: list(value.shape) for key, value in model.state_dict().items() if not key.startswith(prefix)}
+    missing = sorted(key for key in expected if key not in shapes)
+    if missing:
+        raise PackageError(
+            f"the weights have no trained classification head ({', '.join(missing)} missing): this looks like a base "
+            f"model; fine-tune a {architecture} and save it with save_pretrained before serving it"
+        )
+    for key, shape in expected.items():
+        if shapes[key] != shape:
+            raise PackageError(
+                f"{key} has shape {shapes[key]} in the weights but config.json implies {shape}: make num_labels / "
+                "id2label in config.json match the trained head"
+            )
+
+
+def _labels(config: Any, head_type: str) -> tuple[tuple[str, ...], list[str]]:
+    id2label = {int(key): str(value) for key, value in (config.id2label or {}).items()}
+    count = int(config.num_labels)
+    if sorted(id2label) != list(range(count)):
+        raise PackageError(
+            f"config.json's id2label has ids {sorted(id2label)} but the head has {count} outputs: write id2label as "
+            '{"0": "first label", "1": ...} with one name per output'
+        )
+    labels = tuple(id2label[index] for index in range(count))
+    if len(set(labels)) != len(labels):
+        raise PackageError(f"config.json's id2label has repeated names {list(labels)}: give each output its own name")
+    warnings: list[str] = []
+    if head_type != "regression" and all(_GENERIC_LABEL.fullmatch(label) for label in labels):
+        warnings.append(
+            f"the labels are generic ({', '.join(labels[:3])}{', ...' if count > 3 else ''}): responses will use "
+            'them; set id2label (and label2id) in config.json to real names, e.g. {"0": "negative", "1": "positive"}'
+        )
+    return labels, warnings
+
+
+def _pad_token(tokenizer: Any, config: Any) -> tuple[int | None, list[str]]:
+    """Decide how a batch is padded: returns the pad id the handler must set (None if nothing to change) and the
+    warnings to show.
+
+    Raises:
+        PackageError: if there is neither a pad nor an EOS token, or if the EOS token would be the pad while the
+            tokenizer also ends every input with it (the head reads the last non-pad token and would skip it).
+    """
+    tokenizer_pad = tokenizer.pad_token_id
+    config_pad = getattr(config, "pad_token_id", None)
+    if isinstance(config_pad, list):
+        config_pad = config_pad[0] if config_pad else None
+    if tokenizer_pad is not None and config_pad in (None, tokenizer_pad):
+        return (tokenizer_pad if config_pad is None else None), []
+    if config_pad is not None:
+        if tokenizer_pad is not None:
+            return config_pad, [
+                f"the tokenizer pads with id {tokenizer_pad} but config.pad_token_id is {config_pad}; "
+                f"padding with {config_pad}, the id the classification head was built with"
+            ]
+        return config_pad, []
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise PackageError(
+            "neither the tokenizer nor config.json has a pad token, and there is no EOS token to pad with, so the "
+            "model cannot be run on batches: set tokenizer.pad_token (tokenizer.save_pretrained) and pad_token_id "
+            "in config.json"
+        )
+    sample = tokenizer("a b")["input_ids"]
+    if sample and sample[-1] == eos:
+        raise PackageError(
+            f"there is no pad token and the tokenizer ends every input with its EOS token {tokenizer.eos_token!r}: "
+            "padding with EOS would make the classification head skip it; add a pad token to the tokenizer "
+            "(tokenizer.add_special_tokens) and set pad_token_id in config.json to the id the model was trained with"
+        )
+    return eos, [
+        f"no pad token: batches are padded with the EOS token {tokenizer.eos_token!r} (id {eos}), as Hugging Face "
+        "fine-tuning scripts do; set pad_token_id in config.json to silence this"
+    ]
+
+
+#: Model types whose position ids start after the pad id (``max_position_embeddings`` counts those offsets).
+_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert"})
+DEFAULT_MAX_LENGTH = 128
+
+
+def _max_length(config: Any, requested: int | None) -> int:
+    """Tokens per input: ``requested``, else 128, never more than the model has positions for.
+
+    Raises:
+        PackageError: if ``requested`` exceeds the model's positions.
+    """
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or not getattr(config, "position_biased_input", True):
+        limit = None  # no absolute position embeddings (relative or rotary positions)
+    elif config.model_type in _OFFSET_POSITIONS:
+        limit = positions - int(getattr(config, "pad_token_id", 1) or 1) - 1
+    else:
+        limit = positions
+    if requested is None:
+        return min(DEFAULT_MAX_LENGTH, limit) if limit is not None else DEFAULT_MAX_LENGTH
+    if limit is not None and requested > limit:
+        raise PackageError(
+            f"max_length {requested} exceeds the {limit} positions of this {config.model_type} model: pass "
+            f"--max-length {limit} or less"
+        )
+    return requested
+
+
+def _image_size(config: Any) -> tuple[int, int]:
+    size = getattr(config, "image_size", None)
+    if isinstance(size, int) and size > 0:
+        return size, size
+    if isinstance(size, list | tuple) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
+        return int(size[0]), int(size[1])
+    raise PackageError(f"config.json's image_size is {size!r}: set it to the model's input size (an int or [h, w])")
+
+
+def validate(path: Path | str, name: str, settings: Settings | None = None) -> Checkpoint:
+    """Check that ``path`` is a checkpoint folder the service can serve under ``name``; reads only, writes nothing.
+
+    Loads ``config.json``, the safetensors headers (no tensor data), the tokenizer or image processor, and builds
+    the model's skeleton on the ``meta`` device (no memory for weights) to compare its head with the weights.
+
+    Raises:
+        PackageError: the first problem found, with the fix.
+    """
+    settings = settings or Settings()
+    settings.check()
+    check_name(name)
+    raw = str(path)
+    if "://" in raw:
+        raise PackageError(
+            f"{raw!r} is a URL: only local checkpoint folders are packaged (no downloads); fetch it in a trusted "
+            "environment first, e.g. `hf download ORG/NAME --local-dir DIR`, and pass DIR"
+        )
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        hint = " (a model hub id is not accepted: download it first, e.g. `hf download ORG/NAME --local-dir DIR`)"
+        raise PackageError(
+            f"{folder} is not a folder{hint if not folder.exists() and raw.count('/') == 1 else ''}: pass the "
+            "checkpoint folder that save_pretrained wrote (config.json, model.safetensors, tokenizer files)"
+        )
+    if not (folder / "config.json").is_file():
+        raise PackageError(
+            f"{folder} has no config.json: pass the folder that model.save_pretrained(folder) wrote "
+            "(config.json, model.safetensors, tokenizer or image-processor files)"
+        )
+    files, left_out, pickled = select_files(folder)
+    document = read_config(folder)
+    from explainers import supported_model_types
+
+    model_type = document.get("model_type")
+    supported = supported_model_types()
+    if model_type is None:
+        raise PackageError("config.json has no model_type: re-save the model with model.save_pretrained(folder)")
+    if model_type not in supported:
+        raise PackageError(
+            f"model type {model_type!r} is not supported by the explainers; supported: {', '.join(supported)}. "
+            "Serve a checkpoint of one of those architectures"
+        )
+    architectures = document.get("architectures") or []
+    architecture = str(architectures[0]) if architectures else ""
+    task = _task_of(architecture)
+    if task is None:
+        raise PackageError(
+            f"config.json's architectures is {architectures!r}: the service serves classifiers, "
+            f"{model_type} ...ForSequenceClassification or ...ForImageClassification; fine-tune a classification "
+            "head and save it with save_pretrained"
+        )
+    if not any(file_name.endswith(".safetensors") for file_name in files):
+        if pickled:
+            raise PackageError(
+                f"the weights are pickle files only ({', '.join(pickled)}), and loading pickle runs code: they are "
+                "refused. Convert them to safetensors in a trusted environment, then package again (the pickle "
+                f"files are then left out):\n  {conversion_command(folder.resolve(), task)}"
+            )
+        raise PackageError(
+            f"{folder} has no weights (no *.safetensors file): save them with model.save_pretrained(folder)"
+        )
+    shapes = safetensors_shapes(files)
+    with tempfile.TemporaryDirectory(prefix="explain-package-") as work:
+        stage = Path(work)
+        for file_name, source in files.items():
+            (stage / file_name).symlink_to(source)
+        return _validate_staged(folder, stage, files, tuple(left_out), task, architecture, shapes, settings)
+
+
+def _validate_staged(
+    folder: Path,
+    stage: Path,
+    files: Mapping[str, Path],
+    left_out: tuple[str, ...],
+    task: Task,
+    architecture: str,
+    shapes: Mapping[str, list[int]],
+    settings: Settings,
+) -> Checkpoint:
+    """The checks that load the config, the preprocessor and the model skeleton from the staged files."""
+    import torch
+    from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+
+    from explainers import ExplainError, describe, head_type, supported_methods
+    from handlers.config import DEFAULT_METHOD, DEFAULT_THRESHOLD
+    from handlers.service import classifier_class
+
+    try:
+        config = AutoConfig.from_pretrained(str(stage), local_files_only=True)
+    except Exception as error:  # transformers raises ValueError/OSError/KeyError for bad configs
+        raise PackageError(
+            f"config.json cannot be loaded by transformers ({error}); re-save it with save_pretrained"
+        ) from None
+    model_class = classifier_class(config, task)
+    try:
+        with torch.device("meta"):  # the skeleton only: no memory for weights
+            skeleton = model_class.from_config(config) if hasattr(model_class, "from_config") else model_class(config)
+    except Exception as error:
+        raise PackageError(f"transformers cannot build a {architecture} from config.json ({error})") from None
+    if type(skeleton).__name__ != architecture:
+        raise PackageError(
+            f"config.json names {architecture}, but a {config.model_type} {task} classifier is a "
+            f"{type(skeleton).__name__}: the service serves only those classifiers"
+        )
+    try:
+        describe(skeleton)
+    except ExplainError as error:
+        raise PackageError(f"the explainers cannot explain this model: {error}") from None
+    _check_head(skeleton, shapes, architecture)
+    methods = supported_methods(str(config.model_type))
+    default_method = settings.default_method or (DEFAULT_METHOD if DEFAULT_METHOD in methods else "gae")
+    if default_method not in methods:
+        raise PackageError(
+            f"default_method {default_method!r} does not work on {config.model_type} models; choose one of "
+            f"{', '.join(methods)}"
+        )
+    problem_type = getattr(config, "problem_type", None)
+    if problem_type not in _PROBLEM_TYPES:
+        raise PackageError(
+            f"config.json's problem_type {problem_type!r} is not one of {_PROBLEM_TYPES[1:]}: set it to the task the "
+            "head was trained for (or remove it)"
+        )
+    head = head_type(skeleton)
+    labels, warnings = _labels(config, head)
+    threshold: float | None = None
+    if head == "multi_label":
+        from_config = getattr(config, "threshold", None)
+        threshold = float(settings.threshold or from_config or DEFAULT_THRESHOLD)
+        if not 0 < threshold < 1:
+            raise PackageError(f"config.json's threshold {from_config!r} is not a probability in (0, 1)")
+    image_size: tuple[int, int] | None = None
+    pad_token_id: int | None = None
+    max_length: int | None = None
+    if task == "text":
+        max_length = _max_length(config, settings.max_length)
+        fix = "save it next to the model with tokenizer.save_pretrained(folder) (tokenizer.json or vocabulary files)"
+        if not any(is_vocabulary(file_name) for file_name in files):
+            raise PackageError(f"{folder} has no loadable tokenizer (no tokenizer.json or vocabulary file); {fix}")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(stage), local_files_only=True)
+        except Exception as error:
+            raise PackageError(f"{folder} has no loadable tokenizer ({type(error).__name__}: {error}); {fix}") from None
+        pad_token_id, pad_warnings = _pad_token(tokenizer, config)
+        warnings += pad_warnings
+    else:
+        try:
+            AutoImageProcessor.from_pretrained(str(stage), local_files_only=True)
+        except Exception as error:
+            raise PackageError(
+                f"{folder} has no loadable image processor ({type(error).__name__}: {error}); save it next to the "
+                "model with image_processor.save_pretrained(folder) (preprocessor_config.json)"
+            ) from None
+        image_size = _image_size(config)
+    return Checkpoint(
+        path=folder,
+        files=dict(files),
+        task=task,
+        model_type=str(config.model_type),
+        architecture=architecture,
+        head_type=head,
+        labels=labels,
+        default_method=default_method,
+        max_length=max_length,
+        threshold=threshold,
+        image_size=image_size,
+        pad_token_id=pad_token_id,
+        warnings=tuple(warnings),
+        left_out=left_out,
+    )
