@@ -28,7 +28,8 @@ from .errors import (
 )
 from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .methods import Method, available_methods, get_method
-from .support import FAMILIES, Family, support_table, supported_model_types
+from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
+from .targets import TargetExplanation, Targets, explain_targets
 
 
 def supported_methods(model_type: str) -> list[str]:
@@ -43,6 +44,7 @@ __all__ = [
     "FAMILIES",
     "HEAD_TYPES",
     "POOLED_POSITIONS",
+    "TASKS",
     "Architecture",
     "AttentionCall",
     "AttentionCapture",
@@ -59,6 +61,9 @@ __all__ = [
     "RowExplanation",
     "RowRequest",
     "RowSkipped",
+    "TargetExplanation",
+    "Targets",
+    "Task",
     "UnknownMethodError",
     "UnsupportedMethodError",
     "UnsupportedModelError",
@@ -68,6 +73,7 @@ __all__ = [
     "describe",
     "explain",
     "explain_batch",
+    "explain_targets",
     "get_method",
     "head_type",
     "pooled_position",
