@@ -5,10 +5,11 @@ no torch and no server code; the gRPC stubs are generated when it is built (:mod
 
 from .client import SERVICE_DEFAULT, ExplainClient, Request, is_retryable, read_token_file, resolve_token
 from .generation import Generation, GenerationCall, GenerationStep
-from .results import Explanation, Prediction, ServiceError, Skipped
+from .results import Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
 
 __all__ = [
     "SERVICE_DEFAULT",
+    "Entity",
     "ExplainClient",
     "Explanation",
     "Generation",
@@ -18,6 +19,7 @@ __all__ = [
     "Request",
     "ServiceError",
     "Skipped",
+    "TokenClassification",
     "is_retryable",
     "read_token_file",
     "resolve_token",

@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare", help="comma-separated methods shown side by side, e.g. attention,rollout,relevance"
     )
     parser.add_argument("--target", help="class to explain (label name or index; default: the predicted class)")
+    parser.add_argument(
+        "--entity",
+        type=int,
+        metavar="N",
+        help="token classifiers: show the attribution of entity #N only (as numbered in the answer; default: all)",
+    )
     unsure = parser.add_mutually_exclusive_group()
     unsure.add_argument(
         "--below",
@@ -304,6 +310,9 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
                 out.write(f"error ({asked}): {result.code}: {result.message}\n")
         if not predictions:
             continue
+        if predictions[0].token_classification is not None:
+            failed += _write_entities(out, predictions, label, color, args.entity)
+            continue
         explained = [prediction for prediction in predictions if prediction.explanation is not None]
         if len(methods) > 1 and len(explained) > 1 and len(explained) == len(predictions):
             out.write(terminal_compare(predictions, color) + "\n")
@@ -346,6 +355,20 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
             parser.error("--png needs an image input (--image or image lines) that was explained")
         out.write("wrote " + ", ".join(str(path) for path in written) + "\n")
     return 1 if failed else 0
+
+
+def _write_entities(out: TextIO, predictions: Sequence[Prediction], text: str, color: bool, entity: int | None) -> int:
+    """Write a token classifier's answers for one text (one per method); 1 if the chosen entity does not exist."""
+    from .entities import terminal_entities
+
+    chosen = None if entity is None else entity - 1
+    try:
+        for number, prediction in enumerate(predictions):
+            out.write(terminal_entities(prediction, text, color, chosen, header=number == 0) + "\n")
+    except ValueError as error:
+        out.write(f"error: {error}\n")
+        return 1
+    return 0
 
 
 def _method_used(request: Request, result: Prediction | ServiceError) -> str | None:

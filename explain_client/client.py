@@ -30,7 +30,7 @@ import urllib3
 from urllib3.exceptions import ProtocolError
 
 from .generation import Generation, GenerationCall, Steps
-from .results import Explanation, Prediction, ServiceError, Skipped
+from .results import Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
 
 logger = logging.getLogger(__name__)
 
@@ -367,11 +367,54 @@ class _GrpcBackend:
         self.channel.close()
 
 
+def _float32(value: float) -> float:
+    return float(f"{value:.7g}")
+
+
+def _token_classification(proto: Any) -> TokenClassification:
+    """An ``ExplainResponse.token_classification`` → :class:`TokenClassification`."""
+    explained = bool(proto.method)
+    return TokenClassification(
+        scheme=proto.scheme or "none",
+        entities=tuple(
+            Entity(
+                text=entity.text,
+                label=entity.label,
+                tag=entity.tag or entity.label,
+                label_id=int(entity.label_id),
+                start=int(entity.start),
+                end=int(entity.end),
+                token_start=int(entity.token_start),
+                token_end=int(entity.token_end),
+                # float32 on the wire: shown with float32's precision (0.9, not 0.8999999761581421)
+                score=_float32(entity.score),
+                scores=tuple(_float32(value) for value in entity.scores) if explained else None,
+            )
+            for entity in proto.entities
+        ),
+        tokens=tuple(proto.tokens),
+        special_tokens=tuple(bool(flag) for flag in proto.special_tokens),
+        offsets=tuple((int(offset.start), int(offset.end)) for offset in proto.offsets),
+        method=proto.method or None,
+        options={str(key): int(value) for key, value in proto.options.items()},
+        seconds=float(proto.seconds),
+    )
+
+
 def _from_protobuf(response: Any) -> Prediction:
     """An ``ExplainResponse`` → :class:`Prediction` (or raise its row error)."""
     if response.HasField("error"):
         error = response.error
         raise ServiceError(error.code, error.message, int(error.http_status) or None, error.grpc_code or None)
+    if response.HasField("token_classification"):
+        return Prediction(
+            label=None,
+            label_id=None,
+            probabilities={},
+            truncated=bool(response.truncated),
+            head_type="token_classification",
+            token_classification=_token_classification(response.token_classification),
+        )
     explanation: Explanation | None = None
     if response.HasField("explanation"):
         proto = response.explanation

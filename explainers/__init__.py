@@ -29,7 +29,8 @@ from .errors import (
 from .generation import GenerationExplanation, StepSum, explain_generation
 from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .methods import Method, available_methods, get_method
-from .support import FAMILIES, Family, support_table, supported_model_types
+from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
+from .targets import TargetExplanation, Targets, explain_targets
 
 
 def supported_methods(model_type: str) -> list[str]:
@@ -44,6 +45,7 @@ __all__ = [
     "FAMILIES",
     "HEAD_TYPES",
     "POOLED_POSITIONS",
+    "TASKS",
     "Architecture",
     "AttentionCall",
     "AttentionCapture",
@@ -62,6 +64,9 @@ __all__ = [
     "RowRequest",
     "RowSkipped",
     "StepSum",
+    "TargetExplanation",
+    "Targets",
+    "Task",
     "UnknownMethodError",
     "UnsupportedMethodError",
     "UnsupportedModelError",
@@ -72,6 +77,7 @@ __all__ = [
     "explain",
     "explain_batch",
     "explain_generation",
+    "explain_targets",
     "get_method",
     "head_type",
     "pooled_position",

@@ -14,6 +14,10 @@ DEFAULT_THRESHOLD = 0.5
 #: faithful method measured here, at one forward and one gradient pass, on every supported architecture.
 DEFAULT_METHOD = "attnlrp"
 
+#: The handler tasks: ``text`` (sequence classifiers), ``image`` and ``token_classification`` (NER, PII detection:
+#: a label per token, explained per entity). Every task but ``image`` takes text.
+TASKS = ("text", "image", "token_classification", "generation")
+
 #: Keys the ``handler:`` section may hold.
 _KNOWN_KEYS = frozenset(
     {
@@ -47,7 +51,7 @@ class HandlerConfig:
     """Settings of one served model.
 
     Attributes:
-        task: ``text`` or ``image``.
+        task: ``text``, ``image``, ``token_classification`` or ``generation`` (:data:`TASKS`).
         model_dir: The Hugging Face checkpoint folder, relative to the archive.
         default_method: Method used when a request asks for an explanation without naming one.
         labels: Class names in index order.
@@ -75,7 +79,7 @@ class HandlerConfig:
             A request overrides it (``"below": 0.9``, or ``"below": null`` for always).
     """
 
-    task: Literal["text", "image", "generation"]
+    task: Literal["text", "image", "token_classification", "generation"]
     labels: tuple[str, ...]
     model_dir: str = "model"
     default_method: str = DEFAULT_METHOD
@@ -107,8 +111,8 @@ class HandlerConfig:
         if unknown:
             raise ConfigError(f"unknown handler key(s) {unknown}; known: {sorted(_KNOWN_KEYS)}")
         task = section.get("task")
-        if task not in ("text", "image", "generation"):
-            raise ConfigError(f"handler.task must be 'text', 'image' or 'generation', got {task!r}")
+        if task not in TASKS:
+            raise ConfigError(f"handler.task must be one of {', '.join(TASKS)}, got {task!r}")
         labels = section.get("labels", [] if task == "generation" else None)
         if task == "generation" and labels:
             raise ConfigError("handler.labels: a generation model has no labels (its outputs are the vocabulary)")
@@ -157,6 +161,11 @@ class HandlerConfig:
                 f"({config.max_new_tokens})"
             )
         return config
+
+    @property
+    def input_kind(self) -> Literal["text", "image"]:
+        """What a request carries: ``image`` for the image task, ``text`` for every other task."""
+        return "image" if self.task == "image" else "text"
 
 
 def _positive_int(value: Any) -> bool:

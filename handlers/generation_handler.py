@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from handlers import metrics
-from handlers.base import ExplanationHandler, _explain_header, _metric_method
+from handlers.base import ExplanationHandler, _explain_header
 from handlers.config import HandlerConfig
 from handlers.errors import RowError
 from handlers.generation_schema import GenerationRow, decode_generation_row, encode_generation
@@ -61,7 +61,7 @@ class GenerationExplanationHandler(ExplanationHandler):
             requested = asked.ask.method if isinstance(asked, GenerationRow) and asked.ask is not None else None
             if outcome.error is not None:
                 context.set_response_status(outcome.error.http_status, outcome.error.phrase, index)
-                metrics.observe_error(self.model_name, _metric_method(requested), outcome.error.code)
+                metrics.observe_error(self.model_name, metrics.metric_method(requested), outcome.error.code)
             else:
                 stages = {"generate": timings.generate, "encode": time.perf_counter() - started}
                 if outcome.method is not None:

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
+
+if TYPE_CHECKING:
+    from .schema import RowOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +81,44 @@ def observe_row(model: str, method: str | None, stages: dict[str, float]) -> Non
 def observe_error(model: str, method: str | None, code: str) -> None:
     """Record one row answered with an error."""
     ERRORS.labels(model, method or PREDICTION, code).inc()
+
+
+def metric_method(method: str | None) -> str:
+    """A bounded ``method`` label: a registered name, ``none`` (prediction) or ``unknown``."""
+    from explainers import available_methods
+
+    if method is None:
+        return PREDICTION
+    return method if method in available_methods() else "unknown"
+
+
+def observe_outcome(
+    model: str, requested: str | None, outcome: RowOutcome, forward: float, backward: float, encode: float
+) -> None:
+    """Record one answered row of any door: its error, or its stages (``forward`` and ``backward`` are the batch's
+    shared seconds; ``backward`` counts only for a method that needs gradients).
+
+    Args:
+        model: the served model's name.
+        requested: the method the row asked for (``None``: prediction only).
+        outcome: the row's outcome.
+        forward: the batch's forward seconds.
+        backward: the batch's backward seconds (0 if none ran).
+        encode: seconds spent encoding this row's answer.
+    """
+    from explainers import get_method
+
+    if outcome.error is not None:
+        observe_error(model, metric_method(requested), outcome.error.code)
+        return
+    stages = {"forward": forward, "encode": encode}
+    if outcome.method is not None:
+        stages["attribution"] = outcome.attribution_seconds
+        if backward > 0 and get_method(outcome.method).needs_gradients:
+            stages["backward"] = backward
+    observe_row(model, outcome.method, stages)
+    if outcome.below is not None:  # it asked for an explanation only when unsure
+        observe_unsure(model, metric_method(requested), outcome.skipped is None)
 
 
 def observe_generated_tokens(model: str, count: int) -> None:
