@@ -29,6 +29,7 @@ DEFAULT_OUT = DEFAULT_BUILD_DIR / "packages"
 FINGERPRINTS_DIR = ".fingerprints"
 TEXT_HANDLER = REPO_ROOT / "handlers" / "text_handler.py"
 IMAGE_HANDLER = REPO_ROOT / "handlers" / "image_handler.py"
+TOKEN_HANDLER = REPO_ROOT / "handlers" / "token_handler.py"
 PACKAGE_CODE_DIR = Path(__file__).resolve().parent
 
 
@@ -67,7 +68,7 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
 
 
 def _handler(task: Task) -> Path:
-    return TEXT_HANDLER if task == "text" else IMAGE_HANDLER
+    return {"text": TEXT_HANDLER, "image": IMAGE_HANDLER, "token_classification": TOKEN_HANDLER}[task]
 
 
 def fingerprint(checkpoint: Checkpoint, settings: Settings, name: str) -> tuple[str, dict[str, Any]]:
