@@ -19,7 +19,7 @@ is read here and not passed to the model. Without it every real token may be par
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -178,29 +178,14 @@ def _predicted_spans(predicted: Tensor, scheme: LabelScheme, eligible: Tensor, e
 def span_targets(spans: Sequence[Sequence[Span]], scheme: LabelScheme, mask: Tensor) -> Targets:
     """The :class:`~explainers.targets.Targets` of the spans: round ``k`` is each row's ``k``-th span, its objective
     the summed logit of its tags (:func:`~explainers.token_labels.span_tags`) over its tokens, read by the map methods
-    as the mean of its tokens' rows; every real token is visible."""
-    batch, length = mask.shape
-    rounds = max((len(row) for row in spans), default=0)
-    width = max((end - start for row in spans for start, end, _ in row), default=1)
-    positions = torch.zeros((rounds, batch, width), dtype=torch.long)
-    labels = torch.zeros((rounds, batch, width), dtype=torch.long)
-    weights = torch.zeros((rounds, batch, width), dtype=torch.float64)
-    readout = torch.zeros((rounds, batch, length), dtype=torch.float64)
-    active = torch.zeros((rounds, batch), dtype=torch.bool)
+    as the mean of its tokens' rows; every real token is visible (:meth:`Targets.over_spans`, with each token's own
+    tag instead of one label for the span)."""
+    targets = Targets.over_spans(spans, mask)
+    labels = torch.zeros(targets.labels.shape, dtype=torch.long)
     for row, row_spans in enumerate(spans):
         for index, span in enumerate(row_spans):
-            start, end, _ = span
-            size = end - start
-            positions[index, row, :size] = torch.arange(start, end)
-            labels[index, row, :size] = torch.tensor(span_tags(span, scheme))
-            weights[index, row, :size] = 1.0
-            readout[index, row, start:end] = 1.0 / size
-            active[index, row] = True
-    visible = mask.bool().unsqueeze(0).expand(rounds, batch, length).clone()
-    device = mask.device
-    return Targets(
-        positions.to(device), labels.to(device), weights.to(device), readout.to(device), visible, active.to(device)
-    )
+            labels[index, row, : span[1] - span[0]] = torch.tensor(span_tags(span, scheme))
+    return replace(targets, labels=labels.to(targets.labels.device))
 
 
 def _span_scores(logits: Tensor, spans: Sequence[Sequence[Span]], scheme: LabelScheme) -> list[list[float]]:

@@ -34,7 +34,7 @@ from explainers.token_labels import label_scheme
 
 from .config import HandlerConfig
 from .errors import RowError, from_explain_error
-from .schema import DecodedRow, Encoding, RowOutcome
+from .schema import DecodedRow, Encoding, RowOutcome, encode_outcome
 from .service import BatchTimings, ExplanationService
 
 logger = logging.getLogger(__name__)
@@ -292,17 +292,12 @@ def encode_token_outcome(outcome: RowOutcome, labels: tuple[str, ...]) -> bytes:
 
     from .protos import explain_messages
 
+    if outcome.error is not None:  # an error row is answered as any other task's
+        return encode_outcome(outcome, labels)
     assert isinstance(outcome, TokenOutcome)
     if outcome.encoding is Encoding.JSON:
         return json.dumps(token_outcome_to_dict(outcome), separators=(",", ":")).encode("utf-8")
     response = explain_messages().ExplainResponse()
-    if outcome.error is not None:
-        error = outcome.error
-        response.error.code = error.code
-        response.error.http_status = error.http_status
-        response.error.grpc_code = error.kind.grpc_code
-        response.error.message = error.message
-        return bytes(response.SerializeToString())
     response.head_type = "token_classification"
     response.truncated = outcome.truncated
     answer = response.token_classification
