@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (shown for many inputs when tqdm is installed)"
     )
+    from . import generation_cli
+
+    generation_cli.add_arguments(parser)
     return parser
 
 
@@ -241,6 +244,19 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         options = _options(args.option)
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
+    color = args.color == "always" or (args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR"))
+    if args.generate:
+        if args.text is None:
+            parser.error("--generate needs the prompt as the text argument")
+        from . import generation_cli
+
+        args.parsed_options = options
+        try:
+            client = make_client(args)
+        except (OSError, ValueError) as error:
+            parser.error(str(error))
+        with client:
+            return generation_cli.run(args, client, out, color)
     if args.compare is not None:
         methods = [name.strip() for name in args.compare.split(",") if name.strip()]
         if not methods:
@@ -255,7 +271,6 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         parser.error(str(error))
     if not inputs:
         parser.error("no input: give a text, --image, --input FILE or lines on stdin")
-    color = args.color == "always" or (args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR"))
     target = _target(args.target)
     requests = [
         Request(

@@ -26,6 +26,7 @@ from .errors import (
     UnsupportedMethodError,
     UnsupportedModelError,
 )
+from .generation import GenerationExplanation, StepSum, explain_generation
 from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .methods import Method, available_methods, get_method
 from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
@@ -56,6 +57,7 @@ __all__ = [
     "BatchExplanation",
     "ExplainError",
     "Family",
+    "GenerationExplanation",
     "InvalidInputError",
     "InvalidOptionError",
     "InvalidTargetError",
@@ -65,6 +67,7 @@ __all__ = [
     "RowExplanation",
     "RowRequest",
     "RowSkipped",
+    "StepSum",
     "TargetExplanation",
     "Targets",
     "Task",
@@ -79,6 +82,7 @@ __all__ = [
     "describe",
     "explain",
     "explain_batch",
+    "explain_generation",
     "explain_targets",
     "explain_tokens",
     "get_method",

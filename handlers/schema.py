@@ -133,6 +133,52 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
     return _decode_document(document, explain_header, config)
 
 
+def decode_fields(
+    config: HandlerConfig,
+    *,
+    text: str | None = None,
+    text_pair: str | None = None,
+    image: bytes | None = None,
+    method: str | None = None,
+    target: Any = None,
+    options: Mapping[str, Any] | None = None,
+) -> DecodedRow:
+    """Decode one row given as separate fields, as the KServe/Ray doors receive it (an OIP tensor element and the
+    request's explain parameters): the same checks and errors as a JSON row.
+
+    Args:
+        config: the model's handler config.
+        text: the text (text models).
+        text_pair: the second text of a sentence-pair model, if any.
+        image: the encoded PNG/JPEG bytes (image models).
+        method: the method (``None``: prediction only; resolve aliases such as ``default`` before).
+        target: a label name, a class index or ``None`` (the predicted class).
+        options: the method's options.
+
+    Raises:
+        RowError: with the code of :data:`handlers.errors.ERROR_TABLE` that says what is wrong.
+    """
+    if method is None:
+        if target is not None or options:
+            raise RowError("invalid_request", "a target or option was given without a method: name the method too")
+        request = RowRequest()
+    else:
+        request = _row_request(method, target, dict(options or {}), config)
+    if config.task == "text":
+        if image is not None:
+            raise RowError("unsupported_input", "this is a text model: send 'text', not 'image'")
+        if text is None:
+            raise RowError("missing_text", "missing 'text': send the text to classify")
+        text, text_pair = _check_pair(text, text_pair, config)
+        return DecodedRow(Encoding.JSON, request, text=text, text_pair=text_pair)
+    if text is not None or text_pair is not None:
+        raise RowError("unsupported_input", "this is an image model: send 'image', not 'text'")
+    if image is None:
+        raise RowError("missing_image", "missing 'image': send the PNG or JPEG file's bytes")
+    _check_image_size(len(image), config)
+    return DecodedRow(Encoding.JSON, request, image=image)
+
+
 def _parse_json(text: str) -> Any:
     try:
         return json.loads(text)
