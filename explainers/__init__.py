@@ -31,13 +31,16 @@ from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .methods import Method, available_methods, get_method
 from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
 from .targets import TargetExplanation, Targets, explain_targets
+from .token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
+from .token_labels import LabelScheme, label_scheme
 
 
-def supported_methods(model_type: str) -> list[str]:
-    """The registered methods that work on ``model_type`` (the others raise :class:`UnsupportedMethodError`)."""
+def supported_methods(model_type: str, task: str = "sequence_classification") -> list[str]:
+    """The registered methods that work on ``model_type``'s models of ``task`` (the others raise
+    :class:`UnsupportedMethodError`)."""
     from .support import supported_methods as _supported
 
-    return _supported(model_type, available_methods())
+    return _supported(model_type, available_methods(), task)
 
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidOptionError",
     "InvalidTargetError",
+    "LabelScheme",
     "Method",
     "NonFiniteScoresError",
     "RowExplanation",
@@ -67,6 +71,8 @@ __all__ = [
     "TargetExplanation",
     "Targets",
     "Task",
+    "TokenExplanation",
+    "TokenPrediction",
     "UnknownMethodError",
     "UnsupportedMethodError",
     "UnsupportedModelError",
@@ -78,9 +84,12 @@ __all__ = [
     "explain_batch",
     "explain_generation",
     "explain_targets",
+    "explain_tokens",
     "get_method",
     "head_type",
+    "label_scheme",
     "pooled_position",
+    "predict_tokens",
     "prediction_confidence",
     "support_table",
     "supported_methods",

@@ -226,6 +226,24 @@ def _lrp(model: Any) -> _Lrp | None:
     return None
 
 
+def _token_lrp(model: Any) -> _Lrp | None:
+    """The block structure of a token classifier: its family's blocks, and the one linear head every token reads
+    (``head_paths`` empty: the head is not pooled)."""
+    model_type = model.config.model_type
+    base = getattr(model, {"xlm-roberta": "roberta"}.get(model_type, model_type), None)
+    if base is None:
+        return None
+    if model_type == "albert":
+        blocks = _albert_blocks(base)
+    elif model_type == "distilbert":
+        blocks = _blocks(base.transformer.layer, _DISTILBERT_LAYER)
+    elif model_type in ("bert", "roberta", "xlm-roberta", "electra"):
+        blocks = _blocks(base.encoder.layer, _BERT_LAYER)
+    else:
+        return None
+    return _Lrp(blocks, _linear_head(model.classifier), (), False)
+
+
 def model_config(model: nn.Module) -> Any:
     """The Hugging Face ``config`` of ``model`` (``None`` if it has none)."""
     return getattr(model, "config", None)
@@ -259,7 +277,11 @@ def describe(model: nn.Module) -> Architecture:
         )
     assert config is not None
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    lrp = None if "relevance" in known.refused or task != "sequence_classification" else _lrp(model)
+    lrp = None
+    if "relevance" not in known.refused and task == "sequence_classification":
+        lrp = _lrp(model)
+    elif "relevance" not in known.refused and task == "token_classification":
+        lrp = _token_lrp(model)
     modality: Modality = "image" if known.kind == "vision" else "text"
     grid = None
     patch = None

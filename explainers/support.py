@@ -45,16 +45,7 @@ TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         Task("sequence_classification", "sequence classifier", "explainers.explain / explainers.explain_batch"),
-        Task(
-            "token_classification",
-            "token classifier",
-            "explainers.explain_tokens",
-            refused={
-                "relevance": "Chefer et al.'s LRP is wired here from a pooled classification head; relevance seeded "
-                "at the tokens of a token classifier's head is not implemented yet (use attnlrp, gae, rollout or the "
-                "saliency methods)"
-            },
-        ),
+        Task("token_classification", "token classifier", "explainers.explain_tokens"),
         Task("causal_lm", "causal language model", "explainers.explain_generation"),
     )
 }

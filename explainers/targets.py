@@ -473,6 +473,11 @@ def _gradient_scores(
                     dict(options),
                     readout,
                     _read_tokens(readout),
+                    (
+                        targets.positions[start + picked, rows],
+                        targets.labels[start + picked, rows],
+                        targets.weights[start + picked, rows],
+                    ),
                 )
             )
         scores[start + picked, rows] = computed.detach().to(scores.dtype)

@@ -75,7 +75,8 @@ def classifier_class(model_config: Any, task: str) -> Any:
 
     names = getattr(model_config, "architectures", None) or []
     family = FAMILIES.get(str(getattr(model_config, "model_type", "")))
-    if names and family is not None and names[0] in family.classes and hasattr(transformers, names[0]):
+    wanted = "token_classification" if task == "token_classification" else "sequence_classification"
+    if names and family is not None and family.task_of(names[0]) == wanted and hasattr(transformers, names[0]):
         return getattr(transformers, names[0])
     if task == "token_classification":
         return AutoModelForTokenClassification

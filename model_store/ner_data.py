@@ -108,6 +108,26 @@ def split_sentences(
     return [sentences[index] for index in train], [sentences[index] for index in test]
 
 
+def bio_entities(tags: Sequence[str], eligible: Sequence[bool] | None = None) -> set[tuple[int, int, str]]:
+    """The entities ``(start, end, type)`` of one row of BIO tag names, read as seqeval's default mode does (an
+    ``I-X`` that does not continue an ``X`` starts one); tokens not ``eligible`` (special tokens) end any entity.
+
+    Kept here, not imported from the explainers, so that building the default models needs only ``model_store``
+    (the container builds them in a layer of their own).
+    """
+    found: set[tuple[int, int, str]] = set()
+    start, kind = -1, ""
+    for position, tag in enumerate([*tags, "O"]):
+        usable = tag != "O" and (eligible is None or position >= len(tags) or bool(eligible[position]))
+        continues = usable and tag.startswith("I-") and kind == tag[2:]
+        if kind and not continues:
+            found.add((start, position, kind))
+            kind = ""
+        if usable and not continues:
+            start, kind = position, tag[2:]
+    return found
+
+
 def entity_counts(sentences: Sequence[TaggedSentence]) -> dict[str, int]:
     """Entities per type (a ``B-`` tag, or an ``I-`` tag that does not continue one, starts an entity)."""
     counts: Counter[str] = Counter()

@@ -27,10 +27,9 @@ import numpy as np
 import torch
 from transformers import AutoModelForTokenClassification, AutoTokenizer, BertConfig, BertForTokenClassification
 
-from explainers.token_labels import group_spans, label_scheme
 from model_store.common import linear_warmup_decay, save_checkpoint, seed_everything
 from model_store.data import minilm_checkpoint_path
-from model_store.ner_data import TaggedSentence, entity_counts, load_ner_corpus, split_sentences
+from model_store.ner_data import TaggedSentence, bio_entities, entity_counts, load_ner_corpus, split_sentences
 from model_store.progress import ProgressSetting, progress_bar, stage
 from model_store.recipes import EntityRecipe
 from model_store.train_text import length_bucketed_batches
@@ -91,15 +90,13 @@ def entity_metrics(
         predicted: per tweet, the predicted label index of each piece (same lengths).
         labels: the label names.
     """
-    scheme = label_scheme(labels)
-    types = sorted({tag.type for tag in scheme.tags if not tag.outside})
+    types = sorted({label[2:] for label in labels if label != "O"})
     found = {kind: [0, 0, 0] for kind in types}  # true positives, predicted, true
     correct = total = 0
     for true_row, predicted_row in zip(truth, predicted, strict=True):
         eligible = [label != IGNORED for label in true_row]
-        clean = [0 if label == IGNORED else label for label in true_row]
-        true_spans = {(s, e, scheme.tags[lab].type) for s, e, lab in group_spans(clean, scheme, eligible)}
-        predicted_spans = {(s, e, scheme.tags[lab].type) for s, e, lab in group_spans(predicted_row, scheme, eligible)}
+        true_spans = bio_entities([labels[label] if label != IGNORED else "O" for label in true_row], eligible)
+        predicted_spans = bio_entities([labels[label] for label in predicted_row], eligible)
         for kind in types:
             true_kind = {span for span in true_spans if span[2] == kind}
             predicted_kind = {span for span in predicted_spans if span[2] == kind}

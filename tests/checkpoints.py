@@ -152,4 +152,5 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     "rating": regression,
     "decoder": decoder,
     "animals": vision,
+    "entities": token_classifier,
 }

@@ -348,11 +348,14 @@ def test_refusals() -> None:
         explain_targets(lm, batch, targets, method="relevance")
     token_model = _token_model("bert")
     token_batch = text_batch(token_model, LENGTHS)
-    with pytest.raises(UnsupportedMethodError, match="token classifiers"):
+    # relevance works on BERT-family token classifiers (tests/test_token_classification.py); DeBERTa's is refused.
+    deberta = _token_model("deberta-v2")
+    deberta_batch = text_batch(deberta, LENGTHS)
+    with pytest.raises(UnsupportedMethodError, match="'deberta-v2' token classifiers"):
         explain_targets(
-            token_model,
-            token_batch,
-            Targets.over_spans(_spans(token_batch), token_batch["attention_mask"]),
+            deberta,
+            deberta_batch,
+            Targets.over_spans(_spans(deberta_batch), deberta_batch["attention_mask"]),
             method="relevance",
         )
     with pytest.raises(UnsupportedModelError, match="explain_generation"):

@@ -149,3 +149,15 @@ def test_well_formed_predictions_are_their_spans_objective(row: tuple[list[str],
     well_formed = tags_of_spans(group_spans(tags, scheme), scheme, len(tags), outside)
     for start, end, label in group_spans(well_formed, scheme):
         assert span_tags((start, end, label), scheme) == well_formed[start:end]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.booleans()), max_size=12))
+def test_the_entities_recipes_metric_reads_spans_as_the_explainers_group_them(row: list[tuple[int, bool]]) -> None:
+    """model_store.ner_data.bio_entities (the held-out metric, kept free of the explainers) == group_spans on BIO."""
+    from model_store.ner_data import ENTITY_LABELS, bio_entities
+
+    tags, eligible = [tag for tag, _ in row], [flag for _, flag in row]
+    scheme = label_scheme(ENTITY_LABELS)
+    expected = {(start, end, ENTITY_LABELS[label][2:]) for start, end, label in group_spans(tags, scheme, eligible)}
+    assert bio_entities([ENTITY_LABELS[tag] for tag in tags], eligible) == expected

@@ -29,6 +29,7 @@ DEFAULT_OUT = DEFAULT_BUILD_DIR / "packages"
 FINGERPRINTS_DIR = ".fingerprints"
 TEXT_HANDLER = REPO_ROOT / "handlers" / "text_handler.py"
 IMAGE_HANDLER = REPO_ROOT / "handlers" / "image_handler.py"
+TOKEN_HANDLER = REPO_ROOT / "handlers" / "token_handler.py"
 GENERATION_HANDLER = REPO_ROOT / "handlers" / "generation_handler.py"
 PACKAGE_CODE_DIR = Path(__file__).resolve().parent
 
@@ -71,7 +72,12 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
 
 
 def _handler(task: Task) -> Path:
-    return {"text": TEXT_HANDLER, "image": IMAGE_HANDLER, "generation": GENERATION_HANDLER}[task]
+    return {
+        "text": TEXT_HANDLER,
+        "image": IMAGE_HANDLER,
+        "token_classification": TOKEN_HANDLER,
+        "generation": GENERATION_HANDLER,
+    }[task]
 
 
 def fingerprint(checkpoint: Checkpoint, settings: Settings, name: str) -> tuple[str, dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 #: A safe TorchServe model / archive name: no path separators, dots or leading dash; at most 64 characters.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
-Task = Literal["text", "image", "generation"]
+Task = Literal["text", "image", "token_classification", "generation"]
 
 
 class PackageError(ValueError):

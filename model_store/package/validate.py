@@ -77,6 +77,8 @@ def _task_of(architecture: str) -> Task | None:
         return "generation"
     if "ForImageClassification" in architecture:  # also DeiTForImageClassificationWithTeacher
         return "image"
+    if architecture.endswith("ForTokenClassification"):
+        return "token_classification"
     return None
 
 
@@ -206,6 +208,25 @@ def _max_length(config: Any, requested: int | None) -> int:
     return requested
 
 
+def _token_checks(labels: tuple[str, ...], settings: Settings) -> list[str]:
+    """A token classifier's own checks: explain-when-unsure does not apply; a label set without a tagging scheme is
+    served token by token (a warning)."""
+    from explainers import label_scheme
+
+    if settings.explain_below is not None:
+        raise PackageError(
+            "explain_below is for sequence classifiers: a token classifier explains every entity it finds (leave "
+            "explain_below out for this model)"
+        )
+    scheme = label_scheme(labels)
+    if scheme.name == "none":
+        return [
+            f"the labels ({', '.join(labels[:4])}{', ...' if len(labels) > 4 else ''}) follow no BIO/BIOES/IO "
+            "scheme: every token is served as its own entity (name them B-X/I-X, or O and X, to group spans)"
+        ]
+    return []
+
+
 def _image_size(config: Any) -> tuple[int, int]:
     size = getattr(config, "image_size", None)
     if isinstance(size, int) and size > 0:
@@ -264,8 +285,9 @@ def validate(path: Path | str, name: str, settings: Settings | None = None) -> C
     if task is None:
         raise PackageError(
             f"config.json's architectures is {architectures!r}: the service serves classifiers, "
-            f"{model_type} ...ForSequenceClassification or ...ForImageClassification, and causal LMs (...ForCausalLM, "
-            "GPT2LMHeadModel); fine-tune a classification head and save it with save_pretrained"
+            f"{model_type} ...ForSequenceClassification, ...ForTokenClassification or ...ForImageClassification, "
+            "and causal LMs (...ForCausalLM, GPT2LMHeadModel); fine-tune a classification head and save it with "
+            "save_pretrained"
         )
     if not any(file_name.endswith(".safetensors") for file_name in files):
         if pickled:
@@ -333,7 +355,8 @@ def _validate_staged(
         _check_lm_head(skeleton, shapes, architecture)
     else:
         _check_head(skeleton, shapes, architecture)
-    methods = supported_methods(str(config.model_type))
+    explained_as = "token_classification" if task == "token_classification" else "sequence_classification"
+    methods = supported_methods(str(config.model_type), explained_as)
     default_method = settings.default_method or (DEFAULT_METHOD if DEFAULT_METHOD in methods else "gae")
     if default_method not in methods:
         raise PackageError(
@@ -366,7 +389,9 @@ def _validate_staged(
     image_size: tuple[int, int] | None = None
     pad_token_id: int | None = None
     max_length: int | None = None
-    if task in ("text", "generation"):
+    if task == "token_classification":
+        warnings += _token_checks(labels, settings)
+    if task in ("text", "token_classification", "generation"):
         max_length = _max_length(config, settings.max_length)
         fix = "save it next to the model with tokenizer.save_pretrained(folder) (tokenizer.json or vocabulary files)"
         if not any(is_vocabulary(file_name) for file_name in files):
@@ -375,6 +400,12 @@ def _validate_staged(
             tokenizer = AutoTokenizer.from_pretrained(str(stage), local_files_only=True)
         except Exception as error:
             raise PackageError(f"{folder} has no loadable tokenizer ({type(error).__name__}: {error}); {fix}") from None
+        if task == "token_classification" and not getattr(tokenizer, "is_fast", False):
+            raise PackageError(
+                f"{folder}'s tokenizer is not a fast tokenizer (no tokenizer.json): a token classifier's entities are "
+                "answered with character offsets, which only fast tokenizers give; save the model's fast tokenizer "
+                "(AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(folder))"
+            )
         pad_token_id, pad_warnings = _pad_token(tokenizer, config)
         warnings += pad_warnings
     else:
