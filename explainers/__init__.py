@@ -26,9 +26,11 @@ from .errors import (
     UnsupportedMethodError,
     UnsupportedModelError,
 )
+from .generation import GenerationExplanation, StepSum, explain_generation
 from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .methods import Method, available_methods, get_method
-from .support import FAMILIES, Family, support_table, supported_model_types
+from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
+from .targets import TargetExplanation, Targets, explain_targets
 
 
 def supported_methods(model_type: str) -> list[str]:
@@ -43,6 +45,7 @@ __all__ = [
     "FAMILIES",
     "HEAD_TYPES",
     "POOLED_POSITIONS",
+    "TASKS",
     "Architecture",
     "AttentionCall",
     "AttentionCapture",
@@ -51,6 +54,7 @@ __all__ = [
     "BatchExplanation",
     "ExplainError",
     "Family",
+    "GenerationExplanation",
     "InvalidInputError",
     "InvalidOptionError",
     "InvalidTargetError",
@@ -59,6 +63,10 @@ __all__ = [
     "RowExplanation",
     "RowRequest",
     "RowSkipped",
+    "StepSum",
+    "TargetExplanation",
+    "Targets",
+    "Task",
     "UnknownMethodError",
     "UnsupportedMethodError",
     "UnsupportedModelError",
@@ -68,6 +76,8 @@ __all__ = [
     "describe",
     "explain",
     "explain_batch",
+    "explain_generation",
+    "explain_targets",
     "get_method",
     "head_type",
     "pooled_position",

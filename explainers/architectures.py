@@ -36,7 +36,7 @@ class Block:
 
 @dataclass(frozen=True)
 class Architecture:
-    """A supported classifier, described by references to its own modules.
+    """A supported model, described by references to its own modules.
 
     Every family has the fields that the attention-based and saliency methods read (the number of attention calls
     and heads, the input embeddings, the pooled position, the head kind). The block structure that Chefer et al.'s
@@ -46,6 +46,8 @@ class Architecture:
     Attributes:
         model_type: ``config.model_type``.
         kind: ``encoder``, ``decoder`` or ``vision`` (see :mod:`explainers.support`).
+        task: ``sequence_classification``, ``token_classification`` or ``causal_lm`` (:data:`explainers.TASKS`):
+            which entry point explains the model.
         modality: ``text`` (scores per token) or ``image`` (scores per patch).
         num_layers: attention calls per forward (one per layer; ALBERT calls its shared layer this many times).
         num_heads: attention heads per call.
@@ -70,6 +72,7 @@ class Architecture:
 
     model_type: str
     kind: str
+    task: str
     modality: Modality
     num_layers: int
     num_heads: int
@@ -248,14 +251,15 @@ def describe(model: nn.Module) -> Architecture:
             f"unsupported model type {model_type!r}: expected a Hugging Face classifier of type "
             f"{', '.join(supported_model_types())}"
         )
-    if type(model).__name__ not in known.classes:
+    task = known.task_of(type(model).__name__)
+    if task is None:
         raise UnsupportedModelError(
             f"{type(model).__name__} is not supported: for model type {model_type!r} pass a "
-            f"{' or a '.join(known.classes)}"
+            f"{' or a '.join(known.all_classes)}"
         )
     assert config is not None
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    lrp = None if "relevance" in known.refused else _lrp(model)
+    lrp = None if "relevance" in known.refused or task != "sequence_classification" else _lrp(model)
     modality: Modality = "image" if known.kind == "vision" else "text"
     grid = None
     patch = None
@@ -277,6 +281,7 @@ def describe(model: nn.Module) -> Architecture:
     return Architecture(
         model_type=str(model_type),
         kind=known.kind,
+        task=task,
         modality=modality,
         num_layers=_attention_calls(text_config),
         num_heads=int(text_config.num_attention_heads),

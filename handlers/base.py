@@ -13,24 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from explainers import available_methods, get_method
-
 from . import metrics
 from .config import HandlerConfig
 from .errors import RowError
-from .schema import DecodedRow, Encoding, decode_row, encode_outcome, row_encoding
+from .schema import DecodedRow, Encoding, RowOutcome, decode_row, encode_outcome, row_encoding
 from .service import ExplanationService, select_device
 
 logger = logging.getLogger(__name__)
 
 _CONTENT_TYPES = {Encoding.JSON: "application/json", Encoding.PROTOBUF: "application/x-protobuf"}
-
-
-def _metric_method(method: str | None) -> str:
-    """A bounded ``method`` label: a registered name, ``none`` (prediction) or ``unknown``."""
-    if method is None:
-        return metrics.PREDICTION
-    return method if method in available_methods() else "unknown"
 
 
 def _explain_header(context: Any, index: int) -> bool:
@@ -39,15 +30,20 @@ def _explain_header(context: Any, index: int) -> bool:
 
 
 class ExplanationHandler:
-    """Base class of the text and image handler entry points (``handlers/text_handler.py``, ``image_handler.py``)."""
+    """Base class of the handler entry points (``handlers/text_handler.py``, ``image_handler.py``,
+    ``token_handler.py``): a task's entry point names its task, and may name its own service class and encoder."""
 
     task: str = ""
+    #: The serving core of the task (a subclass of :class:`ExplanationService` with its own ``run``).
+    service_class: type[ExplanationService] = ExplanationService
+    #: Encodes one row's outcome in the encoding its request came in.
+    encode: staticmethod[[RowOutcome, tuple[str, ...]], bytes] = staticmethod(encode_outcome)
 
     def __init__(self) -> None:
         """Create an uninitialised handler (TorchServe calls :meth:`initialize`)."""
         self.initialized = False
         self.config: HandlerConfig | None = None
-        self.service: ExplanationService | None = None
+        self.service: Any = None
         self.model_name = ""
 
     def initialize(self, context: Any) -> None:
@@ -74,10 +70,14 @@ class ExplanationHandler:
 
             device = torch.device(f"cuda:{int(gpu_id)}")
         self.model_name = str(context.model_name)
-        self.service = ExplanationService(config, model_dir, device)
+        self.service = self.create_service(config, model_dir, device)
         self.config = config
         metrics.check_multiprocess()
         self.initialized = True
+
+    def create_service(self, config: HandlerConfig, model_dir: Path, device: Any) -> Any:
+        """The serving core of this handler's task: :attr:`service_class` (generation models override this)."""
+        return self.service_class(config, model_dir, device)
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """Serve one TorchServe batch: exactly one response per row, in order."""
@@ -97,23 +97,16 @@ class ExplanationHandler:
         responses: list[bytes] = []
         for index, outcome in enumerate(outcomes):
             started = time.perf_counter()
-            body = encode_outcome(outcome, config.labels)
+            body = self.encode(outcome, config.labels)
             encode_seconds = time.perf_counter() - started
             context.set_response_content_type(index, _CONTENT_TYPES[outcome.encoding])
             decoded_row = decoded[index]
             requested = decoded_row.request.method if isinstance(decoded_row, DecodedRow) else outcome.method
             if outcome.error is not None:
                 context.set_response_status(outcome.error.http_status, outcome.error.phrase, index)
-                metrics.observe_error(self.model_name, _metric_method(requested), outcome.error.code)
                 logger.debug("row %d: %s %s", index, outcome.error.code, outcome.error.message)
-            else:
-                stages = {"forward": timings.forward, "encode": encode_seconds}
-                if outcome.method is not None:
-                    stages["attribution"] = outcome.attribution_seconds
-                    if timings.backward > 0 and get_method(outcome.method).needs_gradients:
-                        stages["backward"] = timings.backward
-                metrics.observe_row(self.model_name, outcome.method, stages)
-                if outcome.below is not None:
-                    metrics.observe_unsure(self.model_name, _metric_method(requested), outcome.skipped is None)
+            metrics.observe_outcome(
+                self.model_name, requested, outcome, timings.forward, timings.backward, encode_seconds
+            )
             responses.append(body)
         return responses

@@ -7,16 +7,20 @@ exporter process (:mod:`handlers.exporter`, port 8083 by default) serves their s
 variable the metrics stay in the worker process (nothing to scrape) and a warning is logged once.
 
 Labels are bounded: ``model`` (served models), ``method`` (registered methods or ``none`` for a prediction),
-``stage`` (forward, backward, attribution, encode), ``code`` (the error table's codes) and ``outcome`` (explained,
-skipped).
+``stage`` (generate, forward, backward, attribution, encode), ``code`` (the error table's codes) and ``outcome``
+(explained, skipped).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
+
+if TYPE_CHECKING:
+    from .schema import RowOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +30,7 @@ LATENCY_BUCKETS = (
     0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
-STAGES = ("forward", "backward", "attribution", "encode")
+STAGES = ("generate", "forward", "backward", "attribution", "encode")
 PREDICTION = "none"
 
 EXPLANATION_SECONDS = Histogram(
@@ -43,6 +47,9 @@ STAGE_SECONDS = Histogram(
 )
 EXPLANATIONS = Counter("explain_explanations", "Rows served, by method (none = prediction only)", ["model", "method"])
 ERRORS = Counter("explain_errors", "Rows answered with an error, by method and error code", ["model", "method", "code"])
+GENERATED_TOKENS = Counter(
+    "explain_generated_tokens", "Tokens written by generation models (given continuations not counted)", ["model"]
+)
 UNSURE_ROWS = Counter(
     "explain_unsure_rows",
     "Rows that asked for an explanation only when unsure (below a confidence), by the method asked for and whether "
@@ -74,6 +81,50 @@ def observe_row(model: str, method: str | None, stages: dict[str, float]) -> Non
 def observe_error(model: str, method: str | None, code: str) -> None:
     """Record one row answered with an error."""
     ERRORS.labels(model, method or PREDICTION, code).inc()
+
+
+def metric_method(method: str | None) -> str:
+    """A bounded ``method`` label: a registered name, ``none`` (prediction) or ``unknown``."""
+    from explainers import available_methods
+
+    if method is None:
+        return PREDICTION
+    return method if method in available_methods() else "unknown"
+
+
+def observe_outcome(
+    model: str, requested: str | None, outcome: RowOutcome, forward: float, backward: float, encode: float
+) -> None:
+    """Record one answered row of any door: its error, or its stages (``forward`` and ``backward`` are the batch's
+    shared seconds; ``backward`` counts only for a method that needs gradients).
+
+    Args:
+        model: the served model's name.
+        requested: the method the row asked for (``None``: prediction only).
+        outcome: the row's outcome.
+        forward: the batch's forward seconds.
+        backward: the batch's backward seconds (0 if none ran).
+        encode: seconds spent encoding this row's answer.
+    """
+    from explainers import get_method
+
+    if outcome.error is not None:
+        observe_error(model, metric_method(requested), outcome.error.code)
+        return
+    stages = {"forward": forward, "encode": encode}
+    if outcome.method is not None:
+        stages["attribution"] = outcome.attribution_seconds
+        if backward > 0 and get_method(outcome.method).needs_gradients:
+            stages["backward"] = backward
+    observe_row(model, outcome.method, stages)
+    if outcome.below is not None:  # it asked for an explanation only when unsure
+        observe_unsure(model, metric_method(requested), outcome.skipped is None)
+
+
+def observe_generated_tokens(model: str, count: int) -> None:
+    """Record the tokens a generation model wrote for one batch."""
+    if count:
+        GENERATED_TOKENS.labels(model).inc(count)
 
 
 def observe_unsure(model: str, method: str, explained: bool) -> None:

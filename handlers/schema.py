@@ -103,7 +103,7 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
         return _decode_protobuf(row["request"], config)
     raw = row.get("body", row.get("data"))
     if raw is None:
-        expected = "{'text': ...}" if config.task == "text" else "{'image': '<base64>'} or a raw PNG/JPEG body"
+        expected = "{'text': ...}" if config.input_kind == "text" else "{'image': '<base64>'} or a raw PNG/JPEG body"
         raise RowError("invalid_request", f"empty request: send a JSON body {expected}")
     if isinstance(raw, bytearray):
         raw = bytes(raw)
@@ -119,7 +119,7 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
             raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
         document = _parse_json(raw)
     elif isinstance(raw, str):
-        if config.task == "text" and not raw.lstrip().startswith("{"):
+        if config.input_kind == "text" and not raw.lstrip().startswith("{"):
             # A text/plain body is the text itself.
             request = _explain_request(None, explain_header, config)
             return DecodedRow(Encoding.JSON, request, text=_check_text(raw, config))
@@ -133,6 +133,52 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
     return _decode_document(document, explain_header, config)
 
 
+def decode_fields(
+    config: HandlerConfig,
+    *,
+    text: str | None = None,
+    text_pair: str | None = None,
+    image: bytes | None = None,
+    method: str | None = None,
+    target: Any = None,
+    options: Mapping[str, Any] | None = None,
+) -> DecodedRow:
+    """Decode one row given as separate fields, as the KServe/Ray doors receive it (an OIP tensor element and the
+    request's explain parameters): the same checks and errors as a JSON row.
+
+    Args:
+        config: the model's handler config.
+        text: the text (text models).
+        text_pair: the second text of a sentence-pair model, if any.
+        image: the encoded PNG/JPEG bytes (image models).
+        method: the method (``None``: prediction only; resolve aliases such as ``default`` before).
+        target: a label name, a class index or ``None`` (the predicted class).
+        options: the method's options.
+
+    Raises:
+        RowError: with the code of :data:`handlers.errors.ERROR_TABLE` that says what is wrong.
+    """
+    if method is None:
+        if target is not None or options:
+            raise RowError("invalid_request", "a target or option was given without a method: name the method too")
+        request = RowRequest()
+    else:
+        request = _row_request(method, target, dict(options or {}), config)
+    if config.task == "text":
+        if image is not None:
+            raise RowError("unsupported_input", "this is a text model: send 'text', not 'image'")
+        if text is None:
+            raise RowError("missing_text", "missing 'text': send the text to classify")
+        text, text_pair = _check_pair(text, text_pair, config)
+        return DecodedRow(Encoding.JSON, request, text=text, text_pair=text_pair)
+    if text is not None or text_pair is not None:
+        raise RowError("unsupported_input", "this is an image model: send 'image', not 'text'")
+    if image is None:
+        raise RowError("missing_image", "missing 'image': send the PNG or JPEG file's bytes")
+    _check_image_size(len(image), config)
+    return DecodedRow(Encoding.JSON, request, image=image)
+
+
 def _parse_json(text: str) -> Any:
     try:
         return json.loads(text)
@@ -142,8 +188,8 @@ def _parse_json(text: str) -> Any:
 
 
 def _decode_document(document: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
-    input_key = "text" if config.task == "text" else "image"
-    allowed = {input_key, "explain"} | ({"text_pair"} if config.task == "text" else set())
+    input_key = config.input_kind
+    allowed = {input_key, "explain"} | ({"text_pair"} if input_key == "text" else set())
     unknown = sorted(set(document) - allowed)
     if unknown:
         other = "image" if input_key == "text" else "text"
@@ -151,7 +197,7 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
             raise RowError("unsupported_input", f"this is a {config.task} model: send {input_key!r}, not {other!r}")
         raise RowError("invalid_request", f"unknown field(s) {unknown}; allowed: {sorted(allowed)}")
     request = _explain_request(document.get("explain"), explain_header, config)
-    if config.task == "text":
+    if input_key == "text":
         text = document.get("text")
         if text is None:
             raise RowError("missing_text", "missing 'text': send {'text': 'your sentence'}")
@@ -185,10 +231,10 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
         raise RowError("invalid_protobuf", f"input['request'] is not a serialized ExplainRequest: {error}") from None
     kind = message.WhichOneof("input")
     if kind is None:
-        missing = "missing_text" if config.task == "text" else "missing_image"
-        raise RowError(missing, f"ExplainRequest.{config.task} is not set")
-    if kind != config.task:
-        raise RowError("unsupported_input", f"this is a {config.task} model: set ExplainRequest.{config.task}")
+        missing = "missing_text" if config.input_kind == "text" else "missing_image"
+        raise RowError(missing, f"ExplainRequest.{config.input_kind} is not set")
+    if kind != config.input_kind:
+        raise RowError("unsupported_input", f"this is a {config.task} model: set ExplainRequest.{config.input_kind}")
     request = RowRequest()
     if message.HasField("explain"):
         explain = message.explain

@@ -26,6 +26,9 @@ from model_store.serving.process import Server, pid_alive, start, stop
 
 logger = logging.getLogger(__name__)
 
+#: The doors ``--server`` (``make serve SERVER=...``) chooses from.
+SERVERS = ("torchserve", "kserve", "ray")
+
 
 def usage(server: Server, example: tuple[str, str] = ("sentiment", "text")) -> str:
     """How to call the running service (printed by ``serve``/``start``); ``example`` is the (model, task) the
@@ -42,6 +45,12 @@ def usage(server: Server, example: tuple[str, str] = ("sentiment", "text")) -> s
             f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
             f'       {url}/predictions/{model} -d \'{{"text": "what a lovely day", "explain": '
             f'{{"below": 0.8}}}}\'   # explained only if unsure\n'
+        )
+    elif task == "generation":
+        calls = (
+            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
+            f'       {url}/predictions/{model} -d \'{{"prompt": "the flight was", "max_new_tokens": 8, '
+            f'"explain": {{"method": "attnlrp"}}}}\'   # each generated token explained\n'
         )
     else:
         calls = (
@@ -62,6 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="python -m model_store.serving", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("serve", "start", "stop", "package"))
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("SERVER") or "torchserve",
+        choices=SERVERS,
+        help="the door: torchserve (default), kserve (KServe's model server, OIP v2 + explain) or ray (Ray Serve "
+        "replicas behind that door); docs/SERVING.md, 'Other doors'",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=int(os.environ["REPLICAS"]) if os.environ.get("REPLICAS") else None,
+        help="--server ray: replicas per model (default: each model's workers setting)",
+    )
     parser.add_argument("--run-dir", type=Path, default=Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR))
     parser.add_argument("--model-store", type=Path, default=Path(os.environ.get("MODEL_STORE") or DEFAULT_MODEL_STORE))
     parser.add_argument(
@@ -81,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.command == "stop":
-        print("stopped" if stop(args.run_dir) else "not running")
+        stopped = stop(args.run_dir)
+        if (args.run_dir / "doors.pid").is_file():  # a KServe/Ray door (servers/launcher.py)
+            from servers.launcher import stop as stop_door
+
+            stopped = stop_door(args.run_dir) or stopped
+        print("stopped" if stopped else "not running")
         return 0
     from handlers.protos import generate
 
@@ -105,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         models = dict(DEFAULT_MODELS)
         ensure_models(args.model_store, models)
+    if args.server != "torchserve":
+        from servers.launcher import run_door
+
+        archives = {name: args.model_store / path for name, path in models.items()}
+        return run_door(args.command, args.server, archives, example, args.run_dir, args.replicas)
     profile = load_profile(args.profile)
     server = start(args.run_dir, args.model_store, models, overrides={name: profile for name in models})
     print(usage(server, example), flush=True)
