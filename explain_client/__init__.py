@@ -4,16 +4,22 @@ with the ``pictures`` extra). Its own distribution (``pip install ./explain_clie
 no torch and no server code; the gRPC stubs are generated when it is built (:mod:`~explain_client.protos`)."""
 
 from .client import SERVICE_DEFAULT, ExplainClient, Request, is_retryable, read_token_file, resolve_token
-from .results import Explanation, Prediction, ServiceError, Skipped
+from .generation import Generation, GenerationCall, GenerationStep
+from .results import Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
 
 __all__ = [
     "SERVICE_DEFAULT",
+    "Entity",
     "ExplainClient",
     "Explanation",
+    "Generation",
+    "GenerationCall",
+    "GenerationStep",
     "Prediction",
     "Request",
     "ServiceError",
     "Skipped",
+    "TokenClassification",
     "is_retryable",
     "read_token_file",
     "resolve_token",

@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare", help="comma-separated methods shown side by side, e.g. attention,rollout,relevance"
     )
     parser.add_argument("--target", help="class to explain (label name or index; default: the predicted class)")
+    parser.add_argument(
+        "--entity",
+        type=int,
+        metavar="N",
+        help="token classifiers: show the attribution of entity #N only (as numbered in the answer; default: all)",
+    )
     unsure = parser.add_mutually_exclusive_group()
     unsure.add_argument(
         "--below",
@@ -151,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (shown for many inputs when tqdm is installed)"
     )
+    from . import generation_cli
+
+    generation_cli.add_arguments(parser)
     return parser
 
 
@@ -235,6 +244,19 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         options = _options(args.option)
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
+    color = args.color == "always" or (args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR"))
+    if args.generate:
+        if args.text is None:
+            parser.error("--generate needs the prompt as the text argument")
+        from . import generation_cli
+
+        args.parsed_options = options
+        try:
+            client = make_client(args)
+        except (OSError, ValueError) as error:
+            parser.error(str(error))
+        with client:
+            return generation_cli.run(args, client, out, color)
     if args.compare is not None:
         methods = [name.strip() for name in args.compare.split(",") if name.strip()]
         if not methods:
@@ -249,7 +271,6 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
         parser.error(str(error))
     if not inputs:
         parser.error("no input: give a text, --image, --input FILE or lines on stdin")
-    color = args.color == "always" or (args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR"))
     target = _target(args.target)
     requests = [
         Request(
@@ -288,6 +309,9 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
                 asked = method or "the model's default method"
                 out.write(f"error ({asked}): {result.code}: {result.message}\n")
         if not predictions:
+            continue
+        if predictions[0].token_classification is not None:
+            failed += _write_entities(out, predictions, label, color, args.entity)
             continue
         explained = [prediction for prediction in predictions if prediction.explanation is not None]
         if len(methods) > 1 and len(explained) > 1 and len(explained) == len(predictions):
@@ -331,6 +355,20 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
             parser.error("--png needs an image input (--image or image lines) that was explained")
         out.write("wrote " + ", ".join(str(path) for path in written) + "\n")
     return 1 if failed else 0
+
+
+def _write_entities(out: TextIO, predictions: Sequence[Prediction], text: str, color: bool, entity: int | None) -> int:
+    """Write a token classifier's answers for one text (one per method); 1 if the chosen entity does not exist."""
+    from .entities import terminal_entities
+
+    chosen = None if entity is None else entity - 1
+    try:
+        for number, prediction in enumerate(predictions):
+            out.write(terminal_entities(prediction, text, color, chosen, header=number == 0) + "\n")
+    except ValueError as error:
+        out.write(f"error: {error}\n")
+        return 1
+    return 0
 
 
 def _method_used(request: Request, result: Prediction | ServiceError) -> str | None:

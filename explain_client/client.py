@@ -29,7 +29,8 @@ from typing import Any, Literal, Protocol
 import urllib3
 from urllib3.exceptions import ProtocolError
 
-from .results import Explanation, Prediction, ServiceError, Skipped
+from .generation import Generation, GenerationCall, Steps
+from .results import Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +241,14 @@ class _RestBackend:
         self.token = token
 
     def call(self, model: str, request: Request, timeout: float) -> Prediction:
-        body = json.dumps(request.to_json()).encode("utf-8")
+        return Prediction.from_dict(self._exchange(model, request.to_json(), timeout))  # raises a row error
+
+    def generate(self, model: str, call: GenerationCall, timeout: float) -> Generation:
+        return Generation.from_dict(self._exchange(model, call.to_json(), timeout))
+
+    def _exchange(self, model: str, document: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """POST one JSON document; the answer row's document (which may carry a row ``error``)."""
+        body = json.dumps(document).encode("utf-8")
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -261,14 +269,14 @@ class _RestBackend:
             raise ServiceError("unavailable", f"cannot reach {self.url}: {error}") from error
         status, payload = int(response.status), response.data
         try:
-            document = json.loads(payload)
+            answer = json.loads(payload)
         except ValueError:
-            document = None
-        if isinstance(document, dict) and ("error" in document or status == 200):
-            return Prediction.from_dict(document)  # raises ServiceError for a row error
+            answer = None
+        if isinstance(answer, dict) and ("error" in answer or status == 200):
+            return answer
         message = payload.decode("utf-8", "replace")[:500]
-        if isinstance(document, dict) and "message" in document:
-            message = str(document["message"])
+        if isinstance(answer, dict) and "message" in answer:
+            message = str(answer["message"])
         code = _HTTP_CODES.get(status, f"http_{status}")
         if status in (400, 401) and _refused_token(message):
             code = "unauthorized"
@@ -323,8 +331,17 @@ class _GrpcBackend:
         return message
 
     def call(self, model: str, request: Request, timeout: float) -> Prediction:
+        return _from_protobuf(self._predict(model, self._message(request), timeout))
+
+    def generate(self, model: str, call: GenerationCall, timeout: float) -> Generation:
+        return Generation.from_protobuf(
+            self._predict(model, call.fill_message(self.messages.ExplainRequest()), timeout)
+        )
+
+    def _predict(self, model: str, message: Any, timeout: float) -> Any:
+        """One ``Predictions`` call carrying ``message`` (an ``ExplainRequest``); the ``ExplainResponse``."""
         grpc = self._grpc
-        payload = self._message(request).SerializeToString()
+        payload = message.SerializeToString()
         predictions_request = self.inference_pb2.PredictionsRequest(model_name=model, input={"request": payload})
         try:
             metadata = [("authorization", f"Bearer {self.token}")] if self.token else []
@@ -344,11 +361,44 @@ class _GrpcBackend:
             if "not found" in details.lower():
                 code = "model_not_found"
             raise ServiceError(code, details, None, status.name) from None
-        response = self.messages.ExplainResponse.FromString(reply.prediction)
-        return _from_protobuf(response)
+        return self.messages.ExplainResponse.FromString(reply.prediction)
 
     def close(self) -> None:
         self.channel.close()
+
+
+def _float32(value: float) -> float:
+    return float(f"{value:.7g}")
+
+
+def _token_classification(proto: Any) -> TokenClassification:
+    """An ``ExplainResponse.token_classification`` → :class:`TokenClassification`."""
+    explained = bool(proto.method)
+    return TokenClassification(
+        scheme=proto.scheme or "none",
+        entities=tuple(
+            Entity(
+                text=entity.text,
+                label=entity.label,
+                tag=entity.tag or entity.label,
+                label_id=int(entity.label_id),
+                start=int(entity.start),
+                end=int(entity.end),
+                token_start=int(entity.token_start),
+                token_end=int(entity.token_end),
+                # float32 on the wire: shown with float32's precision (0.9, not 0.8999999761581421)
+                score=_float32(entity.score),
+                scores=tuple(_float32(value) for value in entity.scores) if explained else None,
+            )
+            for entity in proto.entities
+        ),
+        tokens=tuple(proto.tokens),
+        special_tokens=tuple(bool(flag) for flag in proto.special_tokens),
+        offsets=tuple((int(offset.start), int(offset.end)) for offset in proto.offsets),
+        method=proto.method or None,
+        options={str(key): int(value) for key, value in proto.options.items()},
+        seconds=float(proto.seconds),
+    )
 
 
 def _from_protobuf(response: Any) -> Prediction:
@@ -356,6 +406,15 @@ def _from_protobuf(response: Any) -> Prediction:
     if response.HasField("error"):
         error = response.error
         raise ServiceError(error.code, error.message, int(error.http_status) or None, error.grpc_code or None)
+    if response.HasField("token_classification"):
+        return Prediction(
+            label=None,
+            label_id=None,
+            probabilities={},
+            truncated=bool(response.truncated),
+            head_type="token_classification",
+            token_classification=_token_classification(response.token_classification),
+        )
     explanation: Explanation | None = None
     if response.HasField("explanation"):
         proto = response.explanation
@@ -487,11 +546,53 @@ class ExplainClient:
             ServiceError: the row's error (code and message from the service's error table) or a transport error
                 (the last attempt's).
         """
+        return self._retrying(lambda: self._backend.call(model, request, timeout or self.timeout))
+
+    def generate(
+        self,
+        model: str,
+        prompt: str,
+        *,
+        max_new_tokens: int | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        continuation: str | Sequence[int] | None = None,
+        method: str | None = None,
+        steps: Steps = None,
+        contrast: str | int | Sequence[str | int] | None = None,
+        timeout: float | None = None,
+        **options: int,
+    ) -> Generation:
+        """A generation model's continuation of ``prompt`` and, with ``method``, the attribution of its tokens.
+
+        Args:
+            model: the served generation model.
+            prompt: the prompt.
+            max_new_tokens: new tokens to write (``None``: the model's default; at most its configured maximum).
+            sampling: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed`` (``None``: greedy).
+            continuation: explain this continuation (text, or token ids) instead of generating.
+            method: the attribution method; ``None``: the generation and each step's probability only.
+            steps: ``None`` (every step), step indices, ``"sum"`` or ``("sum", start, stop)``.
+            contrast: a foil token (text of one token, or an id) for every step, or one per step.
+            timeout: seconds for this call (default: the client's).
+            **options: method options.
+
+        Raises:
+            ServiceError: see :meth:`call`.
+        """
+        text = continuation if isinstance(continuation, str) else None
+        ids = None if continuation is None or isinstance(continuation, str) else list(continuation)
+        request = GenerationCall(prompt, max_new_tokens, sampling, text, ids, method, steps, contrast, dict(options))
+        backend: Any = self._backend  # both backends generate (_RestBackend.generate, _GrpcBackend.generate)
+        return self._retrying(lambda: backend.generate(model, request, timeout or self.timeout))
+
+    def _retrying(self, send: Callable[[], Any]) -> Any:
+        """``send()``, again up to ``retries`` times while it fails in a retryable way (and once with a re-read token
+        file when the token is refused)."""
         delay, attempt, reread = RETRY_BACKOFF_S, 0, False
         while True:
             used = self._backend.token
             try:
-                return self._backend.call(model, request, timeout or self.timeout)
+                return send()
             except ServiceError as error:
                 if error.code == "unauthorized":
                     if not reread and self._reread_token(used):

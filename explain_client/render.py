@@ -262,6 +262,12 @@ def _html_words(words: Sequence[Word]) -> str:
     return " ".join(spans)
 
 
+def _entity_css() -> str:
+    from .entities import ENTITY_CSS
+
+    return ENTITY_CSS
+
+
 def _png_data_uri(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
@@ -285,7 +291,7 @@ def html_page(
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<title>{html.escape(title)}</title><style>{_CSS}{_entity_css()}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         '<div class="legend">score / max |score|: -1<span></span>+1 (red supports the explained class)</div>',
     ]
@@ -293,6 +299,18 @@ def html_page(
         parts.append('<div class="item">')
         parts.append(f'<div class="input">{html.escape(text)}</div>')
         first = next((result for result in results if isinstance(result, Prediction)), None)
+        if first is not None and first.token_classification is not None:
+            from .entities import html_entities
+
+            answers = [result for result in results if isinstance(result, Prediction)]
+            parts.append(html_entities(text, answers, f"item{index + 1}-entity"))
+            parts.extend(
+                f'<div class="row error">{html.escape(str(result))}</div>'
+                for result in results
+                if not isinstance(result, Prediction)
+            )
+            parts.append("</div>")
+            continue
         if first is not None:
             probabilities = "".join(
                 f'<span class="prob">{html.escape(label)} {probability:.3f}'

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -151,6 +151,159 @@ class Explanation:
 
 
 @dataclass(frozen=True)
+class Entity:
+    """One entity a token classifier found (NER, PII detection).
+
+    Attributes:
+        text: the entity's text, ``input[start:end]``.
+        label: its type (``PER`` for a span tagged ``B-PER I-PER``; the tag itself when the labels follow no scheme).
+        tag: the label of its first token, as the model spells it (``B-PER``).
+        label_id: that label's index.
+        start: character offset of its first character in the input.
+        end: character offset after its last character (exclusive).
+        token_start: position of its first token.
+        token_end: position after its last token (exclusive).
+        score: the mean over its tokens of the probability of each token's tag.
+        scores: its attribution over the input's tokens (one per token, aligned with
+            :attr:`TokenClassification.tokens`), when an explanation was asked; else ``None``.
+    """
+
+    text: str
+    label: str
+    tag: str
+    label_id: int
+    start: int
+    end: int
+    token_start: int
+    token_end: int
+    score: float
+    scores: tuple[float, ...] | None = None
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> Entity:
+        """Parse one entry of a JSON response's ``entities``."""
+        scores = document.get("scores")
+        return cls(
+            text=str(document["text"]),
+            label=str(document["label"]),
+            tag=str(document.get("tag") or document["label"]),
+            label_id=int(document["label_id"]),
+            start=int(document["start"]),
+            end=int(document["end"]),
+            token_start=int(document["token_start"]),
+            token_end=int(document["token_end"]),
+            score=float(document["score"]),
+            scores=tuple(float(value) for value in scores) if scores is not None else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entity as the JSON object the service sends."""
+        document: dict[str, Any] = {
+            "text": self.text,
+            "label": self.label,
+            "tag": self.tag,
+            "label_id": self.label_id,
+            "start": self.start,
+            "end": self.end,
+            "token_start": self.token_start,
+            "token_end": self.token_end,
+            "score": self.score,
+        }
+        if self.scores is not None:
+            document["scores"] = list(self.scores)
+        return document
+
+
+@dataclass(frozen=True)
+class TokenClassification:
+    """A token classifier's answer for one text: its entities and, when asked, each one's attribution.
+
+    Attributes:
+        scheme: the tagging scheme of the model's labels: ``BIO``, ``BIOES``, ``IO`` or ``none`` (each token its own
+            entity).
+        entities: the entities, in text order.
+        tokens: the tokenizer's pieces of the (possibly truncated) input.
+        special_tokens: which pieces are special tokens.
+        offsets: each piece's character offsets ``(start, end)`` in the input (``(0, 0)`` for special tokens).
+        method: the attribution method, when an explanation was asked (then every entity has ``scores``).
+        options: the method's options, defaults filled in.
+        seconds: server-side attribution seconds of this row's method group.
+    """
+
+    scheme: str
+    entities: tuple[Entity, ...]
+    tokens: tuple[str, ...]
+    special_tokens: tuple[bool, ...]
+    offsets: tuple[tuple[int, int], ...]
+    method: str | None = None
+    options: Mapping[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Check that the shapes agree."""
+        if len(self.special_tokens) != len(self.tokens) or len(self.offsets) != len(self.tokens):
+            raise ValueError(
+                f"{len(self.tokens)} tokens, {len(self.special_tokens)} flags, {len(self.offsets)} offsets"
+            )
+        for entity in self.entities:
+            if entity.scores is not None and len(entity.scores) != len(self.tokens):
+                raise ValueError(
+                    f"entity {entity.text!r} has {len(entity.scores)} scores for {len(self.tokens)} tokens"
+                )
+
+    def explanation(self, entity: int | Entity) -> Explanation:
+        """One entity's attribution as a text :class:`Explanation` (its tokens and scores), for the renderers.
+
+        Args:
+            entity: the entity or its index in :attr:`entities`.
+
+        Raises:
+            ValueError: if no explanation was asked (the entity has no scores).
+        """
+        chosen = self.entities[entity] if isinstance(entity, int) else entity
+        if chosen.scores is None or self.method is None:
+            raise ValueError("this answer has no attribution: ask with a method (explain=...) to get one")
+        return Explanation(
+            method=self.method,
+            target=chosen.label_id,
+            target_label=chosen.tag,
+            options=self.options,
+            scores=chosen.scores,
+            tokens=self.tokens,
+            special_tokens=self.special_tokens,
+            seconds=self.seconds,
+        )
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> TokenClassification:
+        """Parse the token-classification fields of a JSON response row."""
+        explanation = document.get("explanation") or {}
+        return cls(
+            scheme=str(document.get("scheme") or "none"),
+            entities=tuple(Entity.from_dict(entity) for entity in document.get("entities") or ()),
+            tokens=tuple(str(token) for token in document.get("tokens") or ()),
+            special_tokens=tuple(bool(flag) for flag in document.get("special_tokens") or ()),
+            offsets=tuple((int(start), int(end)) for start, end in document.get("offsets") or ()),
+            method=str(explanation["method"]) if "method" in explanation else None,
+            options={str(key): int(value) for key, value in dict(explanation.get("options") or {}).items()},
+            seconds=float(explanation.get("seconds", 0.0)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as the service's JSON response has them."""
+        document: dict[str, Any] = {
+            "scheme": self.scheme,
+            "entities": [entity.to_dict() for entity in self.entities],
+            "tokens": list(self.tokens),
+            "special_tokens": list(self.special_tokens),
+            "offsets": [list(offset) for offset in self.offsets],
+        }
+        if self.method is not None:
+            document["explanation"] = {"method": self.method, "options": dict(self.options), "seconds": self.seconds}
+        return document
+
+
+@dataclass(frozen=True)
 class Skipped:
     """Why an explanation asked for only when unsure was not computed.
 
@@ -174,8 +327,8 @@ class Skipped:
         return {"reason": self.reason, "method": self.method, "message": self.message}
 
 
-#: The kinds of classification head the service reports (``head_type``).
-HEAD_TYPES = ("single_label", "multi_label", "regression")
+#: The kinds of head the service reports (``head_type``): a sequence classifier's three, and token classifiers'.
+HEAD_TYPES = ("single_label", "multi_label", "regression", "token_classification")
 
 
 @dataclass(frozen=True)
@@ -199,6 +352,8 @@ class Prediction:
             model's ``explain_below``).
         confidence: with ``below``: the prediction's confidence it was compared with.
         skipped: when ``explained`` is false: why (:class:`Skipped`).
+        token_classification: token classifiers (``head_type`` ``token_classification``): the entities found, and
+            each one's attribution when asked; ``label``, ``label_id`` and ``probabilities`` are then empty.
     """
 
     label: str | None
@@ -214,6 +369,12 @@ class Prediction:
     below: float | None = None
     confidence: float | None = None
     skipped: Skipped | None = None
+    token_classification: TokenClassification | None = None
+
+    @property
+    def entities(self) -> tuple[Entity, ...]:
+        """A token classifier's entities (empty for other heads)."""
+        return () if self.token_classification is None else self.token_classification.entities
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> Prediction:
@@ -230,8 +391,17 @@ class Prediction:
                 error.get("http_status"),
                 error.get("grpc_code"),
             )
-        explanation = document.get("explanation")
         head_type = str(document.get("head_type") or "single_label")
+        if head_type == "token_classification":
+            return cls(
+                label=None,
+                label_id=None,
+                probabilities={},
+                truncated=bool(document.get("truncated", False)),
+                head_type=head_type,
+                token_classification=TokenClassification.from_dict(document),
+            )
+        explanation = document.get("explanation")
         regression = head_type == "regression"
         value = document.get("value")
         threshold = document.get("threshold")
@@ -256,6 +426,10 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         """The prediction as a JSON-ready dict (the service's REST response format)."""
         document: dict[str, Any] = {"head_type": self.head_type}
+        if self.token_classification is not None:
+            document.update(self.token_classification.to_dict())
+            document["truncated"] = self.truncated
+            return document
         if self.head_type == "regression":
             document["value"] = self.value
         else:

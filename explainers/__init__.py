@@ -26,16 +26,21 @@ from .errors import (
     UnsupportedMethodError,
     UnsupportedModelError,
 )
+from .generation import GenerationExplanation, StepSum, explain_generation
 from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .methods import Method, available_methods, get_method
-from .support import FAMILIES, Family, support_table, supported_model_types
+from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
+from .targets import TargetExplanation, Targets, explain_targets
+from .token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
+from .token_labels import LabelScheme, label_scheme
 
 
-def supported_methods(model_type: str) -> list[str]:
-    """The registered methods that work on ``model_type`` (the others raise :class:`UnsupportedMethodError`)."""
+def supported_methods(model_type: str, task: str = "sequence_classification") -> list[str]:
+    """The registered methods that work on ``model_type``'s models of ``task`` (the others raise
+    :class:`UnsupportedMethodError`)."""
     from .support import supported_methods as _supported
 
-    return _supported(model_type, available_methods())
+    return _supported(model_type, available_methods(), task)
 
 
 __all__ = [
@@ -43,6 +48,7 @@ __all__ = [
     "FAMILIES",
     "HEAD_TYPES",
     "POOLED_POSITIONS",
+    "TASKS",
     "Architecture",
     "AttentionCall",
     "AttentionCapture",
@@ -51,14 +57,22 @@ __all__ = [
     "BatchExplanation",
     "ExplainError",
     "Family",
+    "GenerationExplanation",
     "InvalidInputError",
     "InvalidOptionError",
     "InvalidTargetError",
+    "LabelScheme",
     "Method",
     "NonFiniteScoresError",
     "RowExplanation",
     "RowRequest",
     "RowSkipped",
+    "StepSum",
+    "TargetExplanation",
+    "Targets",
+    "Task",
+    "TokenExplanation",
+    "TokenPrediction",
     "UnknownMethodError",
     "UnsupportedMethodError",
     "UnsupportedModelError",
@@ -68,9 +82,14 @@ __all__ = [
     "describe",
     "explain",
     "explain_batch",
+    "explain_generation",
+    "explain_targets",
+    "explain_tokens",
     "get_method",
     "head_type",
+    "label_scheme",
     "pooled_position",
+    "predict_tokens",
     "prediction_confidence",
     "support_table",
     "supported_methods",

@@ -14,12 +14,20 @@ from torch import Tensor, nn
 
 from .architectures import Architecture, describe, model_config
 from .attention_capture import AttentionObserver
-from .capture import GRADIENT_NEEDS, Capture, prepared_model, run_capture
+from .capture import GRADIENT_NEEDS, Capture, bind_rules, prepared_model, run_capture
 from .confidence import RowSkipped, check_below, prediction_confidence
-from .errors import ExplainError, InvalidInputError, InvalidOptionError, InvalidTargetError, NonFiniteScoresError
+from .errors import (
+    ExplainError,
+    InvalidInputError,
+    InvalidOptionError,
+    InvalidTargetError,
+    NonFiniteScoresError,
+    UnsupportedModelError,
+)
 from .heads import head_probabilities, last_positions, readout_tokens, readout_weights
+from .inputs import batch_size, full_precision, input_grid, token_mask, validate_inputs
 from .methods import Method, MethodInputs, available_methods, get_method
-from .support import check_method
+from .support import TASKS, check_method
 
 
 @dataclass(frozen=True)
@@ -117,93 +125,6 @@ class BatchExplanation:
         return head_probabilities(self.logits, self.head_type)
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    for parameter in model.parameters():
-        return parameter.device
-    return torch.device("cpu")
-
-
-def _validate_inputs(arch: Architecture, model: nn.Module, inputs: Mapping[str, Any]) -> dict[str, Tensor]:
-    if not isinstance(inputs, Mapping):
-        raise InvalidInputError(f"inputs must be a mapping such as a tokenizer's output, got {type(inputs).__name__}")
-    keys = set(inputs)
-    missing = sorted(arch.required_keys - keys)
-    unexpected = sorted(keys - arch.input_keys)
-    if missing or unexpected:
-        problems = [f"missing {', '.join(missing)}"] if missing else []
-        problems += [f"unexpected {', '.join(unexpected)}"] if unexpected else []
-        raise InvalidInputError(
-            f"wrong input keys for a {arch.model_type} model ({'; '.join(problems)}); "
-            f"accepted keys: {', '.join(sorted(arch.input_keys))}"
-        )
-    for key, value in inputs.items():
-        if not isinstance(value, Tensor):
-            raise InvalidInputError(f"inputs[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
-    device = _model_device(model)
-    validated = {key: value.to(device) for key, value in inputs.items()}
-    if arch.modality == "image":
-        pixels = validated["pixel_values"]
-        config = model_config(model)
-        if pixels.dim() != 4 or pixels.shape[0] == 0 or not pixels.is_floating_point():
-            raise InvalidInputError(
-                f"pixel_values must be a non-empty float tensor (batch, {config.num_channels}, height, width), "
-                f"got {tuple(pixels.shape)} {pixels.dtype}"
-            )
-        return validated
-    ids = validated["input_ids"]
-    if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0 or ids.is_floating_point():
-        raise InvalidInputError(
-            f"input_ids must be a non-empty integer tensor (batch, seq_len), got {tuple(ids.shape)}"
-        )
-    for key in ("attention_mask", "token_type_ids"):
-        if key in validated and validated[key].shape != ids.shape:
-            raise InvalidInputError(
-                f"{key} must have the shape of input_ids {tuple(ids.shape)}, got {tuple(validated[key].shape)}"
-            )
-    types = validated.get("token_type_ids")
-    type_count = getattr(model_config(model), "type_vocab_size", None)
-    if not isinstance(type_count, int) or type_count <= 0:
-        types = None  # the model has no segment embeddings (DeBERTa-v2 with type_vocab_size 0 ignores them)
-    if types is not None and isinstance(type_count, int) and bool(((types < 0) | (types >= type_count)).any()):
-        raise InvalidInputError(
-            f"token_type_ids of a {arch.model_type} model must be in [0, {type_count - 1}] (its type_vocab_size "
-            f"is {type_count}); a sentence pair for a model with one segment type needs no token_type_ids"
-        )
-    mask = validated.setdefault("attention_mask", torch.ones_like(ids))
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise InvalidInputError("attention_mask must hold only 0 and 1")
-    right = bool((mask[:, 0] == 1).all()) and bool((mask[:, 1:] <= mask[:, :-1]).all())
-    if "left" in arch.padding:
-        left = bool((mask[:, -1] == 1).all()) and bool((mask[:, 1:] >= mask[:, :-1]).all())
-        if not (right or left):
-            raise InvalidInputError(
-                f"attention_mask of a {arch.model_type} batch must be left-padded (0s then 1s) or right-padded "
-                "(1s then 0s), the same side for every row, with at least one real token per row"
-            )
-        # The head reads the last real token whatever the side; positions count real tokens only, so a row
-        # means the same left- or right-padded (and batched or alone).
-        validated.setdefault("position_ids", (mask.cumsum(dim=-1) - 1).clamp(min=0))
-    elif not right:
-        raise InvalidInputError(
-            f"attention_mask of a {arch.model_type} batch must be right-padded (1s then 0s, first token real): "
-            f"{arch.model_type} classifiers read the {_READS[arch.pooled]} and take positions from the left; "
-            "tokenize with padding_side='right'"
-        )
-    return validated
-
-
-_READS = {"first": "first token", "mean": "mean of the real tokens", "last": "last real token"}
-
-
-def _token_mask(arch: Architecture, inputs: Mapping[str, Tensor], model: nn.Module) -> Tensor:
-    if arch.modality == "text":
-        return inputs["attention_mask"]
-    grid = input_grid(arch, inputs)
-    batch = inputs["pixel_values"].shape[0]
-    length = arch.prefix_tokens + grid[0] * grid[1]
-    return torch.ones(batch, length, dtype=torch.long, device=_model_device(model))
-
-
 def _validate_target(target: Any, batch: int, num_labels: int, head: str = "single_label") -> Tensor | None:
     if target is None:
         return None
@@ -224,22 +145,6 @@ def _validate_target(target: Any, batch: int, num_labels: int, head: str = "sing
             raise InvalidTargetError("this is a regression head with one output: its target is 0 (or None)")
         raise InvalidTargetError(f"target must be in [0, {num_labels - 1}] (the model has {num_labels} labels)")
     return targets
-
-
-def _batch_size(arch: Architecture, inputs: Mapping[str, Tensor]) -> int:
-    return inputs["pixel_values" if arch.modality == "image" else "input_ids"].shape[0]
-
-
-def _full_precision(device: torch.device) -> torch.autocast:
-    """Attribution kernels run outside any caller's autocast: products of attention maps need float32 or more."""
-    return torch.autocast(device_type=device.type, enabled=False)
-
-
-def input_grid(arch: Architecture, inputs: Mapping[str, Tensor]) -> tuple[int, int]:
-    """The patch grid of the images in ``inputs`` (the configured grid unless the input has another size)."""
-    assert arch.grid is not None and arch.patch is not None
-    height, width = inputs["pixel_values"].shape[-2:]
-    return int(height) // arch.patch[0], int(width) // arch.patch[1]
 
 
 def _finish(arch: Architecture, scores: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
@@ -270,24 +175,28 @@ def _readout(arch: Architecture, model: nn.Module, inputs: Mapping[str, Tensor],
     return _Readout(weights, readout_tokens(arch.pooled, weights))
 
 
+def _describe_classifier(model: nn.Module) -> Architecture:
+    """:func:`describe` for the entry points of this module, which explain sequence classifiers only.
+
+    Raises:
+        UnsupportedModelError: for a token classifier or a causal language model, naming the entry point to use.
+    """
+    arch = describe(model)
+    if arch.task != "sequence_classification":
+        task = TASKS[arch.task]
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is a {task.title}, which explain/explain_batch do not explain (they explain "
+            f"one label per input): use {task.entry_point}"
+        )
+    return arch
+
+
 def _check_method(arch: Architecture, method: Method) -> None:
     check_method(arch.model_type, method.name, available_methods())
 
 
 Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
 RulesKey = Rules | None
-
-
-def _bind(rules: Rules, model: nn.Module, arch: Architecture) -> Callable[[ExitStack], AttentionObserver | None]:
-    """Modified-gradient ``rules`` bound to ``model``: attach them to a pass's hook stack."""
-    return lambda hooks: rules(model, arch, hooks)
-
-
-def _bound_rules(
-    method: Method, model: nn.Module, arch: Architecture
-) -> Callable[[ExitStack], AttentionObserver | None] | None:
-    """``method``'s modified-gradient rules bound to ``model`` (``None`` for true gradients)."""
-    return None if method.rules is None else _bind(method.rules, model, arch)
 
 
 def _fixed_targets(targets: Tensor) -> Callable[[Tensor], Tensor]:
@@ -319,23 +228,24 @@ def explain(
         ExplainError: (a ``ValueError``) for an unknown method, bad target, bad option or wrong inputs;
             :class:`UnsupportedMethodError` for a method undefined on this architecture.
     """
-    arch = describe(model)
+    arch = _describe_classifier(model)
     chosen = get_method(method)
     _check_method(arch, chosen)
     resolved = chosen.resolve_options(options, arch)
-    validated = _validate_inputs(arch, model, inputs)
+    validated = validate_inputs(arch, model, inputs)
     num_labels = int(model_config(model).num_labels)
-    batch = _batch_size(arch, validated)
+    batch = batch_size(arch, validated)
     explicit = _validate_target(target, batch, num_labels, arch.head_type)
 
     def resolve(logits: Tensor) -> Tensor:
         return logits.argmax(dim=-1) if explicit is None else explicit.to(logits.device)
 
-    mask = _token_mask(arch, validated, model)
+    mask = token_mask(arch, validated, model)
     readout = _readout(arch, model, validated, mask)
     with prepared_model(model):
-        capture = run_capture(model, arch, validated, chosen.needs, resolve, rules=_bound_rules(chosen, model, arch))
-        with _full_precision(mask.device):
+        rules = bind_rules(chosen.rules, model, arch)
+        capture = run_capture(model, arch, validated, chosen.needs, resolve, rules=rules)
+        with full_precision(mask.device):
             scores = chosen.compute(
                 MethodInputs(capture, arch, model, validated, mask, resolved, readout.weights, readout.tokens)
             )
@@ -377,9 +287,9 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
         ExplainError: if ``inputs`` are invalid or ``rows`` does not match the batch size (the batch as a whole
             cannot be served).
     """
-    arch = describe(model)
-    validated = _validate_inputs(arch, model, inputs)
-    batch = _batch_size(arch, validated)
+    arch = _describe_classifier(model)
+    validated = validate_inputs(arch, model, inputs)
+    batch = batch_size(arch, validated)
     if len(rows) != batch:
         raise InvalidInputError(f"got {len(rows)} row requests for a batch of {batch}")
     num_labels = int(model_config(model).num_labels)
@@ -432,10 +342,10 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
         chosen = explicit.to(logits.device)
         return torch.where(chosen >= 0, chosen, logits.argmax(dim=-1))
 
-    mask = _token_mask(arch, validated, model)
+    mask = token_mask(arch, validated, model)
     readout = _readout(arch, model, validated, mask)
     with prepared_model(model):
-        shared_rules = None if shared_kind is None else _bind(shared_kind, model, arch)
+        shared_rules = bind_rules(shared_kind, model, arch)
         capture = run_capture(model, arch, validated, needs, resolve, gradient_rows.to(mask.device), shared_rules)
         own: dict[int, tuple[Capture, int]] = {}  # row -> (its kind's own capture, its position in it)
         passes = {kind: kind_rows for kind, kind_rows in kinds.items() if kind is not shared_kind}
@@ -463,7 +373,7 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
                 {key: value[picked] for key, value in validated.items()},
                 kind_needs,
                 _fixed_targets(capture.targets[picked]),
-                rules=None if kind is None else _bind(kind, model, arch),
+                rules=bind_rules(kind, model, arch),
             )
             kind_capture = replace(kind_capture, logits=capture.logits[picked])
             own.update({row: (kind_capture, position) for position, row in enumerate(ordered)})
@@ -480,7 +390,7 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
                 sub_capture = capture if whole else capture.rows(selected)
             sub_inputs = validated if whole else {key: value[selected] for key, value in validated.items()}
             sub_readout = readout if whole else readout.rows(selected)
-            with _full_precision(mask.device):
+            with full_precision(mask.device):
                 scores = methods[name].compute(
                     MethodInputs(
                         sub_capture,

@@ -36,7 +36,7 @@ class Block:
 
 @dataclass(frozen=True)
 class Architecture:
-    """A supported classifier, described by references to its own modules.
+    """A supported model, described by references to its own modules.
 
     Every family has the fields that the attention-based and saliency methods read (the number of attention calls
     and heads, the input embeddings, the pooled position, the head kind). The block structure that Chefer et al.'s
@@ -46,6 +46,8 @@ class Architecture:
     Attributes:
         model_type: ``config.model_type``.
         kind: ``encoder``, ``decoder`` or ``vision`` (see :mod:`explainers.support`).
+        task: ``sequence_classification``, ``token_classification`` or ``causal_lm`` (:data:`explainers.TASKS`):
+            which entry point explains the model.
         modality: ``text`` (scores per token) or ``image`` (scores per patch).
         num_layers: attention calls per forward (one per layer; ALBERT calls its shared layer this many times).
         num_heads: attention heads per call.
@@ -70,6 +72,7 @@ class Architecture:
 
     model_type: str
     kind: str
+    task: str
     modality: Modality
     num_layers: int
     num_heads: int
@@ -223,6 +226,24 @@ def _lrp(model: Any) -> _Lrp | None:
     return None
 
 
+def _token_lrp(model: Any) -> _Lrp | None:
+    """The block structure of a token classifier: its family's blocks, and the one linear head every token reads
+    (``head_paths`` empty: the head is not pooled)."""
+    model_type = model.config.model_type
+    base = getattr(model, {"xlm-roberta": "roberta"}.get(model_type, model_type), None)
+    if base is None:
+        return None
+    if model_type == "albert":
+        blocks = _albert_blocks(base)
+    elif model_type == "distilbert":
+        blocks = _blocks(base.transformer.layer, _DISTILBERT_LAYER)
+    elif model_type in ("bert", "roberta", "xlm-roberta", "electra"):
+        blocks = _blocks(base.encoder.layer, _BERT_LAYER)
+    else:
+        return None
+    return _Lrp(blocks, _linear_head(model.classifier), (), False)
+
+
 def model_config(model: nn.Module) -> Any:
     """The Hugging Face ``config`` of ``model`` (``None`` if it has none)."""
     return getattr(model, "config", None)
@@ -248,14 +269,19 @@ def describe(model: nn.Module) -> Architecture:
             f"unsupported model type {model_type!r}: expected a Hugging Face classifier of type "
             f"{', '.join(supported_model_types())}"
         )
-    if type(model).__name__ not in known.classes:
+    task = known.task_of(type(model).__name__)
+    if task is None:
         raise UnsupportedModelError(
             f"{type(model).__name__} is not supported: for model type {model_type!r} pass a "
-            f"{' or a '.join(known.classes)}"
+            f"{' or a '.join(known.all_classes)}"
         )
     assert config is not None
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    lrp = None if "relevance" in known.refused else _lrp(model)
+    lrp = None
+    if "relevance" not in known.refused and task == "sequence_classification":
+        lrp = _lrp(model)
+    elif "relevance" not in known.refused and task == "token_classification":
+        lrp = _token_lrp(model)
     modality: Modality = "image" if known.kind == "vision" else "text"
     grid = None
     patch = None
@@ -277,6 +303,7 @@ def describe(model: nn.Module) -> Architecture:
     return Architecture(
         model_type=str(model_type),
         kind=known.kind,
+        task=task,
         modality=modality,
         num_layers=_attention_calls(text_config),
         num_heads=int(text_config.num_attention_heads),

@@ -35,6 +35,17 @@ Observer protocol (:class:`AttentionObserver`): for every attention call inside 
 
 The observer's own state is the observer object, which belongs to the caller's block: nothing survives the block.
 
+**The fused capture** (for the methods that need gradients through attention but no maps: gradient × input,
+integrated gradients, AttnLRP, CP-LRP). ``capturing_attention(model, fused=name)`` switches the model to a second
+new name, :data:`FUSED_CAPTURE_IMPLEMENTATION`, whose function hands the observer's ``(query, key, value)`` to the
+implementation the model was loaded with (``name``, from :func:`fused_implementation`: ``sdpa``, or any other
+implementation registered in both ``AttentionInterface`` and ``AttentionMaskInterface``), looked up in the
+interface at each call, never replaced; the masks come from that implementation's own mask builder. The fused
+kernels keep no ``(batch, heads, n, n)`` maps for the backward, so memory grows with ``n``, not ``n²``. ``before``
+works as above (AttnLRP's uniform rule is a gradient scaling of q, k and v, CP-LRP's a stop-gradient into q and k:
+both act on the operands, so they are the same on any implementation); ``after`` is not called (fused kernels
+return no probabilities), and ``keep`` must be ``"none"``. Outside a capture block the fused name runs ``sdpa``.
+
 DeBERTa-v2/v3 (``DisentangledSelfAttention``) does not route through the interface. Inside a capture block it gets
 a small adapter with the same contract, made of forward hooks that are removed on exit: ``before`` is called from
 the hooks on ``query_proj``, ``key_proj`` and ``value_proj`` (each hook replaces its projection's output; the
@@ -42,7 +53,9 @@ observer receives the three as ``(batch, heads, n, head_dim)`` views and may ret
 reshaped back). Because DeBERTa reuses the projected query and key in its relative-position terms (content →
 position and position → content), a replacement applies there too. ``after`` is called from the hook on the
 module itself with the context layer reshaped to ``(batch, n, heads, head_dim)`` and the probabilities taken at
-the attention-probability dropout (identity in eval mode), ``(batch, heads, n, n)``.
+the attention-probability dropout (identity in eval mode), ``(batch, heads, n, n)``. DeBERTa's attention has no
+fused form in transformers, so it always runs its own (eager) attention: :func:`fused_implementation` is ``None``
+for it and its memory grows with ``n²`` whatever the method.
 """
 
 from __future__ import annotations
@@ -52,7 +65,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -63,6 +76,11 @@ from .errors import UnsupportedModelError
 
 CAPTURE_IMPLEMENTATION = "explainers_capture"
 """The name registered in ``AttentionInterface`` and ``AttentionMaskInterface`` (a new name; nothing replaced)."""
+
+FUSED_CAPTURE_IMPLEMENTATION = "explainers_capture_fused"
+"""The second new name: the observer around the model's own fused attention (see the module docstring)."""
+
+_OURS = frozenset({CAPTURE_IMPLEMENTATION, FUSED_CAPTURE_IMPLEMENTATION})
 
 Keep = Literal["none", "mean", "heads"]
 """What a capture keeps of each call's probabilities: nothing, the head mean (detached, ``(batch, n, n)``: all
@@ -89,11 +107,12 @@ class AttentionObserver:
     """Acts on each attention call of a capture; the defaults change nothing (subclass and override)."""
 
     def before(self, call: AttentionCall, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Return the ``(query, key, value)`` the eager attention runs on (same shapes and forward values)."""
+        """Return the ``(query, key, value)`` the attention runs on (same shapes and forward values)."""
         return query, key, value
 
     def after(self, call: AttentionCall, attn_output: Tensor, attn_weights: Tensor) -> None:
-        """See the call's output ``(batch, n, heads, head_dim)`` and probabilities ``(batch, heads, n, n)``."""
+        """See the call's output ``(batch, n, heads, head_dim)`` and probabilities ``(batch, heads, n, n)`` (not
+        called under the fused capture, which has no probabilities)."""
 
 
 class AttentionCapture:
@@ -102,13 +121,15 @@ class AttentionCapture:
     Attributes:
         keep: what is kept of each call's probabilities (see :data:`Keep`).
         observer: the observer, or ``None``.
+        fused: the implementation the fused capture delegates to (``None``: the architecture's eager attention).
         calls: every attention call, in order.
         probabilities: per call, as ``keep`` says (empty list for ``"none"``).
     """
 
-    def __init__(self, keep: Keep, observer: AttentionObserver | None) -> None:
+    def __init__(self, keep: Keep, observer: AttentionObserver | None, fused: str | None = None) -> None:
         self.keep = keep
         self.observer = observer
+        self.fused = fused
         self.calls: list[AttentionCall] = []
         self.probabilities: list[Tensor] = []
         self._repeats: dict[int, int] = {}
@@ -190,17 +211,73 @@ def _capturing_attention(
     return attn_output, attn_weights
 
 
-def _register() -> None:
-    """Register the new name once (re-importing this module finds it already there, with this function)."""
-    existing = AttentionInterface._global_mapping.get(CAPTURE_IMPLEMENTATION)
-    if existing is not None and getattr(existing, "__qualname__", None) != _capturing_attention.__qualname__:
-        raise RuntimeError(f"{CAPTURE_IMPLEMENTATION!r} is already registered in AttentionInterface by someone else")
-    AttentionInterface.register(CAPTURE_IMPLEMENTATION, _capturing_attention)
-    if CAPTURE_IMPLEMENTATION not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(CAPTURE_IMPLEMENTATION, eager_mask)
+#: What the fused name runs when no capture is active (another thread, during a capture block of this model).
+_FUSED_FALLBACK = "sdpa"
 
 
-_register()
+def _fused_delegate() -> tuple[str, AttentionCapture | None]:
+    capture = _ACTIVE.get()
+    if capture is None or capture.fused is None:
+        return _FUSED_FALLBACK, capture
+    return capture.fused, capture
+
+
+def _capturing_fused_attention(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
+) -> tuple[Tensor, Tensor | None]:
+    """The function registered as :data:`FUSED_CAPTURE_IMPLEMENTATION`: the loaded implementation, observed."""
+    name, capture = _fused_delegate()
+    delegate = cast(Callable[..., tuple[Tensor, Tensor | None]], AttentionInterface._global_mapping[name])
+    if capture is None:
+        return delegate(module, query, key, value, attention_mask, **kwargs)
+    call = capture.start_call(module)
+    query, key, value = capture.before(call, query, key, value)
+    return delegate(module, query, key, value, attention_mask, **kwargs)
+
+
+def _fused_mask(*args: Any, **kwargs: Any) -> Any:
+    """The mask builder registered as :data:`FUSED_CAPTURE_IMPLEMENTATION`: the loaded implementation's own."""
+    name, _ = _fused_delegate()
+    builder = cast(Callable[..., Any], AttentionMaskInterface._global_mapping[name])
+    return builder(*args, **kwargs)
+
+
+def _register_name(name: str, attention: Callable[..., Any], mask: Callable[..., Any]) -> None:
+    """Register ``name`` once (re-importing this module finds it already there, with this function)."""
+    existing = AttentionInterface._global_mapping.get(name)
+    if existing is not None and getattr(existing, "__qualname__", None) != attention.__qualname__:
+        raise RuntimeError(f"{name!r} is already registered in AttentionInterface by someone else")
+    AttentionInterface.register(name, attention)
+    if name not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(name, mask)
+
+
+_register_name(CAPTURE_IMPLEMENTATION, _capturing_attention, eager_mask)
+_register_name(FUSED_CAPTURE_IMPLEMENTATION, _capturing_fused_attention, _fused_mask)
+
+
+def fused_implementation(model: nn.Module) -> str | None:
+    """The fused attention the model was loaded with, if the fused capture can run on it; else ``None``.
+
+    ``None`` (the methods then run on the architecture's eager attention) when the model was loaded with ``eager``;
+    when its implementation is not registered in both ``AttentionInterface`` and ``AttentionMaskInterface``; when
+    its attention does not go through the interface (DeBERTa-v2); and for ``sdpa`` with attention-logit
+    soft-capping (Gemma 2's ``attn_logit_softcapping``), which ``sdpa`` cannot compute. Read the value before any
+    capture switches the model (inside a capture block the configs name the capture).
+    """
+    config = getattr(model, "config", None)
+    name = getattr(config, "_attn_implementation", None)
+    if not isinstance(name, str) or name == "eager" or name in _OURS:
+        return None
+    if name not in AttentionInterface._global_mapping or name not in AttentionMaskInterface._global_mapping:
+        return None
+    deberta = _deberta_attention_class()
+    if deberta is not None and any(isinstance(module, deberta) for module in model.modules()):
+        return None
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config  # type: ignore[union-attr]
+    if name == "sdpa" and getattr(text_config, "attn_logit_softcapping", None) is not None:
+        return None
+    return name
 
 
 def _configs(model: nn.Module) -> list[Any]:
@@ -316,28 +393,42 @@ _PROJECTIONS = ("query_proj", "key_proj", "value_proj")
 
 @contextmanager
 def capturing_attention(
-    model: nn.Module, *, keep: Keep = "heads", observer: AttentionObserver | None = None
+    model: nn.Module, *, keep: Keep = "heads", observer: AttentionObserver | None = None, fused: str | None = None
 ) -> Iterator[AttentionCapture]:
     """Record every attention call of the forwards run inside the block (and let ``observer`` act on them).
 
-    The model is switched to :data:`CAPTURE_IMPLEMENTATION` for the block (see :func:`attention_implementation`)
-    and DeBERTa-v2 attention modules get the adapter described in the module docstring; everything is undone on
-    exit, also when the block raises. Captures do not nest: a capture inside another raises ``RuntimeError``.
+    The model is switched to :data:`CAPTURE_IMPLEMENTATION` (or, with ``fused``, to
+    :data:`FUSED_CAPTURE_IMPLEMENTATION`) for the block (see :func:`attention_implementation`) and DeBERTa-v2
+    attention modules get the adapter described in the module docstring; everything is undone on exit, also when
+    the block raises. Captures do not nest: a capture inside another raises ``RuntimeError``.
 
     Args:
         model: any transformers model whose attention goes through ``AttentionInterface`` (or DeBERTa-v2).
-        keep: what to keep of each call's probabilities (:data:`Keep`).
+        keep: what to keep of each call's probabilities (:data:`Keep`); ``"none"`` with ``fused``.
         observer: optional :class:`AttentionObserver`.
+        fused: the fused implementation to run the attention on (:func:`fused_implementation` of the model, read
+            before the model is switched), or ``None`` for the architecture's eager attention.
 
     Yields:
         The :class:`AttentionCapture`, filled as the forward runs.
+
+    Raises:
+        ValueError: ``fused`` with ``keep`` other than ``"none"`` (fused kernels return no probabilities), or a
+            ``fused`` name that is not registered in both interfaces (or is one of the capture's own names).
     """
     if _ACTIVE.get() is not None:
         raise RuntimeError("an attention capture is already active in this context; captures do not nest")
-    capture = AttentionCapture(keep, observer)
+    if fused is not None:
+        if keep != "none":
+            raise ValueError(f"a fused capture keeps no probabilities (keep='none'), got keep={keep!r}")
+        registered = fused in AttentionInterface._global_mapping and fused in AttentionMaskInterface._global_mapping
+        if fused in _OURS or fused == "eager" or not registered:
+            raise ValueError(f"{fused!r} is not a fused attention implementation registered in transformers")
+    capture = AttentionCapture(keep, observer, fused)
     deberta = _deberta_attention_class()
     with ExitStack() as stack:
-        stack.enter_context(attention_implementation(model))
+        implementation = CAPTURE_IMPLEMENTATION if fused is None else FUSED_CAPTURE_IMPLEMENTATION
+        stack.enter_context(attention_implementation(model, implementation))
         if deberta is not None:
             for module in model.modules():
                 if isinstance(module, deberta):

@@ -219,6 +219,133 @@ class _EmbeddingLeaf:
         return self.leaf
 
 
+@dataclass
+class Forward:
+    """One forward pass of :func:`forward_pass`, its autograd graph still alive when gradients were asked.
+
+    Attributes:
+        logits: the model's logits (in the graph of a grad-enabled pass).
+        attentions: per attention call the probabilities as the capture kept them (``None`` if not asked): per head
+            ``(batch, heads, n, n)`` in the graph, or head means ``(batch, n, n)`` detached.
+        leaf: the input embeddings made a leaf that requires grad (``None`` if no gradient was asked).
+        recorder: the activations LRP reads (``None`` if not asked).
+        needs: what the pass was asked to capture.
+        seconds: ``forward`` wall time.
+    """
+
+    logits: Tensor
+    attentions: list[Tensor] | None
+    leaf: _EmbeddingLeaf | None
+    recorder: _Recorder | None
+    needs: frozenset[str]
+    seconds: dict[str, float]
+
+    @property
+    def gradient_inputs(self) -> list[Tensor]:
+        """The tensors gradients are taken with respect to, in order: the attention probabilities of every call if
+        ``attention_gradients`` was asked, then the input embeddings if ``embedding_gradients`` was."""
+        wrt: list[Tensor] = []
+        if ATTENTION_GRADIENTS in self.needs:
+            assert self.attentions is not None
+            wrt += self.attentions
+        if EMBEDDING_GRADIENTS in self.needs:
+            assert self.leaf is not None and self.leaf.leaf is not None
+            wrt.append(self.leaf.leaf)
+        return wrt
+
+    def capture(self, arch: Architecture, targets: Tensor, gradients: tuple[Tensor, ...] | None = None) -> Capture:
+        """The :class:`Capture` of this pass, every tensor detached.
+
+        Args:
+            arch: the model's description.
+            targets: ``(batch,)`` the class each row is explained for.
+            gradients: the gradients with respect to :attr:`gradient_inputs`, in that order (``None``: none taken).
+        """
+        capture = Capture(logits=self.logits.detach(), targets=targets, seconds=dict(self.seconds))
+        if self.attentions is not None:
+            capture.attentions = [attention.detach() for attention in self.attentions]
+        if gradients is not None:
+            if ATTENTION_GRADIENTS in self.needs:
+                capture.attention_gradients = list(gradients[: arch.num_layers])
+            if EMBEDDING_GRADIENTS in self.needs:
+                assert self.leaf is not None and self.leaf.leaf is not None
+                capture.embeddings = self.leaf.leaf.detach()
+                capture.embedding_gradients = gradients[-1]
+        if self.recorder is not None:
+            assert capture.attentions is not None
+            capture.activations = self.recorder.block_activations(arch, capture.attentions)
+            capture.head_inputs = self.recorder.head_inputs(arch)
+        return capture
+
+
+def forward_pass(
+    model: nn.Module,
+    arch: Architecture,
+    inputs: Mapping[str, Tensor],
+    needs: frozenset[str],
+    rules: Callable[[ExitStack], AttentionObserver | None] | None = None,
+    embedding_scale: Tensor | None = None,
+) -> Forward:
+    """Run the model once, recording what ``needs`` lists, and keep the graph for the gradients to come.
+
+    The hooks (attention capture, activation recorder, embedding leaf, the rules') are removed when the forward
+    returns; the autograd graph they shaped stays until the caller's last gradient call frees it.
+
+    Args:
+        model: the model, already inside :func:`prepared_model`.
+        arch: its description.
+        inputs: validated model inputs on the model's device.
+        needs: a subset of :data:`NEEDS`.
+        rules: optional modified-gradient rules (see :func:`run_capture`).
+        embedding_scale: optional ``(batch,)`` factor each row's input embeddings are multiplied by (integrated
+            gradients' path); the leaf is the scaled embedding.
+
+    Returns:
+        The :class:`Forward`.
+
+    Raises:
+        UnsupportedModelError: if the model's attention did not go through the capture once per layer.
+    """
+    unknown = needs - NEEDS
+    if unknown:
+        raise ValueError(f"unknown capture needs {sorted(unknown)}; valid: {sorted(NEEDS)}")
+    wants_gradients = bool(needs & GRADIENT_NEEDS)
+    wants_attentions = bool(needs & {ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
+    per_head = bool(needs & {ATTENTION_GRADIENTS, ACTIVATIONS})
+    keep: Keep = "heads" if per_head else "mean" if wants_attentions else "none"
+    with ExitStack() as hooks:
+        recorder = _Recorder(arch, hooks) if ACTIVATIONS in needs else None
+        leaf = _EmbeddingLeaf(embedding_scale) if wants_gradients else None
+        if leaf is not None:
+            _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
+        observer = None if rules is None else rules(hooks)
+        recorded = hooks.enter_context(capturing_attention(model, keep=keep, observer=observer))
+        started = time.perf_counter()
+        with torch.enable_grad() if wants_gradients else torch.no_grad():
+            logits: Tensor = model(**inputs, return_dict=True).logits
+        forward_done = time.perf_counter()
+    if len(recorded.calls) != arch.num_layers:
+        raise UnsupportedModelError(
+            f"the {arch.model_type} model made {len(recorded.calls)} attention calls through the capture, expected "
+            f"{arch.num_layers} (one per layer): its attention does not go through transformers' AttentionInterface"
+        )
+    attentions = recorded.probabilities if wants_attentions else None
+    return Forward(logits, attentions, leaf, recorder, needs, {"forward": forward_done - started})
+
+
+def bind_rules(
+    rules: Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None] | None,
+    model: nn.Module,
+    arch: Architecture,
+) -> Callable[[ExitStack], AttentionObserver | None] | None:
+    """A method's modified-gradient ``rules`` bound to ``model``, ready to attach to one pass's hook stack
+    (``None`` for true gradients)."""
+    if rules is None:
+        return None
+    bound = rules
+    return lambda hooks: bound(model, arch, hooks)
+
+
 def run_capture(
     model: nn.Module,
     arch: Architecture,
@@ -228,7 +355,7 @@ def run_capture(
     gradient_rows: Tensor | None = None,
     rules: Callable[[ExitStack], AttentionObserver | None] | None = None,
 ) -> Capture:
-    """Run the model once and capture what ``needs`` lists.
+    """Run the model once and capture what ``needs`` lists (a :func:`forward_pass` and at most one gradient call).
 
     Args:
         model: the classifier, already inside :func:`prepared_model`.
@@ -245,60 +372,21 @@ def run_capture(
     Returns:
         The :class:`Capture`.
     """
-    unknown = needs - NEEDS
-    if unknown:
-        raise ValueError(f"unknown capture needs {sorted(unknown)}; valid: {sorted(NEEDS)}")
-    wants_gradients = bool(needs & GRADIENT_NEEDS)
-    wants_attentions = bool(needs & {ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
-    per_head = bool(needs & {ATTENTION_GRADIENTS, ACTIVATIONS})
-    keep: Keep = "heads" if per_head else "mean" if wants_attentions else "none"
-    with ExitStack() as hooks:
-        recorder = _Recorder(arch, hooks) if ACTIVATIONS in needs else None
-        leaf = _EmbeddingLeaf() if wants_gradients else None
-        if leaf is not None:
-            _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
-        observer = None if rules is None else rules(hooks)
-        recorded = hooks.enter_context(capturing_attention(model, keep=keep, observer=observer))
-        started = time.perf_counter()
-        with torch.enable_grad() if wants_gradients else torch.no_grad():
-            logits: Tensor = model(**inputs, return_dict=True).logits
-        forward_done = time.perf_counter()
-    if len(recorded.calls) != arch.num_layers:
-        raise UnsupportedModelError(
-            f"the {arch.model_type} model made {len(recorded.calls)} attention calls through the capture, expected "
-            f"{arch.num_layers} (one per layer): its attention does not go through transformers' AttentionInterface"
-        )
-    attentions = recorded.probabilities if wants_attentions else None
+    forward = forward_pass(model, arch, inputs, needs, rules)
+    logits = forward.logits
     targets = resolve_targets(logits.detach())
-    capture = Capture(logits=logits.detach(), targets=targets)
-    capture.seconds["forward"] = forward_done - started
-    if attentions is not None:
-        capture.attentions = [attention.detach() for attention in attentions]
-    if wants_gradients:
-        assert leaf is not None and leaf.leaf is not None
+    gradients = None
+    if needs & GRADIENT_NEEDS:
+        started = time.perf_counter()
         weights = torch.zeros_like(logits)
         weights.scatter_(1, targets.view(-1, 1), 1.0)
         if gradient_rows is not None:
             weights = weights * gradient_rows.view(-1, 1).to(weights.dtype)
-        wrt: list[Tensor] = []
-        if ATTENTION_GRADIENTS in needs:
-            assert attentions is not None
-            wrt += attentions
-        if EMBEDDING_GRADIENTS in needs:
-            wrt.append(leaf.leaf)
-        gradients = torch.autograd.grad((logits * weights).sum(), wrt, allow_unused=True)
-        gradients = tuple(torch.zeros_like(t) if g is None else g for g, t in zip(gradients, wrt, strict=True))
-        if ATTENTION_GRADIENTS in needs:
-            capture.attention_gradients = list(gradients[: arch.num_layers])
-        if EMBEDDING_GRADIENTS in needs:
-            capture.embeddings = leaf.leaf.detach()
-            capture.embedding_gradients = gradients[-1]
-        capture.seconds["backward"] = time.perf_counter() - forward_done
-    if recorder is not None:
-        assert capture.attentions is not None
-        capture.activations = recorder.block_activations(arch, capture.attentions)
-        capture.head_inputs = recorder.head_inputs(arch)
-    return capture.upcast()
+        wrt = forward.gradient_inputs
+        found = torch.autograd.grad((logits * weights).sum(), wrt, allow_unused=True)
+        gradients = tuple(torch.zeros_like(t) if g is None else g for g, t in zip(found, wrt, strict=True))
+        forward.seconds["backward"] = time.perf_counter() - started
+    return forward.capture(arch, targets, gradients).upcast()
 
 
 def scaled_embedding_gradients(

@@ -15,6 +15,8 @@ The explained position is a property of the head, read once from the model class
                           averages its two heads, which read them)
 ``class_patch_mean``      DINOv2: the head reads the class token concatenated with the mean of the patch tokens;
                           the explained row is half the class token's row plus half the mean of the patch rows
+``each``                  token-level heads (token classifiers, causal language models): every position has its
+                          own output; each explained target names its positions (:mod:`explainers.targets`)
 ========================  ===============================================================================
 
 The head kind (:func:`head_type`) decides what ``probabilities`` means on the results: a softmax over the labels
@@ -32,10 +34,10 @@ from torch import Tensor, nn
 
 from .errors import InvalidInputError
 
-Pooled = Literal["first", "last", "mean", "class_distillation", "class_patch_mean"]
+Pooled = Literal["first", "last", "mean", "class_distillation", "class_patch_mean", "each"]
 HeadType = Literal["single_label", "multi_label", "regression"]
 
-POOLED_POSITIONS: tuple[str, ...] = ("first", "last", "mean", "class_distillation", "class_patch_mean")
+POOLED_POSITIONS: tuple[str, ...] = ("first", "last", "mean", "class_distillation", "class_patch_mean", "each")
 HEAD_TYPES: tuple[str, ...] = ("single_label", "multi_label", "regression")
 
 _LAST_TOKEN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gpt2"})
@@ -48,10 +50,14 @@ def pooled_position(model: nn.Module) -> str:
         model: a Hugging Face classifier.
 
     Returns:
-        ``first``, ``last``, ``mean``, ``class_distillation`` or ``class_patch_mean`` (see the module docstring).
+        ``first``, ``last``, ``mean``, ``class_distillation``, ``class_patch_mean`` or ``each`` (see the module
+        docstring).
     """
     config: Any = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
+    name = type(model).__name__
+    if name.endswith(("ForTokenClassification", "ForCausalLM", "LMHeadModel")):
+        return "each"
     if model_type in _LAST_TOKEN_TYPES:
         return "last"
     if model_type == "modernbert":

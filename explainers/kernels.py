@@ -10,6 +10,10 @@ distillation tokens); ``None`` means the first token. The scores are ``readout �
 matrix product; the same result by associativity). ``read_tokens (batch, n)`` marks the single tokens the head
 reads, whose self-relevance (from the identity) the rollouts of Chefer et al. suppress; ``None`` means the first
 token.
+
+:func:`raw_attention` and :func:`rollout_scores` also take several explained rows per example, ``readout
+(batch, k, n)``, and then return ``(batch, k, n)``: the ``k`` rows of the same maps, read in one pass over each layer
+(token-level heads explain many targets from one forward: :mod:`explainers.targets`).
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ def _readout(readout: Tensor | None, like: Tensor) -> Tensor:
 
 
 def _row_times(row: Tensor, matrix: Tensor) -> Tensor:
-    """``(batch, n) · (batch, n, n)`` → ``(batch, n)``."""
+    """``(batch, n) · (batch, n, n)`` → ``(batch, n)``; several rows ``(batch, k, n)`` → ``(batch, k, n)``."""
+    if row.dim() == 3:
+        return torch.bmm(row, matrix)
     return torch.bmm(row.unsqueeze(1), matrix).squeeze(1)
 
 
@@ -55,11 +61,12 @@ def raw_attention(attention: Tensor, readout: Tensor | None = None) -> Tensor:
 
     Args:
         attention: ``(batch, heads, n, n)`` attention probabilities of one layer, or their head mean.
-        readout: ``(batch, n)`` weights of the rows the head reads (``None``: the first token).
+        readout: ``(batch, n)`` weights of the rows the head reads (``None``: the first token), or ``(batch, k, n)``
+            for ``k`` explained rows per example.
 
     Returns:
-        ``(batch, n)``; each row sums to 1 over the real tokens. Class-agnostic and *not* a faithfulness claim
-        (Jain & Wallace 2019).
+        ``(batch, n)`` (or ``(batch, k, n)``); each row sums to 1 over the real tokens. Class-agnostic and *not* a
+        faithfulness claim (Jain & Wallace 2019).
     """
     mixed = head_mean(attention)
     return _row_times(_readout(readout, mixed), mixed)
@@ -91,10 +98,11 @@ def rollout_scores(attentions: Sequence[Tensor], start_layer: int = 0, readout: 
     Args:
         attentions: per layer ``(batch, heads, n, n)`` probabilities or their head means ``(batch, n, n)``.
         start_layer: the first layer included.
-        readout: ``(batch, n)`` weights of the rows the head reads (``None``: the first token).
+        readout: ``(batch, n)`` weights of the rows the head reads (``None``: the first token), or ``(batch, k, n)``
+            for ``k`` explained rows per example.
 
     Returns:
-        ``(batch, n)``; sums to 1 (padding columns are 0).
+        ``(batch, n)`` (or ``(batch, k, n)``); sums to 1 (padding columns are 0).
     """
     if not 0 <= start_layer < len(attentions):
         raise ValueError(f"start_layer {start_layer} leaves no layer to roll out (got {len(attentions)} layers)")
@@ -109,7 +117,8 @@ def rollout_scores(attentions: Sequence[Tensor], start_layer: int = 0, readout: 
 def _times_normalised_plus_identity(row: Tensor, matrix: Tensor, weight: float) -> Tensor:
     """``row · norm(weight·M + I)`` without forming the matrix: with ``s`` the row sums of ``weight·M + I``,
     ``row · diag(1/s) · (weight·M + I) = (row/s)·M·weight + row/s`` (one matrix-vector product per layer)."""
-    scaled = row / (weight * matrix.sum(dim=-1) + 1)
+    sums = weight * matrix.sum(dim=-1) + 1
+    scaled = row / (sums.unsqueeze(1) if row.dim() == 3 else sums)
     return weight * _row_times(scaled, matrix) + scaled
 
 

@@ -383,6 +383,52 @@ def attention_relevances(
             head_inputs[first : first + count], head_weights[first : first + count], path_relevance
         )
         first += count
+    return blocks_attention_relevances(blocks, weights, relevance, num_heads, norm_first, start_layer, masked)
+
+
+def token_head_relprop(hidden: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
+    """Propagate relevance from a token-classification head's logits to the last hidden states.
+
+    A token classifier (``*ForTokenClassification``) applies one linear layer to every token's last hidden state;
+    its logits are ``(batch, n, num_labels)``. The αβ rule with α=1, β=0 (bias ignored) runs per token, exactly as
+    :func:`head_relprop` does for the first token of a sequence head, so a token's relevance stays at that token.
+
+    Args:
+        hidden: ``(batch, n, hidden)`` the head's input (the encoder's last hidden states).
+        weight: ``(num_labels, hidden)`` the head's weight.
+        relevance: ``(batch, n, num_labels)`` relevance of the logits: for a span, 1 at each of its tokens' explained
+            label and 0 elsewhere (the one-hot of Chefer et al., one per token of the span); zero rows give zero.
+
+    Returns:
+        ``(batch, n, hidden)`` relevance of the last hidden states.
+    """
+    return own_share(hidden, linear_relprop(hidden, weight, relevance))
+
+
+def blocks_attention_relevances(
+    blocks: Sequence[BlockActivations],
+    weights: Sequence[BlockWeights],
+    relevance: Tensor,
+    num_heads: int,
+    norm_first: bool,
+    start_layer: int = 0,
+    masked: bool = False,
+) -> list[Tensor | None]:
+    """LRP relevance of every block's attention probabilities, from the relevance of the last block's output down.
+
+    Args:
+        blocks: activations of each block, input side first.
+        weights: weights of each block.
+        relevance: ``(batch, n, hidden)`` relevance of the last block's output (from :func:`head_relprop` at the
+            tokens a sequence head reads, or :func:`token_head_relprop` for a token head).
+        num_heads: attention heads.
+        norm_first: pre-LayerNorm blocks (ViT) or post-LayerNorm blocks (BERT family).
+        start_layer: the lowest block whose attention relevance is needed; blocks below are not visited.
+        masked: the attention scores pass through an additive mask (text models).
+
+    Returns:
+        One ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``).
+    """
     cams: list[Tensor | None] = [None] * len(blocks)
     for index in range(len(blocks) - 1, start_layer - 1, -1):
         below, cams[index] = block_relprop(

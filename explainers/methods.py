@@ -32,6 +32,7 @@ from .capture import (
 from .errors import InvalidOptionError, UnknownMethodError
 from .lrp import Affine, BlockWeights, attention_relevances
 from .lrp import safe_divide as lrp_safe_divide
+from .token_relevance import token_relevance_scores
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class MethodInputs:
     options: Mapping[str, int]
     readout: Tensor | None = None
     read_tokens: Tensor | None = None
+    #: A token-level target's terms (``positions``, ``labels``, ``weights``, each ``(rows, J)``), for the methods that
+    #: seed at the head's outputs (``relevance``); ``None`` on the classifier path.
+    terms: tuple[Tensor, Tensor, Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,12 @@ def _relevance(ctx: MethodInputs) -> Tensor:
     assert capture.attention_gradients is not None
     start_layer = ctx.options["start_layer"]
     dtype = capture.activations[0].hidden.dtype
+    if ctx.terms is not None:  # a token classifier's target: LRP seeded at its tokens (explainers.token_relevance)
+        assert ctx.readout is not None and ctx.read_tokens is not None
+        weights = _block_weights(ctx.arch, dtype)
+        return token_relevance_scores(
+            capture, ctx.arch, weights, ctx.terms, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
+        )
     one_hot = torch.nn.functional.one_hot(capture.targets, capture.logits.shape[-1]).to(dtype)
     relevances = attention_relevances(
         capture.activations,

@@ -16,7 +16,7 @@ from typing import Any
 from . import metrics
 from .config import HandlerConfig
 from .errors import RowError
-from .schema import DecodedRow, Encoding, decode_row, encode_outcome, row_encoding
+from .schema import DecodedRow, Encoding, RowOutcome, decode_row, encode_outcome, row_encoding
 from .service import ExplanationService, select_device
 
 logger = logging.getLogger(__name__)
@@ -30,15 +30,20 @@ def _explain_header(context: Any, index: int) -> bool:
 
 
 class ExplanationHandler:
-    """Base class of the text and image handler entry points (``handlers/text_handler.py``, ``image_handler.py``)."""
+    """Base class of the handler entry points (``handlers/text_handler.py``, ``image_handler.py``,
+    ``token_handler.py``): a task's entry point names its task, and may name its own service class and encoder."""
 
     task: str = ""
+    #: The serving core of the task (a subclass of :class:`ExplanationService` with its own ``run``).
+    service_class: type[ExplanationService] = ExplanationService
+    #: Encodes one row's outcome in the encoding its request came in.
+    encode: staticmethod[[RowOutcome, tuple[str, ...]], bytes] = staticmethod(encode_outcome)
 
     def __init__(self) -> None:
         """Create an uninitialised handler (TorchServe calls :meth:`initialize`)."""
         self.initialized = False
         self.config: HandlerConfig | None = None
-        self.service: ExplanationService | None = None
+        self.service: Any = None
         self.model_name = ""
 
     def initialize(self, context: Any) -> None:
@@ -65,10 +70,14 @@ class ExplanationHandler:
 
             device = torch.device(f"cuda:{int(gpu_id)}")
         self.model_name = str(context.model_name)
-        self.service = ExplanationService(config, model_dir, device)
+        self.service = self.create_service(config, model_dir, device)
         self.config = config
         metrics.check_multiprocess()
         self.initialized = True
+
+    def create_service(self, config: HandlerConfig, model_dir: Path, device: Any) -> Any:
+        """The serving core of this handler's task: :attr:`service_class` (generation models override this)."""
+        return self.service_class(config, model_dir, device)
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """Serve one TorchServe batch: exactly one response per row, in order."""
@@ -88,7 +97,7 @@ class ExplanationHandler:
         responses: list[bytes] = []
         for index, outcome in enumerate(outcomes):
             started = time.perf_counter()
-            body = encode_outcome(outcome, config.labels)
+            body = self.encode(outcome, config.labels)
             encode_seconds = time.perf_counter() - started
             context.set_response_content_type(index, _CONTENT_TYPES[outcome.encoding])
             decoded_row = decoded[index]

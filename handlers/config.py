@@ -14,6 +14,10 @@ DEFAULT_THRESHOLD = 0.5
 #: faithful method measured here, at one forward and one gradient pass, on every supported architecture.
 DEFAULT_METHOD = "attnlrp"
 
+#: The handler tasks: ``text`` (sequence classifiers), ``image`` and ``token_classification`` (NER, PII detection:
+#: a label per token, explained per entity). Every task but ``image`` takes text.
+TASKS = ("text", "image", "token_classification", "generation")
+
 #: Keys the ``handler:`` section may hold.
 _KNOWN_KEYS = frozenset(
     {
@@ -31,6 +35,8 @@ _KNOWN_KEYS = frozenset(
         "threads",
         "threshold",
         "pad_token_id",
+        "max_new_tokens",
+        "default_new_tokens",
         "explain_below",
     }
 )
@@ -45,7 +51,7 @@ class HandlerConfig:
     """Settings of one served model.
 
     Attributes:
-        task: ``text`` or ``image``.
+        task: ``text``, ``image``, ``token_classification`` or ``generation`` (:data:`TASKS`).
         model_dir: The Hugging Face checkpoint folder, relative to the archive.
         default_method: Method used when a request asks for an explanation without naming one.
         labels: Class names in index order.
@@ -63,12 +69,17 @@ class HandlerConfig:
         pad_token_id: Text: the token id batches are padded with, set on the tokenizer and ``config.pad_token_id``
             at load (``None``: the checkpoint's own, unchanged). Written by ``model_store.package`` for checkpoints
             without a pad token (it then pads with EOS).
+        max_new_tokens: Generation: the most new tokens a request may ask for (more is ``too_many_tokens``).
+        default_new_tokens: Generation: new tokens written when a request names none.
+
+    The ``generation`` task (causal LMs) has no labels; ``max_length`` bounds its prompts in tokens (a longer prompt
+    is ``too_many_tokens``: a truncated prompt would change what is generated).
         explain_below: Explain when unsure, by default: a request that asks for an explanation without saying when
             gets it only if the prediction's confidence is below this probability in (0, 1] (``None``: always).
             A request overrides it (``"below": 0.9``, or ``"below": null`` for always).
     """
 
-    task: Literal["text", "image"]
+    task: Literal["text", "image", "token_classification", "generation"]
     labels: tuple[str, ...]
     model_dir: str = "model"
     default_method: str = DEFAULT_METHOD
@@ -82,6 +93,8 @@ class HandlerConfig:
     threads: int | None = None
     threshold: float | None = None
     pad_token_id: int | None = None
+    max_new_tokens: int = 64
+    default_new_tokens: int = 16
     explain_below: float | None = None
 
     @classmethod
@@ -98,11 +111,15 @@ class HandlerConfig:
         if unknown:
             raise ConfigError(f"unknown handler key(s) {unknown}; known: {sorted(_KNOWN_KEYS)}")
         task = section.get("task")
-        if task not in ("text", "image"):
-            raise ConfigError(f"handler.task must be 'text' or 'image', got {task!r}")
-        labels = section.get("labels")
-        if not isinstance(labels, list) or not labels or not all(isinstance(label, str) for label in labels):
+        if task not in TASKS:
+            raise ConfigError(f"handler.task must be one of {', '.join(TASKS)}, got {task!r}")
+        labels = section.get("labels", [] if task == "generation" else None)
+        if task == "generation" and labels:
+            raise ConfigError("handler.labels: a generation model has no labels (its outputs are the vocabulary)")
+        valid_labels = isinstance(labels, list) and all(isinstance(label, str) for label in labels)
+        if task != "generation" and not (valid_labels and labels):
             raise ConfigError("handler.labels must be a non-empty list of class names")
+        assert isinstance(labels, list)
         if len(set(labels)) != len(labels):
             raise ConfigError(f"handler.labels must be distinct, got {labels}")
         default_method = section.get("default_method", DEFAULT_METHOD)
@@ -132,11 +149,23 @@ class HandlerConfig:
             threads=_int_key(section, "threads", 1) if section.get("threads") is not None else None,
             threshold=_threshold(section.get("threshold")),
             pad_token_id=_pad_token_id(section.get("pad_token_id")),
+            max_new_tokens=_int_key(section, "max_new_tokens", 64),
+            default_new_tokens=_int_key(section, "default_new_tokens", 16),
             explain_below=_explain_below(section.get("explain_below")),
         )
-        if config.max_length < 3:
+        if config.max_length < 3 and task != "generation":
             raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")
+        if config.default_new_tokens > config.max_new_tokens:
+            raise ConfigError(
+                f"handler.default_new_tokens ({config.default_new_tokens}) exceeds max_new_tokens "
+                f"({config.max_new_tokens})"
+            )
         return config
+
+    @property
+    def input_kind(self) -> Literal["text", "image"]:
+        """What a request carries: ``image`` for the image task, ``text`` for every other task."""
+        return "image" if self.task == "image" else "text"
 
 
 def _positive_int(value: Any) -> bool:

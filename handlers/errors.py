@@ -56,6 +56,13 @@ ERROR_TABLE: dict[str, ErrorKind] = {
         ErrorKind("text_too_long", 413, "RESOURCE_EXHAUSTED", "more characters than max_text_chars"),
         ErrorKind("image_too_large", 413, "RESOURCE_EXHAUSTED", "more bytes than max_image_bytes or too many pixels"),
         ErrorKind("request_too_large", 413, "RESOURCE_EXHAUSTED", "a KServe/Ray door request over 3,000,000 bytes"),
+        ErrorKind(
+            "too_many_tokens",
+            400,
+            "INVALID_ARGUMENT",
+            "generation: more new tokens than max_new_tokens, or a prompt longer than max_length tokens",
+        ),
+        ErrorKind("missing_prompt", 400, "INVALID_ARGUMENT", "generation: no prompt, or an empty/blank prompt"),
         ErrorKind("unsupported_input", 415, "INVALID_ARGUMENT", "an input this model cannot take (image for text)"),
         ErrorKind("attribution_failed", 500, "INTERNAL", "the row's attribution came out NaN or infinite"),
         ErrorKind("internal", 500, "INTERNAL", "the batch failed on the server; see the server log"),

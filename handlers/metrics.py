@@ -7,8 +7,8 @@ exporter process (:mod:`handlers.exporter`, port 8083 by default) serves their s
 variable the metrics stay in the worker process (nothing to scrape) and a warning is logged once.
 
 Labels are bounded: ``model`` (served models), ``method`` (registered methods or ``none`` for a prediction),
-``stage`` (forward, backward, attribution, encode), ``code`` (the error table's codes) and ``outcome`` (explained,
-skipped).
+``stage`` (generate, forward, backward, attribution, encode), ``code`` (the error table's codes) and ``outcome``
+(explained, skipped).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ LATENCY_BUCKETS = (
     0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
-STAGES = ("forward", "backward", "attribution", "encode")
+STAGES = ("generate", "forward", "backward", "attribution", "encode")
 PREDICTION = "none"
 
 EXPLANATION_SECONDS = Histogram(
@@ -47,6 +47,9 @@ STAGE_SECONDS = Histogram(
 )
 EXPLANATIONS = Counter("explain_explanations", "Rows served, by method (none = prediction only)", ["model", "method"])
 ERRORS = Counter("explain_errors", "Rows answered with an error, by method and error code", ["model", "method", "code"])
+GENERATED_TOKENS = Counter(
+    "explain_generated_tokens", "Tokens written by generation models (given continuations not counted)", ["model"]
+)
 UNSURE_ROWS = Counter(
     "explain_unsure_rows",
     "Rows that asked for an explanation only when unsure (below a confidence), by the method asked for and whether "
@@ -116,6 +119,12 @@ def observe_outcome(
     observe_row(model, outcome.method, stages)
     if outcome.below is not None:  # it asked for an explanation only when unsure
         observe_unsure(model, metric_method(requested), outcome.skipped is None)
+
+
+def observe_generated_tokens(model: str, count: int) -> None:
+    """Record the tokens a generation model wrote for one batch."""
+    if count:
+        GENERATED_TOKENS.labels(model).inc(count)
 
 
 def observe_unsure(model: str, method: str, explained: bool) -> None:

@@ -103,7 +103,7 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
         return _decode_protobuf(row["request"], config)
     raw = row.get("body", row.get("data"))
     if raw is None:
-        expected = "{'text': ...}" if config.task == "text" else "{'image': '<base64>'} or a raw PNG/JPEG body"
+        expected = "{'text': ...}" if config.input_kind == "text" else "{'image': '<base64>'} or a raw PNG/JPEG body"
         raise RowError("invalid_request", f"empty request: send a JSON body {expected}")
     if isinstance(raw, bytearray):
         raw = bytes(raw)
@@ -119,7 +119,7 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
             raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
         document = _parse_json(raw)
     elif isinstance(raw, str):
-        if config.task == "text" and not raw.lstrip().startswith("{"):
+        if config.input_kind == "text" and not raw.lstrip().startswith("{"):
             # A text/plain body is the text itself.
             request = _explain_request(None, explain_header, config)
             return DecodedRow(Encoding.JSON, request, text=_check_text(raw, config))
@@ -188,8 +188,8 @@ def _parse_json(text: str) -> Any:
 
 
 def _decode_document(document: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
-    input_key = "text" if config.task == "text" else "image"
-    allowed = {input_key, "explain"} | ({"text_pair"} if config.task == "text" else set())
+    input_key = config.input_kind
+    allowed = {input_key, "explain"} | ({"text_pair"} if input_key == "text" else set())
     unknown = sorted(set(document) - allowed)
     if unknown:
         other = "image" if input_key == "text" else "text"
@@ -197,7 +197,7 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
             raise RowError("unsupported_input", f"this is a {config.task} model: send {input_key!r}, not {other!r}")
         raise RowError("invalid_request", f"unknown field(s) {unknown}; allowed: {sorted(allowed)}")
     request = _explain_request(document.get("explain"), explain_header, config)
-    if config.task == "text":
+    if input_key == "text":
         text = document.get("text")
         if text is None:
             raise RowError("missing_text", "missing 'text': send {'text': 'your sentence'}")
@@ -231,10 +231,10 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
         raise RowError("invalid_protobuf", f"input['request'] is not a serialized ExplainRequest: {error}") from None
     kind = message.WhichOneof("input")
     if kind is None:
-        missing = "missing_text" if config.task == "text" else "missing_image"
-        raise RowError(missing, f"ExplainRequest.{config.task} is not set")
-    if kind != config.task:
-        raise RowError("unsupported_input", f"this is a {config.task} model: set ExplainRequest.{config.task}")
+        missing = "missing_text" if config.input_kind == "text" else "missing_image"
+        raise RowError(missing, f"ExplainRequest.{config.input_kind} is not set")
+    if kind != config.input_kind:
+        raise RowError("unsupported_input", f"this is a {config.task} model: set ExplainRequest.{config.input_kind}")
     request = RowRequest()
     if message.HasField("explain"):
         explain = message.explain

@@ -26,6 +26,7 @@ from transformers import (
     AutoImageProcessor,
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     AutoTokenizer,
 )
 
@@ -74,8 +75,11 @@ def classifier_class(model_config: Any, task: str) -> Any:
 
     names = getattr(model_config, "architectures", None) or []
     family = FAMILIES.get(str(getattr(model_config, "model_type", "")))
-    if names and family is not None and names[0] in family.classes and hasattr(transformers, names[0]):
+    wanted = "token_classification" if task == "token_classification" else "sequence_classification"
+    if names and family is not None and family.task_of(names[0]) == wanted and hasattr(transformers, names[0]):
         return getattr(transformers, names[0])
+    if task == "token_classification":
+        return AutoModelForTokenClassification
     return AutoModelForSequenceClassification if task == "text" else AutoModelForImageClassification
 
 
@@ -107,7 +111,7 @@ class ExplanationService:
         self.threshold = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
         self.tokenizer: Any = None
         self.processor: Any = None
-        if config.task == "text":
+        if config.input_kind == "text":
             # The tokenizer's own padding side: right for encoders, left for most decoder classifiers.
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
             if config.pad_token_id is not None:
@@ -224,7 +228,7 @@ class ExplanationService:
         decoded = [rows[index] for index in valid]
         truncated = [False] * len(valid)
         segments: list[list[int] | None] = [None] * len(valid)
-        if self.config.task == "text":
+        if self.config.input_kind == "text":
             texts = [row.text or "" for row in decoded]  # type: ignore[union-attr]
             pairs = [row.text_pair for row in decoded]  # type: ignore[union-attr]
             inputs, truncated, segments = self._text_inputs(texts, pairs)

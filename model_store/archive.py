@@ -39,7 +39,8 @@ class ServingConfig:
     """Content of ``model-config.yaml``: TorchServe's worker/batching keys and our handler's section.
 
     Attributes:
-        task: ``"text"`` or ``"image"``.
+        task: ``"text"``, ``"image"``, ``"token_classification"`` (a text model tagging every token) or
+            ``"generation"`` (a causal LM: no labels; ``max_length`` bounds prompts).
         labels: Class names in index order (the same as the checkpoint's ``id2label``).
         max_length: Text only: tokens per input; longer inputs are truncated.
         image_size: Image only: ``[height, width]`` of the model input.
@@ -57,7 +58,7 @@ class ServingConfig:
         response_timeout_s: TorchServe ``responseTimeout`` (s); a slower batch kills the worker.
     """
 
-    task: Literal["text", "image"]
+    task: Literal["text", "image", "token_classification", "generation"]
     labels: tuple[str, ...]
     max_length: int | None = None
     image_size: tuple[int, int] | None = None
@@ -75,8 +76,10 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         """Check that the task-specific keys match the task."""
-        if self.task == "text" and (self.max_length is None or self.image_size is not None):
-            raise ValueError("a text model needs max_length and no image_size")
+        if self.task in ("text", "token_classification", "generation") and (
+            self.max_length is None or self.image_size is not None
+        ):
+            raise ValueError(f"a {self.task} model needs max_length and no image_size")
         if self.task == "image" and (self.image_size is None or self.max_image_bytes is None):
             raise ValueError("an image model needs image_size and max_image_bytes")
 
@@ -89,7 +92,8 @@ class ServingConfig:
         }
         if self.max_length is not None:
             handler["max_length"] = self.max_length
-        handler["labels"] = list(self.labels)
+        if self.task != "generation":
+            handler["labels"] = list(self.labels)
         if self.image_size is not None:
             handler["image_size"] = list(self.image_size)
         if self.max_image_bytes is not None:

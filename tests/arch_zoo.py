@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
 from torch import Tensor
 from transformers import (
     AlbertConfig,
@@ -241,6 +242,52 @@ VARIANTS: list[Variant] = [
     Variant("deit-teacher", "deit", "class_distillation", config_key="deit"),
     Variant("dinov2", "dinov2", "class_patch_mean"),
 ]
+
+
+FLOAT32_SOFTMAX = frozenset({"modernbert", "llama", "qwen2", "qwen3", "mistral", "gemma2"})
+"""Families whose eager attention runs its softmax in float32 even in a float64 model. A row then gets its
+probabilities summed over a different number of (masked) terms in a padded batch than alone, and, depending on the
+CPU's vectorised float32 reductions, they differ by float32 rounding: ~1e-7 relative in logits and map scores
+(measured on an AMD EPYC host), ~1e-6 in gradients through them."""
+
+
+def alone_tolerance(model_type: str, gradients: bool = False) -> float:
+    """Worst difference (relative to the largest value) between a row explained in a padded batch and alone: float64
+    rounding, or float32 rounding where the softmax runs in float32 (:data:`FLOAT32_SOFTMAX`)."""
+    if model_type not in FLOAT32_SOFTMAX:
+        return 1e-9
+    return 1e-5 if gradients else 1e-6
+
+
+TOKEN_LEVEL_FAMILIES: dict[str, tuple[str, ...]] = {
+    "token_classification": (
+        "bert",
+        "roberta",
+        "xlm-roberta",
+        "distilbert",
+        "electra",
+        "albert",
+        "modernbert",
+        "deberta-v2",
+    ),
+    "causal_lm": ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gpt2"),
+}
+"""The families whose token-level classes the tests build (the encoders' token classifiers, the decoders' LMs)."""
+
+
+def build_token_level(model_type: str, task: str, seed: int = 0, num_labels: int = NUM_LABELS) -> Any:
+    """A tiny float64 model of ``model_type``'s class for ``task`` (``token_classification``: a token classifier
+    with ``num_labels`` labels; ``causal_lm``: the family's causal LM over the :data:`VOCAB` tokens), eval mode,
+    eager attention, the same perturbed weights as the classifiers of :data:`VARIANTS`."""
+    from explainers import FAMILIES
+
+    family = FAMILIES[model_type]
+    names = family.token_classes if task == "token_classification" else family.causal_lm_classes
+    config = _configs()[model_type]()
+    config.num_labels = num_labels
+    config._attn_implementation = "eager"
+    cls = getattr(transformers, names[0])
+    return perturb(cls(config), 17 + seed).double().eval()
 
 
 def text_batch(model: Any, lengths: tuple[int, ...] = LENGTHS, side: str = "right", seed: int = 0) -> dict[str, Tensor]:

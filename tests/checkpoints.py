@@ -9,10 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertTokenizer,
     DistilBertConfig,
     DistilBertForSequenceClassification,
@@ -131,10 +133,24 @@ def vision(folder: Path) -> Path:
     return save(perturb(ViTForImageClassification(config), 16, unit_embeddings=None).eval(), processor, folder)
 
 
+#: The labels of :func:`token_classifier`.
+ENTITY_TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
+def token_classifier(folder: Path) -> Path:
+    """A BERT token classifier (NER: BIO tags of people and places), the ``O`` bias lowered so it finds entities."""
+    model = perturb(BertForTokenClassification(_labelled(_bert_config(), ENTITY_TAGS)), 17, unit_embeddings=None)
+    with torch.no_grad():
+        model.classifier.bias[0] -= 1.0
+    model.eval()
+    return save(model, bert_tokenizer(), folder)
+
+
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "pairs": pair_encoder,
     "topics": multi_label,
     "rating": regression,
     "decoder": decoder,
     "animals": vision,
+    "entities": token_classifier,
 }

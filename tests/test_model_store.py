@@ -239,7 +239,11 @@ def test_serving_config_rejects_mismatched_task_keys() -> None:
 @pytest.fixture(scope="module")
 def handlers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("handlers")
-    paths = {"text": folder / "text_handler.py", "image": folder / "image_handler.py"}
+    paths = {
+        "text": folder / "text_handler.py",
+        "image": folder / "image_handler.py",
+        "token_classification": folder / "token_handler.py",
+    }
     for path in paths.values():
         path.write_text("def handle(data, context):\n    return [None for _ in data]\n", encoding="utf-8")
     return paths
@@ -249,15 +253,21 @@ def handlers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def tiny_build(tmp_path_factory: pytest.TempPathFactory, handlers: dict[str, Path]) -> Path:
     out = tmp_path_factory.mktemp("build")
     threads = torch.get_num_threads()
-    archives = build_module.build_tiny_archives(out, text_handler=handlers["text"], image_handler=handlers["image"])
+    archives = build_module.build_tiny_archives(
+        out, handlers["text"], handlers["image"], handlers["token_classification"]
+    )
     assert torch.get_num_threads() == threads, "the tiny build must restore torch's thread count"
-    assert archives == {"sentiment": out / "sentiment" / "archive", "digits": out / "digits" / "archive"}
+    assert archives == {name: out / name / "archive" for name in ("sentiment", "digits", "entities")}
     return out
 
 
 @pytest.mark.parametrize(
     ("name", "handler_file", "task"),
-    [("sentiment", "text_handler.py", "text"), ("digits", "image_handler.py", "image")],
+    [
+        ("sentiment", "text_handler.py", "text"),
+        ("digits", "image_handler.py", "image"),
+        ("entities", "token_handler.py", "token_classification"),
+    ],
 )
 def test_tiny_archive_layout(tiny_build: Path, name: str, handler_file: str, task: str) -> None:
     archive = tiny_build / name / "archive"
@@ -273,8 +283,13 @@ def test_tiny_archive_layout(tiny_build: Path, name: str, handler_file: str, tas
     assert metrics == json.loads((tiny_build / name / "metrics.json").read_text())
     for key in ("held_out", "split_sizes", "seed", "build_seconds", "fingerprint"):
         assert key in metrics
-    assert set(metrics["held_out"]["per_class"]) == set(config["handler"]["labels"])
-    assert {"precision", "recall"} <= set(metrics["held_out"]["per_class"][config["handler"]["labels"][0]])
+    if task == "token_classification":  # entity-level scores per type (PER of B-PER/I-PER)
+        types = {label[2:] for label in config["handler"]["labels"] if label != "O"}
+        assert set(metrics["held_out"]["per_type"]) == types
+        assert {"precision", "recall", "f1"} <= set(metrics["held_out"]["per_type"]["PER"])
+    else:
+        assert set(metrics["held_out"]["per_class"]) == set(config["handler"]["labels"])
+        assert {"precision", "recall"} <= set(metrics["held_out"]["per_class"][config["handler"]["labels"][0]])
     for model_dir in (tiny_build / name / "model", archive / "model"):
         names = {p.name for p in model_dir.iterdir()}
         assert "model.safetensors" in names

@@ -146,12 +146,9 @@ def _layers_and_heads(model: Any) -> tuple[list[nn.Module], list[list[nn.Linear]
     return list(base.encoder.layer), [head], [0]
 
 
-def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int) -> Tensor:
-    """Relevance of one example (batch 1, no padding), from scratch."""
-    model_type = model.config.model_type
-    vit = model_type in ("vit", "deit")
-    layers, heads_linears, head_tokens = _layers_and_heads(model)
-    paths = _PATHS[model_type]
+def _layer_names(layers: list[nn.Module], paths: tuple[str, ...]) -> dict[str, tuple[nn.Module, int]]:
+    """What the oracle tapes of each layer (``{i}.layer``, ``{i}.attn``, ``{i}.q`` ... ``{i}.fc2``), each with the call
+    of its module that belongs to layer ``i`` (a shared ALBERT layer is called once per layer)."""
     names: dict[str, tuple[nn.Module, int]] = {}
     seen: dict[int, int] = {}
     for i, layer in enumerate(layers):
@@ -160,36 +157,24 @@ def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int
         names[f"{i}.layer"] = (layer, call)
         for key, path in zip(("attn", "q", "k", "v", "o", "fc1", "fc2"), paths, strict=True):
             names[f"{i}.{key}"] = (_get(layer, path), call)
-    for h, head_linears in enumerate(heads_linears):
-        for j, linear in enumerate(head_linears):
-            names[f"head{h}.{j}"] = (linear, 0)
-    modules: dict[str, Any] = {name: module for name, (module, _) in names.items()}
-    tape = _Tape(names)
-    try:
-        output = model(**inputs)
-    finally:
-        tape.close()
-    v = tape.values
-    probabilities = [v[f"{i}.attn"][1][1] for i in range(len(layers))]
-    gradients = torch.autograd.grad(output.logits[0, target], probabilities)
+    return names
 
-    hidden_last = v[f"{len(layers) - 1}.layer"][1]
-    hidden_last = hidden_last[0] if isinstance(hidden_last, tuple) else hidden_last
-    token_relevance = torch.zeros_like(hidden_last.detach())
-    # Several heads whose logits the model averages (DeiT with a teacher): each gets the share |z_h| / Σ|z| of the
-    # target's relevance, the magnitude normalisation of Chefer et al.'s skip-connection rule.
-    head_logits = [
-        v[f"head{h}.{len(linears) - 1}"][1][0, target].detach().abs() for h, linears in enumerate(heads_linears)
-    ]
-    for h, head_linears in enumerate(heads_linears):
-        relevance = torch.zeros_like(output.logits)
-        relevance[0, target] = head_logits[h] / sum(head_logits) if len(heads_linears) > 1 else 1.0
-        for j in reversed(range(len(head_linears))):
-            relevance = _linear(v[f"head{h}.{j}"][0], head_linears[j].weight.detach(), relevance)
-        token_relevance[:, head_tokens[h]] += relevance
+
+def _oracle_blocks(
+    model: Any,
+    v: dict[str, Any],
+    modules: dict[str, Any],
+    count: int,
+    probabilities: list[Tensor],
+    token_relevance: Tensor,
+    start_layer: int,
+) -> dict[int, Tensor]:
+    """The oracle's LRP through the blocks (taped values ``v``), from the relevance of the last block's output down to
+    ``start_layer``: each block's attention relevance ("cam")."""
     heads = model.config.num_attention_heads
+    vit = model.config.model_type in ("vit", "deit")
     cams: dict[int, Tensor] = {}
-    for i in reversed(range(start_layer, len(layers))):
+    for i in reversed(range(start_layer, count)):
         x = v[f"{i}.q"][0]
         hidden = v[f"{i}.layer"][0]
         attention_out = v[f"{i}.o"][1].detach()
@@ -222,19 +207,64 @@ def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int
             + _linear(x, modules[f"{i}.v"].weight.detach(), merge(r_value / 2))
         )
         token_relevance = r_x + r_skip
+    return cams
 
-    length = probabilities[0].shape[-1]
+
+def _oracle_rollout(
+    gradients: tuple[Tensor, ...], cams: dict[int, Tensor], start_layer: int, read: list[int]
+) -> Tensor:
+    """Chefer et al.'s rollout of ``norm(E_h[(∇A ⊙ R)⁺] + I)`` from ``start_layer`` up, the mean of the rows ``read``,
+    their own entries set to the row's minimum (the authors' [CLS] rule, at every token read)."""
+    length = gradients[0].shape[-1]
     joint = torch.eye(length, dtype=torch.float64)
-    for i in range(start_layer, len(layers)):
+    for i in range(start_layer, len(gradients)):
         weighted = (gradients[i][0] * cams[i][0]).clamp(min=0).mean(0) + torch.eye(length, dtype=torch.float64)
         joint = (weighted / weighted.sum(-1, keepdim=True)) @ joint
-    read = head_tokens
     scores = sum(joint[token] for token in read) / len(read)
     assert isinstance(scores, Tensor)
     scores = scores.clone()
     minimum = scores.min()
     for token in read:
         scores[token] = minimum
+    return scores
+
+
+def _oracle(model: Any, inputs: dict[str, Tensor], target: int, start_layer: int) -> Tensor:
+    """Relevance of one example (batch 1, no padding), from scratch."""
+    model_type = model.config.model_type
+    vit = model_type in ("vit", "deit")
+    layers, heads_linears, head_tokens = _layers_and_heads(model)
+    names = _layer_names(layers, _PATHS[model_type])
+    for h, head_linears in enumerate(heads_linears):
+        for j, linear in enumerate(head_linears):
+            names[f"head{h}.{j}"] = (linear, 0)
+    modules: dict[str, Any] = {name: module for name, (module, _) in names.items()}
+    tape = _Tape(names)
+    try:
+        output = model(**inputs)
+    finally:
+        tape.close()
+    v = tape.values
+    probabilities = [v[f"{i}.attn"][1][1] for i in range(len(layers))]
+    gradients = torch.autograd.grad(output.logits[0, target], probabilities)
+
+    hidden_last = v[f"{len(layers) - 1}.layer"][1]
+    hidden_last = hidden_last[0] if isinstance(hidden_last, tuple) else hidden_last
+    token_relevance = torch.zeros_like(hidden_last.detach())
+    # Several heads whose logits the model averages (DeiT with a teacher): each gets the share |z_h| / Σ|z| of the
+    # target's relevance, the magnitude normalisation of Chefer et al.'s skip-connection rule.
+    head_logits = [
+        v[f"head{h}.{len(linears) - 1}"][1][0, target].detach().abs() for h, linears in enumerate(heads_linears)
+    ]
+    for h, head_linears in enumerate(heads_linears):
+        relevance = torch.zeros_like(output.logits)
+        relevance[0, target] = head_logits[h] / sum(head_logits) if len(heads_linears) > 1 else 1.0
+        for j in reversed(range(len(head_linears))):
+            relevance = _linear(v[f"head{h}.{j}"][0], head_linears[j].weight.detach(), relevance)
+        token_relevance[:, head_tokens[h]] += relevance
+    cams = _oracle_blocks(model, v, modules, len(layers), probabilities, token_relevance, start_layer)
+
+    scores = _oracle_rollout(gradients, cams, start_layer, head_tokens)
     return scores[2 if model_type == "deit" else 1 :] if vit else scores  # DeiT: class and distillation tokens
 
 

@@ -71,7 +71,9 @@ def is_vocabulary(file_name: str) -> bool:
 
 def conversion_command(path: Path, task: Task | None) -> str:
     """The command that re-saves a pickle checkpoint at ``path`` as safetensors (to run in a trusted environment)."""
-    auto = "AutoModelForImageClassification" if task == "image" else "AutoModelForSequenceClassification"
+    auto = {"image": "AutoModelForImageClassification", "token_classification": "AutoModelForTokenClassification"}.get(
+        str(task), "AutoModelForSequenceClassification"
+    )
     return f"python -c \"from transformers import {auto} as M; M.from_pretrained('{path}').save_pretrained('{path}')\""
 
 

@@ -29,6 +29,8 @@ DEFAULT_OUT = DEFAULT_BUILD_DIR / "packages"
 FINGERPRINTS_DIR = ".fingerprints"
 TEXT_HANDLER = REPO_ROOT / "handlers" / "text_handler.py"
 IMAGE_HANDLER = REPO_ROOT / "handlers" / "image_handler.py"
+TOKEN_HANDLER = REPO_ROOT / "handlers" / "token_handler.py"
+GENERATION_HANDLER = REPO_ROOT / "handlers" / "generation_handler.py"
 PACKAGE_CODE_DIR = Path(__file__).resolve().parent
 
 
@@ -48,6 +50,9 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
         extra["pad_token_id"] = checkpoint.pad_token_id
     if settings.explain_below is not None:
         extra["explain_below"] = float(settings.explain_below)
+    if checkpoint.task == "generation":
+        extra["max_new_tokens"] = settings.max_new_tokens
+        extra["default_new_tokens"] = settings.default_new_tokens
     return ServingConfig(
         task=checkpoint.task,
         labels=checkpoint.labels,
@@ -67,7 +72,12 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
 
 
 def _handler(task: Task) -> Path:
-    return TEXT_HANDLER if task == "text" else IMAGE_HANDLER
+    return {
+        "text": TEXT_HANDLER,
+        "image": IMAGE_HANDLER,
+        "token_classification": TOKEN_HANDLER,
+        "generation": GENERATION_HANDLER,
+    }[task]
 
 
 def fingerprint(checkpoint: Checkpoint, settings: Settings, name: str) -> tuple[str, dict[str, Any]]:

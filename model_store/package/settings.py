@@ -15,7 +15,7 @@ from typing import Any, Literal
 #: A safe TorchServe model / archive name: no path separators, dots or leading dash; at most 64 characters.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
-Task = Literal["text", "image"]
+Task = Literal["text", "image", "token_classification", "generation"]
 
 
 class PackageError(ValueError):
@@ -43,6 +43,8 @@ class Settings:
         explain_below: Explain when unsure, by default: a request asking for an explanation without saying when gets
             it only if the prediction's confidence is below this probability in (0, 1] (``None``: always; a request
             overrides it with ``below``).
+        max_new_tokens: Generation models: the most new tokens a request may ask for.
+        default_new_tokens: Generation models: new tokens written when a request names none.
     """
 
     default_method: str | None = None
@@ -55,6 +57,8 @@ class Settings:
     workers: int = 1
     response_timeout: int = 60
     explain_below: float | None = None
+    max_new_tokens: int = 64
+    default_new_tokens: int = 16
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> Settings:
@@ -81,7 +85,8 @@ class Settings:
 
         if self.default_method is not None and self.default_method not in available_methods():
             raise PackageError(f"{where}: default_method {self.default_method!r} is not one of {available_methods()}")
-        for key, low in (("max_length", 3), ("batch_size", 1), ("max_batch_delay", 1), ("workers", 1)):
+        numbers = ("max_length", "batch_size", "max_batch_delay", "workers", "max_new_tokens", "default_new_tokens")
+        for key, low in zip(numbers, (3, 1, 1, 1, 1, 1), strict=True):
             value = getattr(self, key)
             if key == "max_length" and value is None:
                 continue

@@ -73,8 +73,12 @@ class Checkpoint:
 def _task_of(architecture: str) -> Task | None:
     if architecture.endswith("ForSequenceClassification"):
         return "text"
+    if architecture.endswith("ForCausalLM") or architecture.endswith("LMHeadModel"):
+        return "generation"
     if "ForImageClassification" in architecture:  # also DeiTForImageClassificationWithTeacher
         return "image"
+    if architecture.endswith("ForTokenClassification"):
+        return "token_classification"
     return None
 
 
@@ -93,6 +97,25 @@ def _check_head(model: Any, shapes: Mapping[str, list[int]], architecture: str) 
             raise PackageError(
                 f"{key} has shape {shapes[key]} in the weights but config.json implies {shape}: make num_labels / "
                 "id2label in config.json match the trained head"
+            )
+
+
+def _check_lm_head(model: Any, shapes: Mapping[str, list[int]], architecture: str) -> None:
+    """The LM head must be in the weights with its shape, or tied to the input embeddings."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    tied = bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False))
+    names = [key for key, value in model.named_parameters() if value is weight]
+    if weight is None or (not tied and not any(name in shapes for name in names)):
+        raise PackageError(
+            f"the weights have no LM head ({', '.join(names) or 'lm_head.weight'} missing) and config.json does not "
+            f"tie it to the embeddings: save the whole {architecture} with save_pretrained"
+        )
+    for name in names:
+        if name in shapes and shapes[name] != list(weight.shape):
+            raise PackageError(
+                f"{name} has shape {shapes[name]} in the weights but config.json implies {list(weight.shape)}: make "
+                "vocab_size in config.json match the trained model"
             )
 
 
@@ -185,6 +208,25 @@ def _max_length(config: Any, requested: int | None) -> int:
     return requested
 
 
+def _token_checks(labels: tuple[str, ...], settings: Settings) -> list[str]:
+    """A token classifier's own checks: explain-when-unsure does not apply; a label set without a tagging scheme is
+    served token by token (a warning)."""
+    from explainers import label_scheme
+
+    if settings.explain_below is not None:
+        raise PackageError(
+            "explain_below is for sequence classifiers: a token classifier explains every entity it finds (leave "
+            "explain_below out for this model)"
+        )
+    scheme = label_scheme(labels)
+    if scheme.name == "none":
+        return [
+            f"the labels ({', '.join(labels[:4])}{', ...' if len(labels) > 4 else ''}) follow no BIO/BIOES/IO "
+            "scheme: every token is served as its own entity (name them B-X/I-X, or O and X, to group spans)"
+        ]
+    return []
+
+
 def _image_size(config: Any) -> tuple[int, int]:
     size = getattr(config, "image_size", None)
     if isinstance(size, int) and size > 0:
@@ -243,8 +285,9 @@ def validate(path: Path | str, name: str, settings: Settings | None = None) -> C
     if task is None:
         raise PackageError(
             f"config.json's architectures is {architectures!r}: the service serves classifiers, "
-            f"{model_type} ...ForSequenceClassification or ...ForImageClassification; fine-tune a classification "
-            "head and save it with save_pretrained"
+            f"{model_type} ...ForSequenceClassification, ...ForTokenClassification or ...ForImageClassification, "
+            "and causal LMs (...ForCausalLM, GPT2LMHeadModel); fine-tune a classification head and save it with "
+            "save_pretrained"
         )
     if not any(file_name.endswith(".safetensors") for file_name in files):
         if pickled:
@@ -288,7 +331,12 @@ def _validate_staged(
         raise PackageError(
             f"config.json cannot be loaded by transformers ({error}); re-save it with save_pretrained"
         ) from None
-    model_class = classifier_class(config, task)
+    if task == "generation":
+        from transformers import AutoModelForCausalLM
+
+        model_class: Any = AutoModelForCausalLM
+    else:
+        model_class = classifier_class(config, task)
     try:
         with torch.device("meta"):  # the skeleton only: no memory for weights
             skeleton = model_class.from_config(config) if hasattr(model_class, "from_config") else model_class(config)
@@ -303,8 +351,12 @@ def _validate_staged(
         describe(skeleton)
     except ExplainError as error:
         raise PackageError(f"the explainers cannot explain this model: {error}") from None
-    _check_head(skeleton, shapes, architecture)
-    methods = supported_methods(str(config.model_type))
+    if task == "generation":
+        _check_lm_head(skeleton, shapes, architecture)
+    else:
+        _check_head(skeleton, shapes, architecture)
+    explained_as = "token_classification" if task == "token_classification" else "sequence_classification"
+    methods = supported_methods(str(config.model_type), explained_as)
     default_method = settings.default_method or (DEFAULT_METHOD if DEFAULT_METHOD in methods else "gae")
     if default_method not in methods:
         raise PackageError(
@@ -317,8 +369,17 @@ def _validate_staged(
             f"config.json's problem_type {problem_type!r} is not one of {_PROBLEM_TYPES[1:]}: set it to the task the "
             "head was trained for (or remove it)"
         )
-    head = head_type(skeleton)
-    labels, warnings = _labels(config, head)
+    labels: tuple[str, ...] = ()
+    warnings: list[str] = []
+    if task == "generation":
+        head = "causal_lm"
+        if settings.default_new_tokens > settings.max_new_tokens:
+            raise PackageError(
+                f"default_new_tokens ({settings.default_new_tokens}) exceeds max_new_tokens ({settings.max_new_tokens})"
+            )
+    else:
+        head = head_type(skeleton)
+        labels, warnings = _labels(config, head)
     threshold: float | None = None
     if head == "multi_label":
         from_config = getattr(config, "threshold", None)
@@ -328,7 +389,9 @@ def _validate_staged(
     image_size: tuple[int, int] | None = None
     pad_token_id: int | None = None
     max_length: int | None = None
-    if task == "text":
+    if task == "token_classification":
+        warnings += _token_checks(labels, settings)
+    if task in ("text", "token_classification", "generation"):
         max_length = _max_length(config, settings.max_length)
         fix = "save it next to the model with tokenizer.save_pretrained(folder) (tokenizer.json or vocabulary files)"
         if not any(is_vocabulary(file_name) for file_name in files):
@@ -337,6 +400,12 @@ def _validate_staged(
             tokenizer = AutoTokenizer.from_pretrained(str(stage), local_files_only=True)
         except Exception as error:
             raise PackageError(f"{folder} has no loadable tokenizer ({type(error).__name__}: {error}); {fix}") from None
+        if task == "token_classification" and not getattr(tokenizer, "is_fast", False):
+            raise PackageError(
+                f"{folder}'s tokenizer is not a fast tokenizer (no tokenizer.json): a token classifier's entities are "
+                "answered with character offsets, which only fast tokenizers give; save the model's fast tokenizer "
+                "(AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(folder))"
+            )
         pad_token_id, pad_warnings = _pad_token(tokenizer, config)
         warnings += pad_warnings
     else:

@@ -15,7 +15,7 @@ from model_store.serving.config import DEFAULT_MODEL_STORE, REPO_ROOT
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODELS = {"sentiment": "sentiment/archive", "digits": "digits/archive"}
+DEFAULT_MODELS = {"sentiment": "sentiment/archive", "digits": "digits/archive", "entities": "entities/archive"}
 
 __all__ = ["DEFAULT_MODELS", "DEFAULT_MODEL_STORE", "ensure_models", "missing_archives", "package_own_models"]
 

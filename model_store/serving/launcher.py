@@ -46,6 +46,12 @@ def usage(server: Server, example: tuple[str, str] = ("sentiment", "text")) -> s
             f'       {url}/predictions/{model} -d \'{{"text": "what a lovely day", "explain": '
             f'{{"below": 0.8}}}}\'   # explained only if unsure\n'
         )
+    elif task == "generation":
+        calls = (
+            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
+            f'       {url}/predictions/{model} -d \'{{"prompt": "the flight was", "max_new_tokens": 8, '
+            f'"explain": {{"method": "attnlrp"}}}}\'   # each generated token explained\n'
+        )
     else:
         calls = (
             f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: image/png' \\\n"

@@ -177,6 +177,33 @@ def test_vision_model(own_server: tuple[Server, Path, str], own: dict[str, Path]
     assert list(answer.explanation.grid) == [4, 4] and answer.label == reply["label"]
 
 
+def test_own_token_classifier(own_server: tuple[Server, Path, str], own: dict[str, Path]) -> None:
+    """A user's NER checkpoint (`make serve MODELS=entities=...`): validated, packaged with the token handler, served
+    with entities at character offsets and their attributions, equal to explain_tokens in process."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from explainers import explain_tokens
+
+    server = own_server[0]
+    text = "the staff in paris were lovely and quick"
+    reply = _rest(server, "entities", {"text": text, "explain": {"method": "attnlrp"}})
+    assert reply["head_type"] == "token_classification" and reply["scheme"] == "BIO"
+    model = AutoModelForTokenClassification.from_pretrained(str(own["entities"]), attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(own["entities"]))
+    batch = tokenizer(text, return_tensors="pt", return_special_tokens_mask=True)
+    expected = explain_tokens(model, dict(batch), method="attnlrp")
+    assert [(e["token_start"], e["token_end"], e["label_id"]) for e in reply["entities"]] == expected.spans[0]
+    assert expected.spans[0], "the tiny NER model finds no entity in the text: nothing would be checked"
+    for number, entity in enumerate(reply["entities"]):
+        assert text[entity["start"] : entity["end"]] == entity["text"]
+        torch.testing.assert_close(
+            torch.tensor(entity["scores"]), expected.scores[0, number].float(), rtol=1e-3, atol=1e-5
+        )
+    messages = protos.explain_messages()
+    answer = _grpc(server, "entities", messages.ExplainRequest(text=text))
+    assert [e.text for e in answer.token_classification.entities] == [e["text"] for e in reply["entities"]]
+
+
 def _rgb(data: bytes) -> Any:
     from PIL import Image
 
