@@ -129,7 +129,8 @@ def door_models(request: pytest.FixtureRequest) -> dict[str, Path]:
         if cached is not None:
             return cached
         store = request.getfixturevalue("tmp_path_factory").mktemp("door-models")
-        models = {**tiny_archives(), **_packaged_own(store)}
+        tiny = tiny_archives()
+        models = {"sentiment": tiny["sentiment"], "digits": tiny["digits"], **_packaged_own(store)}
         request.config.stash[_MODELS_KEY] = models
         return models
 
