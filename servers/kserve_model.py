@@ -106,7 +106,18 @@ class ExplainModel(Model):
         self.ready = False
 
     def load(self) -> bool:
-        """Load the backend's model."""
+        """Load the backend's model.
+
+        Raises:
+            ValueError: if the model's task has no OIP codec (:data:`servers.oip.CODECS`).
+        """
+        try:
+            oip.codec_for(self.settings.config)
+        except KeyError as error:
+            raise ValueError(
+                f"model {self.name}: the KServe/Ray doors have no OIP codec for task {self.settings.config.task!r} yet "
+                f"(servers/oip.py: register a TaskCodec for it); serve it on TorchServe. {error.args[0]}"
+            ) from None
         self.head_type = self.backend.load()
         self.ready = True
         return self.ready

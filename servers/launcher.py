@@ -26,6 +26,7 @@ from pathlib import Path
 from .process import DOORS, DoorConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+logger = logging.getLogger(__name__)
 PID_FILE = "doors.pid"
 CONFIG_FILE = "doors.json"
 LOG_FILE = "doors.log"
@@ -101,6 +102,7 @@ def start(
     """
     if server not in DOORS:
         raise ValueError(f"SERVER must be one of torchserve, {', '.join(DOORS)}; got {server!r}")
+    models = servable(models)
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     pid_file = run_dir / PID_FILE
@@ -139,6 +141,29 @@ def start(
         stop(run_dir)
         raise
     return door
+
+
+def servable(models: Mapping[str, str | Path]) -> dict[str, str | Path]:
+    """The models whose task the OIP doors speak (:data:`servers.oip.CODECS`); the others are left out with a
+    warning (serve them on TorchServe).
+
+    Raises:
+        RuntimeError: if none is left.
+    """
+    from .oip import CODECS
+    from .settings import read_settings
+
+    kept: dict[str, str | Path] = {}
+    for name, path in models.items():
+        task = read_settings(name, Path(path)).config.task
+        if task in CODECS:
+            kept[name] = path
+        else:
+            logger.warning("%s: the KServe/Ray doors have no OIP codec for task %r yet: not served here (TorchServe "
+                           "serves it)", name, task)  # fmt: skip
+    if not kept:
+        raise RuntimeError(f"none of {sorted(models)} has a task the KServe/Ray doors serve ({sorted(CODECS)})")
+    return kept
 
 
 def _get(url: str) -> int:

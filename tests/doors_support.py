@@ -95,7 +95,19 @@ class Started:
 
 
 _DOORS: dict[str, Started] = {}
+_STOPS: dict[str, Any] = {}
 _LOCK = threading.Lock()
+
+
+def stop_doors() -> None:
+    """Stop every door started so far (the last module that uses them calls it, so that the servers do not take the
+    machine's memory and CPU from the tests after them; the session's clean-up calls it too)."""
+    with _LOCK:
+        stops = list(_STOPS.values())
+        _STOPS.clear()
+        _DOORS.clear()
+    for stop in stops:
+        stop()
 
 
 def _packaged_own(store: Path) -> dict[str, Path]:
@@ -117,7 +129,8 @@ def door_models(request: pytest.FixtureRequest) -> dict[str, Path]:
         if cached is not None:
             return cached
         store = request.getfixturevalue("tmp_path_factory").mktemp("door-models")
-        models = {**tiny_archives(), **_packaged_own(store)}
+        tiny = tiny_archives()
+        models = {"sentiment": tiny["sentiment"], "digits": tiny["digits"], **_packaged_own(store)}
         request.config.stash[_MODELS_KEY] = models
         return models
 
@@ -151,13 +164,15 @@ def start_door(request: pytest.FixtureRequest, name: str) -> Started:
         relative = {model: str(path.resolve()) for model, path in models.items()}
         server = start_torchserve(run_dir, store, relative, ports, timeout=300)
         started = Started(name, ports.inference, ports.grpc_inference, _labels(models), torchserve=server)
-        request.session.config.add_cleanup(lambda: _quiet(stop_torchserve, run_dir))
+        _STOPS[name] = lambda: _quiet(stop_torchserve, run_dir)
+        request.session.config.add_cleanup(stop_doors)
     else:
         from servers import launcher
 
         door = launcher.start(name, models, run_dir, ports.inference, ports.grpc_inference, replicas=1,
                               timeout=400, env={"OMP_NUM_THREADS": "1"})  # fmt: skip
-        request.session.config.add_cleanup(lambda: _quiet(launcher.stop, run_dir))
+        _STOPS[name] = lambda: _quiet(launcher.stop, run_dir)
+        request.session.config.add_cleanup(stop_doors)
         started = Started(name, ports.inference, ports.grpc_inference, _labels(models), pid=door.pid)
     with _LOCK:
         _DOORS[name] = started

@@ -111,3 +111,15 @@ def test_v1_instances() -> None:
                                    TEXT.labels, explain=True)  # fmt: skip
     assert answer["explanations"][0]["method"] == "gae" and answer["explanations"][1] is None
     assert answer["predictions"][1]["error"]["code"] == "missing_text"
+
+
+def test_doors_leave_out_models_of_tasks_without_a_codec() -> None:
+    from servers.launcher import servable
+    from tests.serving_support import tiny_archives
+
+    archives = tiny_archives()
+    assert set(servable(archives)) == {name for name in archives if name in ("sentiment", "digits")}
+    token_only = {name: path for name, path in archives.items() if name not in ("sentiment", "digits")}
+    if token_only:
+        with pytest.raises(RuntimeError, match="has a task"):
+            servable(token_only)

@@ -10,6 +10,7 @@ import base64
 import json
 import threading
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,18 @@ import pytest
 import torch
 
 from servers.oip_client import GrpcOip, Input, OipCallError, RestOip
-from tests.doors_support import EXTRAS, Row, door_models, from_oip, start_door
+from tests.doors_support import EXTRAS, Row, door_models, from_oip, start_door, stop_doors
 from tests.integration.test_doors import PREMISE, TEXT, assert_matches, reference
 from tests.serving_support import png_bytes
 
 pytestmark = [pytest.mark.slow, EXTRAS]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_doors_after_this_module() -> Iterator[None]:
+    """The last module that uses the doors (after test_doors.py) stops them when it is done."""
+    yield
+    stop_doors()
 
 
 @pytest.fixture(params=["kserve", "ray"])
