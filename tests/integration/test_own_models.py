@@ -153,7 +153,7 @@ def test_decoder_classifier_with_left_padding(own_server: tuple[Server, Path, st
     torch.testing.assert_close(torch.tensor(explanation["scores"]), expected.scores[0].float(), rtol=1e-3, atol=1e-5)
     messages = protos.explain_messages()
     answer = _grpc(server, "decoder", messages.ExplainRequest(text=text, explain=messages.ExplainOptions()))
-    assert answer.explanation.method == "gae" and answer.explanation.pooled == "last"
+    assert answer.explanation.method == "attnlrp" and answer.explanation.pooled == "last"  # the packaged default
     request = messages.ExplainRequest(text=text, explain=messages.ExplainOptions(method="relevance"))
     refused = _grpc(server, "decoder", request)
     assert refused.error.code == "unsupported_method" and refused.error.http_status == 400
