@@ -9,11 +9,13 @@ from .api import Attribution, BatchExplanation, RowExplanation, RowRequest, expl
 from .architectures import Architecture, describe
 from .attention_capture import (
     CAPTURE_IMPLEMENTATION,
+    FUSED_CAPTURE_IMPLEMENTATION,
     AttentionCall,
     AttentionCapture,
     AttentionObserver,
     attention_implementation,
     capturing_attention,
+    fused_implementation,
 )
 from .confidence import RowSkipped, prediction_confidence
 from .errors import (
@@ -28,6 +30,7 @@ from .errors import (
 )
 from .generation import GenerationExplanation, StepSum, explain_generation
 from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
+from .memory import MemoryBudgetError, estimate_bytes
 from .methods import Method, available_methods, get_method
 from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
 from .targets import TargetExplanation, Targets, explain_targets
@@ -46,6 +49,7 @@ def supported_methods(model_type: str, task: str = "sequence_classification") ->
 __all__ = [
     "CAPTURE_IMPLEMENTATION",
     "FAMILIES",
+    "FUSED_CAPTURE_IMPLEMENTATION",
     "HEAD_TYPES",
     "POOLED_POSITIONS",
     "TASKS",
@@ -62,6 +66,7 @@ __all__ = [
     "InvalidOptionError",
     "InvalidTargetError",
     "LabelScheme",
+    "MemoryBudgetError",
     "Method",
     "NonFiniteScoresError",
     "RowExplanation",
@@ -80,11 +85,13 @@ __all__ = [
     "available_methods",
     "capturing_attention",
     "describe",
+    "estimate_bytes",
     "explain",
     "explain_batch",
     "explain_generation",
     "explain_targets",
     "explain_tokens",
+    "fused_implementation",
     "get_method",
     "head_type",
     "label_scheme",
