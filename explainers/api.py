@@ -13,8 +13,17 @@ import torch
 from torch import Tensor, nn
 
 from .architectures import Architecture, describe, model_config
-from .attention_capture import AttentionObserver
-from .capture import GRADIENT_NEEDS, Capture, bind_rules, prepared_model, run_capture
+from .attention_capture import AttentionObserver, fused_implementation
+from .capture import (
+    ACTIVATIONS,
+    ATTENTION_GRADIENTS,
+    ATTENTIONS,
+    GRADIENT_NEEDS,
+    Capture,
+    bind_rules,
+    prepared_model,
+    run_capture,
+)
 from .confidence import RowSkipped, check_below, prediction_confidence
 from .errors import (
     ExplainError,
@@ -26,8 +35,9 @@ from .errors import (
 )
 from .heads import head_probabilities, last_positions, readout_tokens, readout_weights
 from .inputs import batch_size, full_precision, input_grid, token_mask, validate_inputs
+from .memory import ModelSize, check_budget
 from .methods import Method, MethodInputs, available_methods, get_method
-from .support import TASKS, check_method
+from .support import TASKS, check_method, supported_methods
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,8 @@ class RowExplanation:
         options: options used, defaults filled in.
         scores: text ``(length,)`` trimmed to the row's real tokens (special tokens included; the padding
             removed on whichever side it was); images ``(grid_h, grid_w)``.
-        seconds: wall time of the attribution kernels for the group of rows this row was computed with.
+        seconds: wall time of the attribution kernels for the group of rows this row was computed with (and of the
+            grad-enabled forward and backward of its own gradient pass, when it had one).
         pooled: the position explained (see :class:`Attribution`).
     """
 
@@ -108,7 +119,9 @@ class BatchExplanation:
         rows: per row a :class:`RowExplanation`, ``None`` (prediction only), a :class:`RowSkipped` (asked to be
             explained only when unsure, and confident) or the :class:`ExplainError` that row's request raised (the
             other rows are unaffected).
-        seconds: wall time of the shared stages: ``forward`` and, if any row needed it, ``backward``.
+        seconds: wall time of the shared stages: ``forward`` (the shared forward) and, if the shared forward took
+            gradients, ``backward``. The grad-enabled forward and backward of rows that had a pass of their own count
+            in those rows' :attr:`RowExplanation.seconds`.
         pooled: the position explained (see :class:`Attribution`).
         head_type: see :class:`Attribution`.
     """
@@ -197,6 +210,32 @@ def _check_method(arch: Architecture, method: Method) -> None:
 
 Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
 RulesKey = Rules | None
+#: Rows share a gradient pass only if their gradients come from the same rules on the same attention: (rules,
+#: the fused attention implementation or ``None`` for eager).
+PassKind = tuple[RulesKey, str | None]
+MAP_NEEDS = frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
+
+
+def _pass_kind(method: Method, fused: str | None) -> PassKind:
+    """The gradient pass ``method``'s rows need: its rules, on the fused attention unless it reads the maps."""
+    return method.rules, None if method.needs & MAP_NEEDS else fused
+
+
+def _budget_check(
+    model: nn.Module, arch: Architecture, budget_mib: int | None
+) -> Callable[[str, int, int, Mapping[str, int]], None]:
+    """``check(method, rows, length, options)``: :func:`~explainers.memory.check_budget` for this model."""
+    if budget_mib is None:
+        return lambda method, rows, length, options: None
+    if isinstance(budget_mib, bool) or not isinstance(budget_mib, int) or budget_mib <= 0:
+        raise InvalidOptionError(f"memory_budget_mib must be a positive integer (MiB) or None, got {budget_mib!r}")
+    size = ModelSize.of(model, arch)
+    alternatives = supported_methods(arch.model_type, available_methods())
+
+    def check(method: str, rows: int, length: int, options: Mapping[str, int]) -> None:
+        check_budget(size, method, rows, length, options, budget_mib, alternatives)
+
+    return check
 
 
 def _fixed_targets(targets: Tensor) -> Callable[[Tensor], Tensor]:
@@ -205,19 +244,30 @@ def _fixed_targets(targets: Tensor) -> Callable[[Tensor], Tensor]:
 
 
 def explain(
-    model: nn.Module, inputs: Mapping[str, Any], method: str = "relevance", target: Any = None, **options: Any
+    model: nn.Module,
+    inputs: Mapping[str, Any],
+    method: str = "relevance",
+    target: Any = None,
+    *,
+    memory_budget_mib: int | None = None,
+    **options: Any,
 ) -> Attribution:
     """Explain a batch of predictions of a Hugging Face classifier with one method.
 
     Args:
         model: a Hugging Face classifier of one of :func:`supported_model_types` (text encoders, decoder
-            classifiers, vision Transformers; :mod:`explainers.support`). It is used in eval mode with the
-            architecture's eager attention for the call and left exactly as it was found.
+            classifiers, vision Transformers; :mod:`explainers.support`). It is used in eval mode for the call and
+            left exactly as it was found. The methods that read attention maps run the architecture's eager
+            attention; ``grad_x_input``, ``integrated_gradients``, ``attnlrp`` and ``cp_lrp`` run on the attention
+            the model was loaded with (``sdpa``; a model loaded with ``eager`` stays eager), so that their memory
+            grows with the length, not its square.
         inputs: a tokenizer's output (``input_ids``, optional ``attention_mask``, optional ``token_type_ids`` for
             sentence pairs where the model has them) or an image processor's (``pixel_values``). Encoders take
             right padding; decoder classifiers take left or right padding.
         method: one of :func:`available_methods`.
         target: ``None`` (each row's predicted class), an ``int`` for every row, or a ``LongTensor (batch,)``.
+        memory_budget_mib: refuse, before anything is allocated, a batch whose estimated peak memory
+            (:mod:`explainers.memory`) exceeds this many MiB (``None``: no budget).
         **options: the method's options (``layer`` for ``attention``, ``start_layer`` for ``rollout``,
             ``relevance`` and ``gae``, ``n_steps``/``internal_batch_size`` for ``integrated_gradients``).
 
@@ -226,7 +276,8 @@ def explain(
 
     Raises:
         ExplainError: (a ``ValueError``) for an unknown method, bad target, bad option or wrong inputs;
-            :class:`UnsupportedMethodError` for a method undefined on this architecture.
+            :class:`UnsupportedMethodError` for a method undefined on this architecture;
+            :class:`~explainers.memory.MemoryBudgetError` for a batch over ``memory_budget_mib``.
     """
     arch = _describe_classifier(model)
     chosen = get_method(method)
@@ -241,13 +292,17 @@ def explain(
         return logits.argmax(dim=-1) if explicit is None else explicit.to(logits.device)
 
     mask = token_mask(arch, validated, model)
+    _budget_check(model, arch, memory_budget_mib)(chosen.name, batch, int(mask.shape[-1]), resolved)
     readout = _readout(arch, model, validated, mask)
+    fused = fused_implementation(model)  # read before prepared_model switches the model
     with prepared_model(model):
         rules = bind_rules(chosen.rules, model, arch)
-        capture = run_capture(model, arch, validated, chosen.needs, resolve, rules=rules)
+        capture = run_capture(model, arch, validated, chosen.needs, resolve, rules=rules, fused=fused)
         with full_precision(mask.device):
             scores = chosen.compute(
-                MethodInputs(capture, arch, model, validated, mask, resolved, readout.weights, readout.tokens)
+                MethodInputs(
+                    capture, arch, model, validated, mask, resolved, readout.weights, readout.tokens, fused=fused
+                )
             )
     text_mask = validated.get("attention_mask") if arch.modality == "text" else None
     return Attribution(
@@ -263,13 +318,28 @@ def explain(
     )
 
 
-def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[RowRequest]) -> BatchExplanation:
-    """Predict a batch and explain each row as it asks, with one shared forward (and at most one backward).
+def explain_batch(
+    model: nn.Module,
+    inputs: Mapping[str, Any],
+    rows: Sequence[RowRequest],
+    *,
+    memory_budget_mib: int | None = None,
+) -> BatchExplanation:
+    """Predict a batch and explain each row as it asks; every row's prediction comes from one shared forward.
 
-    Rows are grouped by method and options; the forward is grad-enabled only if some row's method needs
-    gradients, and the rows that need none are left out of the gradient. A row whose request is invalid
-    (unknown method, bad target or option) gets its :class:`ExplainError` in its place, and so does a row whose
-    scores came out NaN or infinite (:class:`NonFiniteScoresError`); the others are served.
+    Rows are grouped by method and options. Each row costs what its method costs, whatever it is batched with:
+
+    * a batch whose rows all need gradients of one kind (the same rules on the same attention: true gradients on
+      eager attention for ``gae`` and ``relevance``, true gradients on the model's fused attention for
+      ``grad_x_input``, AttnLRP's or CP-LRP's rules on it) costs one grad-enabled forward and one backward;
+    * otherwise the shared forward runs without gradients (on eager attention if a row reads maps — ``attention``,
+      ``rollout`` — else on the model's fused attention), and each kind of gradient rows gets a grad-enabled pass
+      of its own over its rows only; so prediction-only rows never wait in a backward, and a row on fused attention
+      never holds attention maps because another row needed them.
+
+    A row whose request is invalid (unknown method, bad target or option, over ``memory_budget_mib``) gets its
+    :class:`ExplainError` in its place, and so does a row whose scores came out NaN or infinite
+    (:class:`NonFiniteScoresError`); the others are served.
 
     A row with ``below`` is decided from the shared forward's logits: a confident one gets a :class:`RowSkipped`
     and costs no backward (nor a grad-enabled forward, unless another row needs one); an unsure one whose method
@@ -279,6 +349,9 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
         model: see :func:`explain`.
         inputs: the batched inputs of all rows (right-padded for text).
         rows: one :class:`RowRequest` per row.
+        memory_budget_mib: refuse a row whose explanation alone (its own length, batch 1) is estimated to need more
+            than this many MiB (:class:`~explainers.memory.MemoryBudgetError`, before anything is allocated); a
+            batch's peak is at most the sum of its rows' estimates. ``None``: no budget.
 
     Returns:
         A :class:`BatchExplanation`.
@@ -293,6 +366,10 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
     if len(rows) != batch:
         raise InvalidInputError(f"got {len(rows)} row requests for a batch of {batch}")
     num_labels = int(model_config(model).num_labels)
+    mask = token_mask(arch, validated, model)
+    lengths = mask.sum(dim=-1).tolist()
+    within_budget = _budget_check(model, arch, memory_budget_mib)
+    fused = fused_implementation(model)  # read before prepared_model switches the model
     results: list[RowExplanation | RowSkipped | ExplainError | None] = [None] * batch
     # (method, options, whether the rows are explained only when unsure) -> rows
     groups: dict[tuple[str, tuple[tuple[str, int], ...], bool], list[int]] = {}
@@ -310,6 +387,7 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
             below = check_below(row.below)
             if below is not None and arch.head_type == "regression":
                 raise InvalidOptionError("'below' needs class probabilities, and a regression head has none")
+            within_budget(method.name, 1, int(lengths[index]), options)
         except ExplainError as error:
             results[index] = error
             continue
@@ -323,32 +401,48 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
     def deferred(name: str, when_unsure: bool) -> bool:  # decided after the shared forward, gradients on their own
         return when_unsure and bool(methods[name].needs & GRADIENT_NEEDS)
 
-    needs: frozenset[str] = frozenset().union(
-        *(methods[name].needs for name, _, when_unsure in groups if not deferred(name, when_unsure))
-    )
-    # Rows whose gradients come from different rules (true gradients, AttnLRP's, CP-LRP's) never share a gradient
-    # pass: the shared forward serves the true-gradient rows (or, if there are none, one kind of modified-gradient
-    # rows, so that a batch of one method still costs one forward and one backward); any other kind gets a
-    # grad-enabled pass of its own over its rows. The logits of every row come from the shared forward.
-    kinds: dict[RulesKey, list[int]] = {}
+    # Gradient rows by the pass they need. If they all need one kind and no other row is in the batch, the shared
+    # forward is that kind's pass (one forward, one backward). Otherwise the shared forward needs no gradients: it
+    # gives every row's logits and the maps of the rows that read maps without gradients, and each kind of gradient
+    # rows gets a pass of its own over its rows.
+    kinds: dict[PassKind, list[int]] = {}
+    others = any(row.method is None for row in rows)  # prediction-only rows
     for (name, _, when_unsure), indices in groups.items():
         if methods[name].needs & GRADIENT_NEEDS and not when_unsure:
-            kinds.setdefault(methods[name].rules, []).extend(indices)
-    shared_kind: RulesKey = None if None in kinds or not kinds else next(iter(kinds))
+            kinds.setdefault(_pass_kind(methods[name], fused), []).extend(indices)
+        else:
+            others = True
+    shared_kind: PassKind | None = next(iter(kinds)) if len(kinds) == 1 and not others else None
+    needs: frozenset[str] = frozenset().union(
+        *(
+            methods[name].needs
+            for name, _, when_unsure in groups
+            if not deferred(name, when_unsure) and (shared_kind is not None or not methods[name].needs & GRADIENT_NEEDS)
+        )
+    )
     gradient_rows = torch.zeros(batch, dtype=torch.bool)
-    gradient_rows[kinds.get(shared_kind, [])] = True
+    if shared_kind is not None:
+        gradient_rows[kinds[shared_kind]] = True
 
     def resolve(logits: Tensor) -> Tensor:
         chosen = explicit.to(logits.device)
         return torch.where(chosen >= 0, chosen, logits.argmax(dim=-1))
 
-    mask = token_mask(arch, validated, model)
     readout = _readout(arch, model, validated, mask)
     with prepared_model(model):
-        shared_rules = bind_rules(shared_kind, model, arch)
-        capture = run_capture(model, arch, validated, needs, resolve, gradient_rows.to(mask.device), shared_rules)
+        shared_rules, shared_fused = (None, fused) if shared_kind is None else shared_kind
+        capture = run_capture(
+            model,
+            arch,
+            validated,
+            needs,
+            resolve,
+            gradient_rows.to(mask.device),
+            bind_rules(shared_rules, model, arch),
+            fused=shared_fused,
+        )
         own: dict[int, tuple[Capture, int]] = {}  # row -> (its kind's own capture, its position in it)
-        passes = {kind: kind_rows for kind, kind_rows in kinds.items() if kind is not shared_kind}
+        passes = {kind: kind_rows for kind, kind_rows in kinds.items() if kind != shared_kind}
         if conditional:  # the decision, from the shared forward: skip the confident rows, pass the unsure ones on
             confidence = prediction_confidence(capture.logits, arch.head_type).tolist()
             for key in [key for key in groups if key[2]]:
@@ -360,7 +454,7 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
                 else:
                     del groups[key]
                 if unsure and deferred(key[0], True):
-                    passes.setdefault(methods[key[0]].rules, []).extend(unsure)
+                    passes.setdefault(_pass_kind(methods[key[0]], fused), []).extend(unsure)
         for kind, kind_rows in passes.items():
             ordered = sorted(kind_rows)
             picked = torch.tensor(ordered, device=mask.device)
@@ -373,7 +467,8 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
                 {key: value[picked] for key, value in validated.items()},
                 kind_needs,
                 _fixed_targets(capture.targets[picked]),
-                rules=bind_rules(kind, model, arch),
+                rules=bind_rules(kind[0], model, arch),
+                fused=kind[1],
             )
             kind_capture = replace(kind_capture, logits=capture.logits[picked])
             own.update({row: (kind_capture, position) for position, row in enumerate(ordered)})
@@ -401,6 +496,7 @@ def explain_batch(model: nn.Module, inputs: Mapping[str, Any], rows: Sequence[Ro
                         dict(options_key),
                         sub_readout.weights,
                         sub_readout.tokens,
+                        fused=fused,
                     )
                 )
             scores = _finish(arch, scores, validated).detach()

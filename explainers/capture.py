@@ -1,8 +1,14 @@
 """One forward pass (and at most one gradient pass) that captures what the requested methods need.
 
-Everything that touches the model lives here: switching to eager attention, hooks on stock modules, the
+Everything that touches the model lives here: switching the attention implementation, hooks on stock modules, the
 forward, and ``torch.autograd.grad`` with respect to the attention probabilities and input embeddings. The
 :func:`prepared_model` context manager undoes every change, also when an exception escapes.
+
+Which attention a pass runs: a pass whose needs ask for attention maps (``attentions``, ``attention_gradients``,
+``activations``) runs the architecture's eager attention (the generic capture of
+:mod:`explainers.attention_capture`); a pass that needs none runs on the model's own fused attention when the caller
+gives it (``fused``, from :func:`~explainers.attention_capture.fused_implementation`), through the fused capture, so
+that its memory grows with ``n`` and not ``n²``.
 """
 
 from __future__ import annotations
@@ -285,6 +291,7 @@ def forward_pass(
     needs: frozenset[str],
     rules: Callable[[ExitStack], AttentionObserver | None] | None = None,
     embedding_scale: Tensor | None = None,
+    fused: str | None = None,
 ) -> Forward:
     """Run the model once, recording what ``needs`` lists, and keep the graph for the gradients to come.
 
@@ -299,6 +306,8 @@ def forward_pass(
         rules: optional modified-gradient rules (see :func:`run_capture`).
         embedding_scale: optional ``(batch,)`` factor each row's input embeddings are multiplied by (integrated
             gradients' path); the leaf is the scaled embedding.
+        fused: the model's fused attention implementation (``None``: eager), used when ``needs`` ask for no
+            attention maps (a pass that needs maps runs eager attention whatever ``fused`` says).
 
     Returns:
         The :class:`Forward`.
@@ -319,7 +328,8 @@ def forward_pass(
         if leaf is not None:
             _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
         observer = None if rules is None else rules(hooks)
-        recorded = hooks.enter_context(capturing_attention(model, keep=keep, observer=observer))
+        attention = None if wants_attentions else fused
+        recorded = hooks.enter_context(capturing_attention(model, keep=keep, observer=observer, fused=attention))
         started = time.perf_counter()
         with torch.enable_grad() if wants_gradients else torch.no_grad():
             logits: Tensor = model(**inputs, return_dict=True).logits
@@ -354,6 +364,7 @@ def run_capture(
     resolve_targets: Callable[[Tensor], Tensor],
     gradient_rows: Tensor | None = None,
     rules: Callable[[ExitStack], AttentionObserver | None] | None = None,
+    fused: str | None = None,
 ) -> Capture:
     """Run the model once and capture what ``needs`` lists (a :func:`forward_pass` and at most one gradient call).
 
@@ -368,11 +379,12 @@ def run_capture(
         rules: optional modified-gradient rules (a method's ``rules`` bound to the model): called with this
             forward's hook stack, they attach their hooks there and return the attention observer to run (or
             ``None``); the gradients captured are then the rules' (values are unchanged).
+        fused: the model's fused attention, for a pass that needs no attention maps (see :func:`forward_pass`).
 
     Returns:
         The :class:`Capture`.
     """
-    forward = forward_pass(model, arch, inputs, needs, rules)
+    forward = forward_pass(model, arch, inputs, needs, rules, fused=fused)
     logits = forward.logits
     targets = resolve_targets(logits.detach())
     gradients = None
@@ -390,12 +402,18 @@ def run_capture(
 
 
 def scaled_embedding_gradients(
-    model: nn.Module, arch: Architecture, inputs: Mapping[str, Tensor], scale: Tensor, targets: Tensor
+    model: nn.Module,
+    arch: Architecture,
+    inputs: Mapping[str, Tensor],
+    scale: Tensor,
+    targets: Tensor,
+    fused: str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Gradient of the target logit w.r.t. input embeddings multiplied row-wise by ``scale``.
 
     Used by integrated gradients: ``inputs`` already holds each example repeated once per step, and
-    ``scale`` (one value per row) moves each copy along the straight path from the zero embedding.
+    ``scale`` (one value per row) moves each copy along the straight path from the zero embedding. The forward
+    runs on ``fused`` attention (the model's own) when given, else on eager attention.
 
     Returns:
         The unscaled embeddings ``(rows, n, hidden)`` and the gradients at the scaled point.
@@ -403,6 +421,7 @@ def scaled_embedding_gradients(
     leaf = _EmbeddingLeaf(scale)
     with ExitStack() as hooks:
         _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
+        hooks.enter_context(capturing_attention(model, keep="none", fused=fused))
         with torch.enable_grad():
             logits = model(**inputs, return_dict=True).logits
     assert leaf.leaf is not None and leaf.original is not None

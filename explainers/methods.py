@@ -72,6 +72,8 @@ class MethodInputs:
     #: A token-level target's terms (``positions``, ``labels``, ``weights``, each ``(rows, J)``), for the methods that
     #: seed at the head's outputs (``relevance``); ``None`` on the classifier path.
     terms: tuple[Tensor, Tensor, Tensor] | None = None
+    #: The model's fused attention (``None``: eager), for methods that run forwards of their own and need no maps.
+    fused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -367,7 +369,7 @@ def _integrated_gradients(ctx: MethodInputs) -> Tensor:
         steps = chunk.shape[0]
         repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in ctx.inputs.items()}
         original, gradient = scaled_embedding_gradients(
-            ctx.model, ctx.arch, repeated, chunk.repeat_interleave(batch), ctx.capture.targets.repeat(steps)
+            ctx.model, ctx.arch, repeated, chunk.repeat_interleave(batch), ctx.capture.targets.repeat(steps), ctx.fused
         )
         gradient = gradient.view(steps, batch, *gradient.shape[1:]).sum(dim=0)
         summed = gradient if summed is None else summed + gradient
