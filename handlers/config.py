@@ -38,6 +38,7 @@ _KNOWN_KEYS = frozenset(
         "max_new_tokens",
         "default_new_tokens",
         "explain_below",
+        "memory_budget_mib",
     }
 )
 
@@ -77,6 +78,10 @@ class HandlerConfig:
         explain_below: Explain when unsure, by default: a request that asks for an explanation without saying when
             gets it only if the prediction's confidence is below this probability in (0, 1] (``None``: always).
             A request overrides it (``"below": 0.9``, or ``"below": null`` for always).
+        memory_budget_mib: Per-request memory budget in MiB: a row whose explanation is estimated to need more (at its
+            own length; :mod:`explainers.memory`) is refused with ``over_memory_budget`` (413) before anything is
+            allocated, instead of taking the worker down (``None``: no budget). A batch needs at most the sum of its
+            rows' estimates: set it so that ``batchSize × memory_budget_mib`` fits beside the loaded model.
     """
 
     task: Literal["text", "image", "token_classification", "generation"]
@@ -96,6 +101,7 @@ class HandlerConfig:
     max_new_tokens: int = 64
     default_new_tokens: int = 16
     explain_below: float | None = None
+    memory_budget_mib: int | None = None
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> HandlerConfig:
@@ -152,6 +158,9 @@ class HandlerConfig:
             max_new_tokens=_int_key(section, "max_new_tokens", 64),
             default_new_tokens=_int_key(section, "default_new_tokens", 16),
             explain_below=_explain_below(section.get("explain_below")),
+            memory_budget_mib=(
+                _int_key(section, "memory_budget_mib", 1) if section.get("memory_budget_mib") is not None else None
+            ),
         )
         if config.max_length < 3 and task != "generation":
             raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")

@@ -16,6 +16,7 @@ from explainers import (
     InvalidInputError,
     InvalidOptionError,
     InvalidTargetError,
+    MemoryBudgetError,
     NonFiniteScoresError,
     UnknownMethodError,
     UnsupportedMethodError,
@@ -56,6 +57,13 @@ ERROR_TABLE: dict[str, ErrorKind] = {
         ErrorKind("text_too_long", 413, "RESOURCE_EXHAUSTED", "more characters than max_text_chars"),
         ErrorKind("image_too_large", 413, "RESOURCE_EXHAUSTED", "more bytes than max_image_bytes or too many pixels"),
         ErrorKind("request_too_large", 413, "RESOURCE_EXHAUSTED", "a KServe/Ray door request over 3,000,000 bytes"),
+        ErrorKind(
+            "over_memory_budget",
+            413,
+            "RESOURCE_EXHAUSTED",
+            "the method would need more memory than memory_budget_mib for this input (message: the estimate, the "
+            "methods that fit)",
+        ),
         ErrorKind(
             "too_many_tokens",
             400,
@@ -118,6 +126,7 @@ _EXPLAIN_CODES: tuple[tuple[type[ExplainError], str], ...] = (
     (InvalidInputError, "invalid_request"),
     (UnsupportedModelError, "internal"),
     (NonFiniteScoresError, "attribution_failed"),
+    (MemoryBudgetError, "over_memory_budget"),
 )
 
 

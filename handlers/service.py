@@ -87,7 +87,9 @@ class ExplanationService:
     """One loaded classifier and its tokenizer or image processor."""
 
     def __init__(self, config: HandlerConfig, model_dir: Path, device: torch.device) -> None:
-        """Load the checkpoint from ``model_dir`` (eager attention, eval mode) onto ``device``.
+        """Load the checkpoint from ``model_dir`` (eval mode) onto ``device``, with the library's default attention:
+        ``sdpa`` where the architecture has it, so that the gradient methods run on it; the map methods switch to
+        the architecture's eager attention for their pass (``explainers.explain_batch``).
 
         Raises:
             ValueError: if the checkpoint's labels disagree with ``config.labels``.
@@ -97,7 +99,7 @@ class ExplanationService:
         checkpoint_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
         # Local safetensors only: never a download, never a pickle file.
         model: nn.Module = classifier_class(checkpoint_config, config.task).from_pretrained(
-            str(model_dir), attn_implementation="eager", local_files_only=True, use_safetensors=True
+            str(model_dir), local_files_only=True, use_safetensors=True
         )
         self.model = model.to(device).eval()
         describe(self.model)  # raises UnsupportedModelError early for an unknown architecture
@@ -237,7 +239,7 @@ class ExplanationService:
         requests = [row.request for row in decoded]  # type: ignore[union-attr]
         try:
             with self._autocast():
-                result = explain_batch(self.model, inputs, requests)
+                result = explain_batch(self.model, inputs, requests, memory_budget_mib=self.config.memory_budget_mib)
         except Exception:
             logger.exception("batch of %d rows failed", len(valid))
             for index in valid:

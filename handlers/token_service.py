@@ -1,12 +1,13 @@
 """The serving core of token classifiers (handler task ``token_classification``): entities with character offsets
 and, when a row asks, each entity's attribution.
 
-The service loads the checkpoint as :class:`~handlers.service.ExplanationService` does (local safetensors, eager
-attention, the tokenizer, the labels checked against ``handler.labels``) and serves a batch row by row: each valid
-row is tokenized with character offsets, the rows are grouped by what they ask (prediction only, or a method with
-its options) and each group is one call of :func:`explainers.explain_tokens` (or :func:`explainers.predict_tokens`):
-one forward for the group's rows, the gradient methods' products batched over its entities. A row whose request
-is invalid (method, option, an input a token classifier does not take) gets its own error; the others are served.
+The service loads the checkpoint as :class:`~handlers.service.ExplanationService` does (local safetensors, the
+library's default attention, the tokenizer, the labels checked against ``handler.labels``) and serves a batch row by
+row: each valid row is tokenized with character offsets, the rows are grouped by what they ask (prediction only, or
+a method with its options) and each group is one call of :func:`explainers.explain_tokens` (or
+:func:`explainers.predict_tokens`): one forward for the group's rows, the gradient methods' products batched over its
+entities. A row whose request is invalid (method, option, an input a token classifier does not take) gets its own
+error; the others are served.
 """
 
 from __future__ import annotations
