@@ -17,14 +17,30 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor, nn
-from transformers import AttentionInterface, Gemma2Config, Gemma2ForSequenceClassification
+from transformers import (
+    AttentionInterface,
+    BertConfig,
+    BertForSequenceClassification,
+    Gemma2Config,
+    Gemma2ForSequenceClassification,
+)
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from explainers import capturing_attention, describe
+from explainers import (
+    InvalidOptionError,
+    RowExplanation,
+    RowRequest,
+    capturing_attention,
+    describe,
+    explain,
+    explain_batch,
+)
 from explainers.attention_capture import FUSED_CAPTURE_IMPLEMENTATION, fused_implementation
 from explainers.attnlrp import attach_rules
+from explainers.memory import MemoryBudgetError, ModelSize, estimate_bytes
+from explainers.support import refusal
 
-from .arch_zoo import VARIANTS, Variant, batch_for, perturb
+from .arch_zoo import VARIANTS, Variant, batch_for, image_batch, perturb, row_alone, text_batch
 
 BY_NAME = {variant.name: variant for variant in VARIANTS}
 #: Families whose eager attention runs its softmax in float32 whatever the model's dtype.
@@ -165,3 +181,247 @@ def test_the_fused_capture_records_every_call_and_restores_the_model() -> None:
     assert model.config._attn_implementation == "sdpa"
     with torch.no_grad():
         assert torch.allclose(logits, model(**batch).logits, atol=1e-12, rtol=0)
+
+
+# ---- through explain / explain_batch: models loaded with sdpa -----------------------------------------------------
+
+FAST_METHODS = ("grad_x_input", "integrated_gradients", "attnlrp", "cp_lrp")
+OPTIONS: dict[str, dict[str, int]] = {"integrated_gradients": {"n_steps": 4}}
+EXPLAIN_CASES = [(variant, method) for variant in VARIANTS for method in FAST_METHODS]
+
+
+@functools.cache
+def _loaded(name: str, implementation: str) -> Any:
+    """The same weights as ``BY_NAME[name].build()``, loaded with ``implementation``."""
+    model = BY_NAME[name].build()
+    model.config._attn_implementation_internal = implementation
+    return model
+
+
+def _saved_square_maps(run: Any, length: int) -> list[tuple[int, ...]]:
+    """Shapes of the per-head ``(batch, heads, n, n)`` maps autograd saved for the backward during ``run()`` (the
+    boolean padding mask sdpa keeps, ``(batch, 1, n, n)``, is not one of them)."""
+    shapes: list[tuple[int, ...]] = []
+
+    def pack(tensor: Tensor) -> Tensor:
+        if tensor.dim() == 4 and tensor.shape[1] > 1 and tuple(tensor.shape[-2:]) == (length, length):
+            shapes.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return shapes
+
+
+@pytest.mark.parametrize("variant, method", EXPLAIN_CASES, ids=[f"{v.name}-{m}" for v, m in EXPLAIN_CASES])
+def test_gradient_methods_on_sdpa_equal_the_eager_path(variant: Variant, method: str) -> None:
+    """A model loaded with sdpa is explained on its own attention, equal to the same model loaded with eager; no
+    attention map is saved for the backward (except on DeBERTa, whose attention has no fused form)."""
+    eager, sdpa = _loaded(variant.name, "eager"), _loaded(variant.name, "sdpa")
+    side = "left" if variant.is_decoder else "right"
+    batch = batch_for(variant, sdpa, side)
+    options = OPTIONS.get(method, {})
+    expected = explain(eager, batch, method=method, **options)
+    found: list[Any] = []
+    length = int(next(iter(batch.values())).shape[-1]) if variant.is_text else 0
+    maps = _saved_square_maps(lambda: found.append(explain(sdpa, batch, method=method, **options)), length)
+    got = found[0]
+    assert sdpa.config._attn_implementation == "sdpa" and not any(module.training for module in sdpa.modules())
+    fused = fused_implementation(sdpa) is not None
+    if fused:
+        assert maps == []  # DeBERTa and the soft-capped Gemma 2 run eager attention and may keep them
+    elif method == "grad_x_input" and variant.is_text:
+        assert maps  # the eager path keeps the probabilities for its backward
+    scale = float(expected.scores.abs().max())
+    exact = variant.model_type not in FLOAT32_SOFTMAX or not fused
+    assert torch.equal(got.target, expected.target)
+    assert torch.allclose(got.scores, expected.scores, atol=(1e-10 if exact else 1e-5) * scale, rtol=0)
+    if not exact:  # against the eager formula computed in float64 throughout
+        reference = explain(_loaded(variant.name, EXACT_EAGER), batch, method=method, **options)
+        assert torch.allclose(got.scores, reference.scores, atol=1e-10 * scale, rtol=0)
+
+
+MIXED = [
+    RowRequest("gae"),
+    RowRequest(None),
+    RowRequest("attnlrp"),
+    RowRequest("rollout", options={"start_layer": 1}),
+    RowRequest("grad_x_input", 1),
+    RowRequest("cp_lrp"),
+    RowRequest("integrated_gradients", options={"n_steps": 3}),
+    RowRequest("attention"),
+]
+
+
+@pytest.mark.parametrize("name", ["bert", "llama", "modernbert", "gpt2", "vit", "deberta-v2"])
+def test_a_batch_mixing_map_and_fused_methods_gives_each_row_its_own_answer(name: str) -> None:
+    """Map rows on eager attention and gradient rows on sdpa in one batch: each row equals its method explained
+    alone, and the gradient rows equal the eager-loaded model's at the family's tolerance."""
+    variant = BY_NAME[name]
+    sdpa, eager = _loaded(name, "sdpa"), _loaded(name, "eager")
+    if variant.is_text:
+        batch = text_batch(sdpa, lengths=(7, 3, 9, 5, 6, 4, 8, 2), side="left" if variant.is_decoder else "right")
+    else:
+        batch = image_batch(sdpa, size=len(MIXED))
+    requests = [request for request in MIXED if request.method != "gae" or refusal(variant.model_type, "gae") is None]
+    result = explain_batch(sdpa, batch, requests)
+    with torch.no_grad():
+        plain = explain(sdpa, batch, method="attention").logits
+    assert torch.allclose(result.logits, plain, atol=1e-10, rtol=0)
+    # a prediction-only row is in the batch: the shared forward takes no gradients, the explained rows have their own
+    assert result.rows[1] is None and "backward" not in result.seconds
+    tolerance = 1e-5 if variant.model_type in FLOAT32_SOFTMAX else 1e-9
+    for index, request in enumerate(requests):
+        row = result.rows[index]
+        if request.method is None:
+            continue
+        assert isinstance(row, RowExplanation), (request, row)
+        alone = row_alone(batch, index)
+        for model in (sdpa, eager):
+            expected = explain(model, alone, method=request.method, target=request.target, **request.options).scores[0]
+            scale = float(expected.abs().max())
+            assert torch.allclose(row.scores, expected, atol=tolerance * scale, rtol=0), (request, model.config)
+
+
+def test_a_uniform_gradient_batch_is_one_pass_and_a_mixed_one_spares_the_prediction_rows() -> None:
+    """A batch of attnlrp rows is one grad-enabled forward; with a prediction-only row the shared forward saves
+    nothing for a backward and only the explained rows get one."""
+    model = _loaded("bert", "sdpa")
+    batch = text_batch(model)
+    counted: list[int] = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, a, out: counted.append(out.shape[0]))
+    try:
+        explain_batch(model, batch, [RowRequest("attnlrp")] * 4)
+        assert counted == [4]
+        counted.clear()
+        explain_batch(model, batch, [RowRequest("attnlrp"), RowRequest(None), RowRequest(None), RowRequest("attnlrp")])
+        assert counted == [4, 2]  # the shared forward (no gradients), then the two attnlrp rows' own pass
+    finally:
+        handle.remove()
+
+
+# ---- the memory budget ------------------------------------------------------------------------------------------
+
+
+def test_the_memory_budget_refuses_before_running_and_names_what_fits() -> None:
+    config = BertConfig(
+        vocab_size=60, hidden_size=64, num_hidden_layers=2, num_attention_heads=16, intermediate_size=128,
+        max_position_embeddings=512,
+    )  # fmt: skip
+    config.num_labels = 3
+    model = BertForSequenceClassification(config).double().eval()  # loaded with sdpa, the library's default
+    batch = text_batch(model, lengths=(400, 300))
+    size = ModelSize.of(model, describe(model))
+    gae, attnlrp = (estimate_bytes(size, method, 2, 400, {}) for method in ("gae", "attnlrp"))
+    budget = (gae + attnlrp) // 2 // 2**20
+    assert attnlrp < budget * 2**20 < gae
+    calls: list[int] = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, a, out: calls.append(1))
+    try:
+        with pytest.raises(MemoryBudgetError, match=r"'gae' needs about [\d,]+ MiB .* budget of [\d,]+ MiB.*attnlrp"):
+            explain(model, batch, method="gae", memory_budget_mib=budget)
+        assert calls == []  # refused before the forward
+        assert explain(model, batch, method="attnlrp", memory_budget_mib=budget).scores.shape == (2, 400)
+        # served rows are checked alone, at their own length: a row of 300 tokens needs less than one of 400
+        row_budget = estimate_bytes(size, "gae", 1, 350, {}) // 2**20
+        requests = [RowRequest("gae"), RowRequest("gae"), RowRequest(None)]
+        result = explain_batch(model, text_batch(model, lengths=(400, 300, 5)), requests, memory_budget_mib=row_budget)
+        assert isinstance(result.rows[0], MemoryBudgetError) and "'gae' needs about" in str(result.rows[0])
+        assert isinstance(result.rows[1], RowExplanation) and result.rows[2] is None
+    finally:
+        handle.remove()
+    with pytest.raises(InvalidOptionError, match="memory_budget_mib"):
+        explain(model, batch, method="attnlrp", memory_budget_mib=0)
+
+
+def test_estimates_grow_with_n_squared_for_maps_and_with_n_on_fused_attention() -> None:
+    sdpa, eager = _loaded("llama", "sdpa"), _loaded("llama", "eager")
+    fused, plain = ModelSize.of(sdpa, describe(sdpa)), ModelSize.of(eager, describe(eager))
+    assert fused.fused and not plain.fused and fused.element_bytes == 8
+    for method in ("gae", "rollout", "relevance"):
+        assert estimate_bytes(fused, method, 1, 8192, {}) > 3.5 * estimate_bytes(fused, method, 1, 4096, {})
+    for method in FAST_METHODS:
+        ratio = estimate_bytes(fused, method, 1, 8192, {}) / estimate_bytes(fused, method, 1, 4096, {})
+        assert 1.9 < ratio < 2.1
+        assert estimate_bytes(plain, method, 1, 8192, {}) > 10 * estimate_bytes(fused, method, 1, 8192, {})
+
+
+def test_the_service_refuses_a_row_over_its_memory_budget_with_a_413_and_serves_the_others() -> None:
+    """Served: ``handler.memory_budget_mib`` turns a row over budget into ``over_memory_budget`` (413,
+    RESOURCE_EXHAUSTED) in JSON and protobuf, before it runs; the rows of the same batch that fit are served."""
+    import dataclasses
+    import json
+
+    import yaml
+
+    from handlers import protos
+    from handlers.config import HandlerConfig
+    from handlers.schema import decode_row, encode_outcome, row_encoding
+    from handlers.service import ExplanationService
+    from tests.serving_support import tiny_archives
+
+    archive = tiny_archives()["sentiment"]
+    config = HandlerConfig.from_model_yaml(yaml.safe_load((archive / "model-config.yaml").read_text()))
+    service = ExplanationService(config, archive / "model", torch.device("cpu"))
+    assert fused_implementation(service.model) == "sdpa"  # loaded with the library's default attention
+    size = ModelSize.of(service.model, describe(service.model))
+    length = config.max_length
+    budget = -(-estimate_bytes(size, "attnlrp", 1, length, {}) // 2**20)  # attnlrp fits, just
+    assert estimate_bytes(size, "relevance", 1, length, {}) > budget * 2**20
+    service.config = dataclasses.replace(config, memory_budget_mib=budget)
+    long_text = "the food was cold " * 200  # truncated to max_length tokens
+    raw: list[dict[str, Any]] = [
+        {"body": {"text": long_text, "explain": {"method": "relevance"}}},
+        {"body": {"text": long_text, "explain": {"method": "attnlrp"}}},
+        {"body": {"text": "short and sweet", "explain": {"method": "relevance"}}},
+        {"body": {"text": long_text}},
+    ]
+    rows = [decode_row(row, False, service.config) for row in raw]
+    outcomes, _ = service.run(rows, [row_encoding(row) for row in raw])
+    refused = outcomes[0].error
+    assert refused is not None and refused.code == "over_memory_budget" and refused.http_status == 413
+    assert "'relevance' needs about" in refused.message and "attnlrp" in refused.message
+    document = json.loads(encode_outcome(outcomes[0], config.labels))
+    assert document["error"]["code"] == "over_memory_budget" and document["error"]["grpc_code"] == "RESOURCE_EXHAUSTED"
+    outcomes[0].encoding = outcomes[0].encoding.PROTOBUF
+    reply = protos.explain_messages().ExplainResponse.FromString(encode_outcome(outcomes[0], config.labels))
+    assert reply.error.code == "over_memory_budget" and reply.error.http_status == 413
+    assert outcomes[1].error is None and outcomes[1].scores and outcomes[2].error is None and outcomes[2].scores
+    assert outcomes[3].error is None and outcomes[3].method is None
+
+
+def test_the_service_on_sdpa_serves_what_an_eager_model_explains_in_process() -> None:
+    """The service loads ``sdpa``: in one mixed batch (map methods, fused gradient methods, a prediction), each row's
+    scores and probabilities equal the same checkpoint loaded with eager attention and explained alone in-process."""
+    import yaml
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from handlers.config import HandlerConfig
+    from handlers.schema import decode_row, row_encoding
+    from handlers.service import ExplanationService
+    from tests.serving_support import tiny_archives
+
+    archive = tiny_archives()["sentiment"]
+    config = HandlerConfig.from_model_yaml(yaml.safe_load((archive / "model-config.yaml").read_text()))
+    service = ExplanationService(config, archive / "model", torch.device("cpu"))
+    assert fused_implementation(service.model) == "sdpa"
+    eager = AutoModelForSequenceClassification.from_pretrained(str(archive / "model"), attn_implementation="eager")
+    tokenizer = AutoTokenizer.from_pretrained(str(archive / "model"))
+    texts = ["the crew was rude and the food cold", "great flight", "late again, never more", "ok", "lost my bag"]
+    methods = ["attnlrp", "gae", None, "grad_x_input", "rollout"]
+    raw: list[dict[str, Any]] = [
+        {"body": {"text": text, **({"explain": {"method": method}} if method else {})}}
+        for text, method in zip(texts, methods, strict=True)
+    ]
+    outcomes, _ = service.run([decode_row(row, False, config) for row in raw], [row_encoding(row) for row in raw])
+    for text, method, outcome in zip(texts, methods, outcomes, strict=True):
+        assert outcome.error is None, outcome.error
+        inputs = dict(tokenizer([text], return_tensors="pt", truncation=True, max_length=config.max_length))
+        expected = explain(eager, inputs, method=method or "attention")
+        probabilities = expected.logits.softmax(dim=-1)[0].float()
+        torch.testing.assert_close(torch.tensor(outcome.probabilities), probabilities, rtol=1e-5, atol=1e-6)
+        if method is None:
+            assert outcome.scores is None
+            continue
+        assert outcome.method == method and outcome.target == int(expected.target[0])
+        torch.testing.assert_close(torch.tensor(outcome.scores), expected.scores[0].float(), rtol=1e-4, atol=1e-6)
