@@ -81,7 +81,8 @@ class HandlerConfig:
         memory_budget_mib: Per-request memory budget in MiB: a row whose explanation is estimated to need more (at its
             own length; :mod:`explainers.memory`) is refused with ``over_memory_budget`` (413) before anything is
             allocated, instead of taking the worker down (``None``: no budget). A batch needs at most the sum of its
-            rows' estimates: set it so that ``batchSize × memory_budget_mib`` fits beside the loaded model.
+            rows' estimates: set it so that ``batchSize × memory_budget_mib`` fits beside the loaded model. Text and
+            image tasks only (a token classification or generation model with it fails to load).
     """
 
     task: Literal["text", "image", "token_classification", "generation"]
@@ -164,6 +165,8 @@ class HandlerConfig:
         )
         if config.max_length < 3 and task != "generation":
             raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")
+        if config.memory_budget_mib is not None and task not in ("text", "image"):
+            raise ConfigError(f"handler.memory_budget_mib applies to the text and image tasks only, not to {task!r}")
         if config.default_new_tokens > config.max_new_tokens:
             raise ConfigError(
                 f"handler.default_new_tokens ({config.default_new_tokens}) exceeds max_new_tokens "

@@ -425,3 +425,16 @@ def test_the_service_on_sdpa_serves_what_an_eager_model_explains_in_process() ->
             continue
         assert outcome.method == method and outcome.target == int(expected.target[0])
         torch.testing.assert_close(torch.tensor(outcome.scores), expected.scores[0].float(), rtol=1e-4, atol=1e-6)
+
+
+def test_the_memory_budget_key_is_checked_when_the_model_loads() -> None:
+    from handlers.config import ConfigError, HandlerConfig
+
+    section: dict[str, Any] = {"task": "text", "labels": ["a", "b"], "memory_budget_mib": 512}
+    assert HandlerConfig.from_model_yaml({"handler": section}).memory_budget_mib == 512
+    assert HandlerConfig.from_model_yaml({"handler": {**section, "memory_budget_mib": None}}).memory_budget_mib is None
+    for wrong in (0, -3, "lots", 1.5):
+        with pytest.raises(ConfigError, match="memory_budget_mib"):
+            HandlerConfig.from_model_yaml({"handler": {**section, "memory_budget_mib": wrong}})
+    with pytest.raises(ConfigError, match="text and image tasks only"):
+        HandlerConfig.from_model_yaml({"handler": {**section, "task": "token_classification"}})
