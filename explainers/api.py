@@ -97,8 +97,8 @@ class RowExplanation:
         options: options used, defaults filled in.
         scores: text ``(length,)`` trimmed to the row's real tokens (special tokens included; the padding
             removed on whichever side it was); images ``(grid_h, grid_w)``.
-        seconds: wall time of the attribution kernels for the group of rows this row was computed with (and of the
-            grad-enabled forward and backward of its own gradient pass, when it had one).
+        seconds: wall time of the attribution kernels for the group of rows this row was computed with (a gradient
+            pass of its own counts in :attr:`BatchExplanation.seconds`, ``backward``).
         pooled: the position explained (see :class:`Attribution`).
     """
 
@@ -119,9 +119,9 @@ class BatchExplanation:
         rows: per row a :class:`RowExplanation`, ``None`` (prediction only), a :class:`RowSkipped` (asked to be
             explained only when unsure, and confident) or the :class:`ExplainError` that row's request raised (the
             other rows are unaffected).
-        seconds: wall time of the shared stages: ``forward`` (the shared forward) and, if the shared forward took
-            gradients, ``backward``. The grad-enabled forward and backward of rows that had a pass of their own count
-            in those rows' :attr:`RowExplanation.seconds`.
+        seconds: wall time of the shared stages: ``forward`` (the shared forward) and, if any row needed gradients,
+            ``backward``: every gradient pass of the batch (the shared forward's backward, and the grad-enabled
+            forward and backward of the rows that had a pass of their own), which every row of the batch waits for.
         pooled: the position explained (see :class:`Attribution`).
         head_type: see :class:`Attribution`.
     """
@@ -236,6 +236,16 @@ def _budget_check(
         check_budget(size, method, rows, length, options, budget_mib, alternatives)
 
     return check
+
+
+def _stage_seconds(shared: Capture, own: Sequence[Capture]) -> dict[str, float]:
+    """The batch's ``forward`` (the shared forward) and ``backward`` (all its gradient work) seconds."""
+    seconds = dict(shared.seconds)
+    passes = {id(capture): capture for capture in own}.values()
+    gradient = seconds.get("backward", 0.0) + sum(sum(capture.seconds.values()) for capture in passes)
+    if gradient:
+        seconds["backward"] = gradient
+    return seconds
 
 
 def _fixed_targets(targets: Tensor) -> Callable[[Tensor], Tensor]:
@@ -476,11 +486,10 @@ def explain_batch(
             started = time.perf_counter()
             selected = torch.tensor(indices, device=mask.device)
             whole = len(indices) == batch
-            if indices[0] in own:  # rows with their own gradient pass: its time counts as theirs
+            if indices[0] in own:  # rows with their own gradient pass (its time counts in the batch's backward)
                 kind_capture = own[indices[0]][0]
                 positions = torch.tensor([own[index][1] for index in indices], device=mask.device)
                 sub_capture = kind_capture.rows(positions)
-                started -= sum(kind_capture.seconds.values())
             else:
                 sub_capture = capture if whole else capture.rows(selected)
             sub_inputs = validated if whole else {key: value[selected] for key, value in validated.items()}
@@ -518,7 +527,7 @@ def explain_batch(
     return BatchExplanation(
         logits=capture.logits,
         rows=results,
-        seconds=dict(capture.seconds),
+        seconds=_stage_seconds(capture, [kind_capture for kind_capture, _ in own.values()]),
         pooled=arch.pooled,
         head_type=arch.head_type,
     )

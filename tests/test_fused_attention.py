@@ -268,8 +268,7 @@ def test_a_batch_mixing_map_and_fused_methods_gives_each_row_its_own_answer(name
     with torch.no_grad():
         plain = explain(sdpa, batch, method="attention").logits
     assert torch.allclose(result.logits, plain, atol=1e-10, rtol=0)
-    # a prediction-only row is in the batch: the shared forward takes no gradients, the explained rows have their own
-    assert result.rows[1] is None and "backward" not in result.seconds
+    assert result.rows[1] is None and result.seconds["backward"] > 0  # the gradient rows' own passes
     tolerance = 1e-5 if variant.model_type in FLOAT32_SOFTMAX else 1e-9
     for index, request in enumerate(requests):
         row = result.rows[index]
