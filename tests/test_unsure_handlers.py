@@ -101,7 +101,7 @@ def test_the_answer_says_whether_it_was_explained_and_why_not(service: Explanati
     bodies: list[dict[str, Any]] = [{"text": text, "explain": {"method": "gae", "below": below}} for text in TEXTS]
     rows = [decode_row({"body": body}, False, service.config) for body in bodies]
     passes: list[tuple[int, bool]] = []  # (rows, grad-enabled) of each forward
-    embeddings = service.model.get_input_embeddings()
+    embeddings: torch.nn.Module = service.model.get_input_embeddings()  # type: ignore[operator]
     handle = embeddings.register_forward_hook(lambda m, a, out: passes.append((out.shape[0], torch.is_grad_enabled())))
     try:
         outcomes, timings = service.run(rows, [Encoding.JSON] * len(rows))
