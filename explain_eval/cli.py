@@ -43,9 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", action="append", help="sentiment and/or digits (repeatable; default sentiment)")
     parser.add_argument("--model-dir", type=Path, help="checkpoint folder (one --model only; default: the build's)")
     parser.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="model_store build folder")
-    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated methods")
+    parser.add_argument(
+        "--methods",
+        help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)}; --generation: all but relevance)",
+    )
     parser.add_argument("--no-random", action="store_true", help="leave out the random-ranking reference")
-    parser.add_argument("--n", type=int, default=500, help="held-out examples per model (max 5000; default 500)")
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=500,
+        help="held-out examples per model (max 5000; default 500); --generation: prompts (default all)",
+    )
     parser.add_argument("--removal", choices=("mask", "delete"), default="mask", help="text: [MASK] or delete")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random ranking")
@@ -60,6 +68,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token-file", type=Path, help="--served: token file (default: the run folder's)")
     parser.add_argument("--mask-token", default="[MASK]", help="--served: the served tokenizer's mask token text")
     parser.add_argument("--replot", type=Path, help="only redraw the PNG (next to it) from a results .json file")
+    generation = parser.add_argument_group("generation mode (explain_eval/generation.py)")
+    generation.add_argument(
+        "--generation",
+        action="store_true",
+        help="causal LMs: delete each greedy step's most relevant prompt tokens and report the fall of the step "
+        "token's log-probability, per method against random (--model-dir: default the demo writer's build)",
+    )
+    generation.add_argument("--new-tokens", type=int, default=8, help="greedy tokens per prompt (default 8)")
+    generation.add_argument(
+        "--k", default="1,2,4", help="prompt tokens each step loses, comma-separated (default 1,2,4)"
+    )
+    generation.add_argument("--prompts", type=Path, help="a file of prompts, one a line (default: 20 built-in ones)")
+    generation.add_argument(
+        "--option",
+        action="append",
+        metavar="METHOD.KEY=VALUE",
+        help="a method's option, e.g. integrated_gradients.n_steps=16 (repeatable; default: the method's defaults)",
+    )
     return parser
 
 
@@ -72,12 +98,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         saved = json.loads(args.replot.read_text(encoding="utf-8"))
         plot([ModelResult.from_dict(result) for result in saved["results"]], args.replot.with_suffix(".png"))
         return 0
+    if args.generation:
+        from .generation import run_cli
+
+        return run_cli(args, argv, parser)
     models = args.model or ["sentiment"]
     if args.model_dir is not None and len(models) != 1:
         parser.error("--model-dir needs exactly one --model")
     if not 1 <= args.n <= 5000:
         parser.error("--n must be between 1 and 5000")
-    methods = [name.strip() for name in args.methods.split(",") if name.strip()]
+    methods = [name.strip() for name in (args.methods or ",".join(DEFAULT_METHODS)).split(",") if name.strip()]
     from explainers import available_methods
 
     unknown = sorted(set(methods) - set(available_methods()) - {RANDOM})

