@@ -279,7 +279,9 @@ def agreement(
         return model(inputs_embeds=inputs_embeds, attention_mask=mask).logits[:, token, label]
 
     differences, correlations, magnitudes = [], [], []
-    explainer(sentence.text, ignored_indexes=[], n_steps=n_steps)
+    explained = {token for token, _, _ in positions[0]}  # the entities' tokens only, as the timed runs do
+    length = int(model_inputs["attention_mask"][0].sum())
+    explainer(sentence.text, ignored_indexes=[t for t in range(length) if t not in explained], n_steps=n_steps)
     for number, (token, _, label) in enumerate(positions[0]):
         captum = IntegratedGradients(lambda e, t=token, lab=label: forward(e, t, lab))
         reference = captum.attribute(embeddings, torch.zeros_like(embeddings), n_steps=n_steps, method="riemann_middle")
