@@ -48,7 +48,7 @@ def ensure_models(model_store: Path, models: Mapping[str, str]) -> None:
         return
     if missing:
         logger.info(
-            "building the default models %s: first run only, about 10 minutes on 2 CPU cores (progress: bars on a "
+            "building the default models %s: first run only, about 15 minutes on 2 idle CPU cores (progress: bars on a "
             "terminal, a line at least every 15 s otherwise)",
             ", ".join(missing),
         )
