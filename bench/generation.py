@@ -17,8 +17,10 @@ vocabulary and a word-level tokenizer built here), for every prompt length × ne
   step's log-probability × the prompt embeddings) against ours for ``StepSum(t, t + 1)`` (that step's
   log-probability), and Captum's sequence attribution against ``steps="sum"``.
 
-``--memory`` adds the peak resident memory (CPU) of generation and of each method at batch ``--memory-batch``, each
-in a fresh child process, above the loaded model.
+``--memory`` adds the peak resident memory (CPU) of generation and of each method at the row's prompt length, new
+tokens and batch, each in a fresh child process: the growth of the process's peak RSS (``getrusage``) over what it
+held with the model and prompts loaded (the explanations explain a random continuation of the same shape, so no
+generation raises the peak before it is read).
 
     python -m bench.generation --captum                       # the issue's grid: P 64/256, T 16/64, batch 1/8
     python -m bench.generation --prompts 64 --new-tokens 16 --batch-sizes 1 --repeats 3 --captum
@@ -184,7 +186,7 @@ def per_step_rerun(model: nn.Module, batch: dict[str, torch.Tensor], made: Conti
         explain_generation(model, batch, method=method, continuation=made.tokens[:, : step + 1], steps=[step])
 
 
-def _peak_child(args: argparse.Namespace, what: str, prompt: int, new: int) -> float:
+def _peak_child(args: argparse.Namespace, what: str, prompt: int, new: int, batch: int) -> float:
     command = [
         sys.executable,
         "-m",
@@ -193,22 +195,27 @@ def _peak_child(args: argparse.Namespace, what: str, prompt: int, new: int) -> f
         what,
         str(prompt),
         str(new),
+        str(batch),
         *args.passthrough,
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def memory_child(args: argparse.Namespace, what: str, prompt: int, new: int) -> None:
-    """Print the peak RSS (MiB) of one generation or one explanation above the loaded model."""
+def memory_child(args: argparse.Namespace, what: str, prompt: int, new: int, size: int) -> None:
+    """Print the peak RSS (MiB) of one generation or one explanation above the loaded model and prompts.
+
+    An explanation explains a random continuation (ids that are never pad/BOS/EOS, so every row has ``new`` tokens:
+    the same shapes and cost as a generated one); generating it first would raise the peak that the delta is taken
+    from and hide the explanation's own memory."""
     model = build_model(args.arch, args.layers, args.hidden, args.heads, args.vocabulary, args.positions)
-    batch = prompts(args.memory_batch, prompt, args.vocabulary)
-    made = generate_continuation(model, batch, new, {"eos_token_id": None})
+    batch = prompts(size, prompt, args.vocabulary)
+    continuation = prompts(size, new, args.vocabulary, seed=1)["input_ids"]
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if what == "generate":
         generate_continuation(model, batch, new, {"eos_token_id": None})
     else:
-        explain_generation(model, batch, method=what, continuation=made.tokens, **FAST_OPTIONS.get(what, {}))
+        explain_generation(model, batch, method=what, continuation=continuation, **FAST_OPTIONS.get(what, {}))
     print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
 
 
@@ -231,19 +238,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-rerun", action="store_true", help="skip the per-step re-run of attention/rollout")
     parser.add_argument("--no-compare", action="store_true", help="with --captum: skip the float64 comparison")
     parser.add_argument("--memory", action="store_true", help="peak memory per method (child processes)")
-    parser.add_argument("--memory-batch", type=int, default=1)
-    parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the rows as JSON to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     model_flags = ["--arch", args.arch, "--layers", str(args.layers), "--hidden", str(args.hidden), "--heads",
                    str(args.heads), "--vocabulary", str(args.vocabulary), "--positions", str(args.positions),
-                   "--threads", str(args.threads), "--memory-batch", str(args.memory_batch)]  # fmt: skip
+                   "--threads", str(args.threads)]  # fmt: skip
     args.passthrough = model_flags
     if args.memory_child is not None:
-        what, prompt, new = args.memory_child
-        memory_child(args, what, int(prompt), int(new))
+        what, prompt, new, size = args.memory_child
+        memory_child(args, what, int(prompt), int(new), int(size))
         return
     model = build_model(args.arch, args.layers, args.hidden, args.heads, args.vocabulary, args.positions)
     tokenizer = word_tokenizer(args.vocabulary) if args.captum else None
@@ -308,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 }  # fmt: skip
                 if args.memory:
                     row["memory_mib"] = {
-                        what: _peak_child(args, what, prompt, new) for what in ("generate", *args.methods)
+                        what: _peak_child(args, what, prompt, new, batch_size) for what in ("generate", *args.methods)
                     }
                 rows.append(row)
                 log.info("P=%d T=%d batch %d: %s", prompt, new, batch_size, json.dumps(ratios))
