@@ -22,6 +22,11 @@ objective; so, by construction, a target's scores are what the classifier path (
 for that objective, and the tests check exactly that (for a causal LM: the context up to the target's position
 alone, its LM head read as a classifier over the vocabulary, the token as target).
 
+Attention: as in :func:`explainers.explain`, the map methods (and ``gae``, which differentiates the maps) run the
+architecture's eager attention; ``grad_x_input``, ``integrated_gradients``, ``attnlrp`` and ``cp_lrp`` run on the
+model's own fused attention where it has one (:func:`~explainers.attention_capture.fused_implementation`), so that
+their memory grows with the length and a step's scores match the classifier path's on the same model.
+
 Memory: the gradients of a chunk of ``c`` rounds take ``c ×`` the size of what is differentiated (the input
 embeddings, and for ``gae`` every layer's per-head maps). When all rounds fit in one chunk there is one backward
 call and the graph is freed by it; otherwise the graph is kept (``retain_graph``) until the last chunk's call.
@@ -38,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from .architectures import Architecture, describe
+from .attention_capture import fused_implementation
 from .capture import (
     ATTENTION_GRADIENTS,
     ATTENTIONS,
@@ -284,8 +290,9 @@ def explain_targets(
     mask = validated["attention_mask"]
     path = chosen.name == "integrated_gradients"
     needs = frozenset() if path else chosen.needs
+    fused = fused_implementation(model)  # read before prepared_model switches the model
     with prepared_model(model):
-        forward = forward_pass(model, arch, validated, needs, bind_rules(chosen.rules, model, arch))
+        forward = forward_pass(model, arch, validated, needs, bind_rules(chosen.rules, model, arch), fused=fused)
         logits = forward.logits
         explained = targets(logits.detach()) if callable(targets) else targets
         _check_targets(explained, logits, mask)
@@ -295,7 +302,9 @@ def explain_targets(
         started = time.perf_counter()
         if path:
             dtype = _score_dtype(logits)
-            scores = _integrated_gradients(model, arch, validated, explained, resolved, chunk_bytes, dtype, seconds)
+            scores = _integrated_gradients(
+                model, arch, validated, explained, resolved, chunk_bytes, dtype, seconds, fused
+            )
         elif not needs & GRADIENT_NEEDS:
             scores = _map_scores(chosen, forward, arch, model, validated, explained, resolved)
         else:
@@ -493,9 +502,11 @@ def _integrated_gradients(
     chunk_bytes: int,
     dtype: torch.dtype,
     seconds: dict[str, float],
+    fused: str | None = None,
 ) -> Tensor:
     """Integrated gradients (midpoint rule on ``t·x`` from the zero embedding, as the classifier path) for every
-    target: each chunk of path points is one forward of the repeated batch, then batched products over the rounds.
+    target: each chunk of path points is one forward of the repeated batch (on ``fused`` attention when given),
+    then batched products over the rounds.
 
     The score is linear in the gradient, so each chunk adds its share to the scores directly (the per-target
     gradients are never all kept).
@@ -514,7 +525,12 @@ def _integrated_gradients(
         steps = points.shape[0]
         repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in inputs.items()}
         forward = forward_pass(
-            model, arch, repeated, frozenset({EMBEDDING_GRADIENTS}), embedding_scale=points.repeat_interleave(batch)
+            model,
+            arch,
+            repeated,
+            frozenset({EMBEDDING_GRADIENTS}),
+            embedding_scale=points.repeat_interleave(batch),
+            fused=fused,
         )
         assert forward.leaf is not None and forward.leaf.original is not None
         original = forward.leaf.original[:batch]  # (B, n, hidden): the same for every step
