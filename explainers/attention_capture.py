@@ -337,6 +337,7 @@ class _DebertaAdapter:
         self.heads = int(module.num_attention_heads)  # type: ignore[arg-type]
         self.call: AttentionCall | None = None
         self.replaced: dict[str, Tensor] = {}
+        self.sources: dict[str, Tensor] = {}  # the tensor each projection of this call's tokens reads
         self.weights: Tensor | None = None
         for name in _PROJECTIONS:
             projection: nn.Module = getattr(module, name)
@@ -347,7 +348,7 @@ class _DebertaAdapter:
 
     def _on_start(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.call = self.capture.start_call(module)
-        self.replaced = {}
+        self.replaced, self.sources = {}, {}
         self.weights = None
         if self.capture.observer is None:
             return
@@ -359,10 +360,11 @@ class _DebertaAdapter:
         # DeBERTa projects query, key and value one after the other; the observer sees the three together, so they
         # are computed here with the projections' own weights (the same operation, so the same values) and the
         # projections' outputs are swapped for the observer's replacements by the hooks below.
+        self.sources = {name: sources.get(name, hidden) for name in _PROJECTIONS}
         projected = []
         for name in _PROJECTIONS:
             linear: nn.Linear = getattr(module, name)
-            output = nn.functional.linear(sources.get(name, hidden), linear.weight, linear.bias)
+            output = nn.functional.linear(self.sources[name], linear.weight, linear.bias)
             projected.append(_heads_view(output, self.heads))
         query, key, value = self.capture.before(self.call, *projected)
         replaced = (query, key, value)
@@ -370,7 +372,11 @@ class _DebertaAdapter:
 
     def _on_projection(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], Tensor], Tensor | None]:
         def hook(projection: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
-            return self.replaced.get(name) if self.call is not None else None
+            # Only the projection of this call's tokens is swapped: with ``share_att_key`` (DeBERTa-v3) the same
+            # query/key projections also run on the relative position embeddings, which stay as they are.
+            if self.call is None or not args or args[0] is not self.sources.get(name):
+                return None
+            return self.replaced.get(name)
 
         return hook
 
@@ -380,7 +386,7 @@ class _DebertaAdapter:
 
     def _on_end(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         call, weights = self.call, self.weights
-        self.call, self.weights, self.replaced = None, None, {}
+        self.call, self.weights, self.replaced, self.sources = None, None, {}, {}
         if call is None or weights is None:
             raise UnsupportedModelError("DeBERTa-v2 attention ran without attention probabilities; cannot capture it")
         context = output[0] if isinstance(output, tuple) else output

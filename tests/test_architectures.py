@@ -443,3 +443,30 @@ def test_dinov2_is_explained_on_the_grid_of_the_image_it_gets() -> None:
         assert result.scores.shape == (2, 6, 5) and torch.isfinite(result.scores).all()
         alone = explain(model, {"pixel_values": pixels[1:]}, method=method)
         assert torch.allclose(result.scores[1], alone.scores[0], atol=1e-9 * float(alone.scores.abs().max()))
+
+
+def test_deberta_v3_shared_keys_explained_as_separate_position_projections() -> None:
+    """DeBERTa-v3 checkpoints set ``share_att_key``: the layer's query/key projections also run on the relative
+    position embeddings. The adapter swaps only the tokens' projections (AttnLRP and CP-LRP raised an index error on
+    such a model before), so every method equals the same weights with the position projections as modules of their
+    own (``share_att_key=False``, ``pos_query_proj``/``pos_key_proj`` copied from the query/key projections)."""
+    shared = Variant("deberta-v3", "deberta-v2", "first", config_key="deberta-v2", overrides={"share_att_key": True})
+    model = shared.build()
+    separate = Variant("deberta-v3-separate", "deberta-v2", "first", config_key="deberta-v2").build()
+    state = dict(model.state_dict())
+    for key, value in model.state_dict().items():
+        for name, position in (("query_proj", "pos_query_proj"), ("key_proj", "pos_key_proj")):
+            if f".attention.self.{name}." in key:
+                state[key.replace(f".{name}.", f".{position}.")] = value
+    separate.load_state_dict(state, strict=True)
+    batch = text_batch(model)
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, separate(**batch).logits)
+    before = _snapshot(model)
+    for method in supported_methods("deberta-v2"):
+        got = explain(model, batch, method=method, **FAST.get(method, {}))
+        expected = explain(separate, batch, method=method, **FAST.get(method, {}))
+        assert torch.isfinite(got.scores).all(), method
+        scale = float(expected.scores.abs().max())
+        assert torch.allclose(got.scores, expected.scores, atol=1e-9 * scale, rtol=0), method
+    _assert_unchanged(model, before)
