@@ -11,7 +11,7 @@ SYSTEM_PYTHON ?= python3
 SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is required to check the system packages"; exit 1; }; \
 	$(SYSTEM_PYTHON) scripts/system_setup.py
 
-.PHONY: system-serve system-test models writer setup extras test lint unit bench-explainers bench-tokens clean protos serve start stop test-serving \
+.PHONY: system-serve system-test models writer setup extras test lint unit bench-explainers bench-tokens bench-gpu clean protos serve start stop test-serving \
 	bench-serving soak test-ops container-up container-down container-token
 
 $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
@@ -76,6 +76,10 @@ writer: setup
 
 bench-explainers: setup
 	$(PY) -m bench.explainers
+
+# The GPU benchmark (bench/gpu.py: under five minutes on one GPU; `python -m bench.gpu --device cpu --quick` checks it here).
+bench-gpu: setup
+	$(PY) -m bench.gpu
 
 # explain_tokens against transformers-interpret's TokenClassificationExplainer (the bench extra installs it).
 bench-tokens: setup
