@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from . import metrics
 from .config import HandlerConfig
 from .errors import RowError
 from .schema import DecodedRow, Encoding, RowOutcome, decode_row, encode_outcome, row_encoding
 from .service import ExplanationService, select_device
+
+Row = TypeVar("Row")
 
 logger = logging.getLogger(__name__)
 
@@ -79,19 +82,27 @@ class ExplanationHandler:
         """The serving core of this handler's task: :attr:`service_class` (generation models override this)."""
         return self.service_class(config, model_dir, device)
 
-    def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
-        """Serve one TorchServe batch: exactly one response per row, in order."""
+    def decode_batch(
+        self, data: list[dict[str, Any]], context: Any, decode: Callable[[dict[str, Any], bool, HandlerConfig], Row]
+    ) -> tuple[HandlerConfig, list[Encoding], list[Row | RowError]]:
+        """The start of every task's ``handle``: the batch counted, each row's encoding, and each row decoded with
+        ``decode(row, explain_header, config)`` (a row that fails to decode keeps its :class:`RowError`)."""
         if self.service is None or self.config is None:
             raise RuntimeError("handler used before initialize()")
         config = self.config
         metrics.observe_batch(self.model_name, len(data))
         encodings = [row_encoding(row) for row in data]
-        decoded: list[DecodedRow | RowError] = []
+        decoded: list[Row | RowError] = []
         for index, row in enumerate(data):
             try:
-                decoded.append(decode_row(row, _explain_header(context, index), config))
+                decoded.append(decode(row, _explain_header(context, index), config))
             except RowError as error:
                 decoded.append(error)
+        return config, encodings, decoded
+
+    def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
+        """Serve one TorchServe batch: exactly one response per row, in order."""
+        config, encodings, decoded = self.decode_batch(data, context, decode_row)
         outcomes, timings = self.service.run(decoded, encodings)
         logger.info("%s: batch of %d rows", self.model_name, len(data))
         responses: list[bytes] = []

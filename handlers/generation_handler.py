@@ -16,12 +16,10 @@ from typing import Any
 import torch
 
 from handlers import metrics
-from handlers.base import ExplanationHandler, _explain_header
+from handlers.base import ExplanationHandler
 from handlers.config import HandlerConfig
-from handlers.errors import RowError
 from handlers.generation_schema import GenerationRow, decode_generation_row, encode_generation
 from handlers.generation_service import GenerationService
-from handlers.schema import row_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +35,7 @@ class GenerationExplanationHandler(ExplanationHandler):
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """Serve one TorchServe batch: exactly one response per row, in order."""
-        if self.service is None or self.config is None:
-            raise RuntimeError("handler used before initialize()")
-        config = self.config
-        metrics.observe_batch(self.model_name, len(data))
-        encodings = [row_encoding(row) for row in data]
-        decoded: list[GenerationRow | RowError] = []
-        for index, row in enumerate(data):
-            try:
-                decoded.append(decode_generation_row(row, _explain_header(context, index), config))
-            except RowError as error:
-                decoded.append(error)
+        _, encodings, decoded = self.decode_batch(data, context, decode_generation_row)
         outcomes, timings = self.service.run(decoded, encodings)
         metrics.observe_generated_tokens(self.model_name, timings.tokens)
         responses: list[bytes] = []
