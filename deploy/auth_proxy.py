@@ -19,29 +19,17 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import http.client
 import json
 import logging
-import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import grpc
 
-logger = logging.getLogger(__name__)
+from model_store.serving.forwarding import Forwarder, Policy, RefusedError, serve_until_signalled
 
-#: Hop-by-hop headers (RFC 9110 §7.6.1) and the ones the proxy sets itself.
-_DROPPED_HEADERS = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host",
-     "authorization", "content-length"}
-)  # fmt: skip
-_GRPC_SERVICES = ("org.pytorch.serve.grpc.inference.InferenceAPIsService/",)
-_STREAMING = frozenset({"StreamPredictions"})
+logger = logging.getLogger(__name__)
 
 
 class Credentials:
@@ -82,107 +70,26 @@ class Credentials:
             return self._key
 
 
-def _rest_handler(credentials: Credentials, upstream: tuple[str, int], max_body: int) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _AuthPolicy(Policy):
+    """Forwards only requests carrying the shared secret, with the pod's TorchServe key instead."""
 
-        def log_message(self, format: str, *args: Any) -> None:
-            logger.debug("rest %s " + format, self.client_address[0], *args)
+    name = "AuthProxy"
 
-        def _reply(self, status: int, message: str) -> None:
-            body = json.dumps({"code": status, "type": "AuthProxy", "message": message}).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _forward(self) -> None:
-            if not credentials.accepts(self.headers.get("Authorization")):
-                self.close_connection = True
-                self._reply(401, "missing or invalid token: send Authorization: Bearer <shared token>")
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > max_body:
-                self.close_connection = True
-                self._reply(413, f"request body of {length} bytes exceeds {max_body}")
-                return
-            body = self.rfile.read(length) if length else None
-            headers = {name: value for name, value in self.headers.items() if name.lower() not in _DROPPED_HEADERS}
-            try:
-                key = credentials.upstream_key()
-                if key is not None:
-                    headers["Authorization"] = f"Bearer {key}"
-                connection = http.client.HTTPConnection(*upstream, timeout=300)
-                try:
-                    connection.request(self.command, self.path, body=body, headers=headers)
-                    response = connection.getresponse()
-                    payload = response.read()
-                finally:
-                    connection.close()
-            except (OSError, http.client.HTTPException, ValueError, KeyError) as error:
-                logger.warning("upstream %s:%d failed: %s", *upstream, error)
-                self._reply(503, "the model server is not reachable yet; retry")
-                return
-            self.send_response(response.status, response.reason)
-            for name, value in response.getheaders():
-                if name.lower() not in _DROPPED_HEADERS:
-                    self.send_header(name, value)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = _forward  # noqa: N815 - http.server's naming
-
-    return Handler
-
-
-class _GrpcForwarder(grpc.GenericRpcHandler):
-    """Forwards TorchServe's inference RPCs as raw bytes, swapping the token in the metadata."""
-
-    def __init__(self, credentials: Credentials, channel: grpc.Channel) -> None:
+    def __init__(self, credentials: Credentials) -> None:
         self._credentials = credentials
-        self._channel = channel
 
-    def _metadata(self, context: grpc.ServicerContext) -> list[tuple[str, str]]:
-        incoming = dict(context.invocation_metadata())
-        if not self._credentials.accepts(str(incoming.get("authorization", ""))):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid token: metadata authorization: Bearer")
+    def authorization(self, presented: str | None) -> str | None:
+        if not self._credentials.accepts(presented):
+            message = "missing or invalid token: send Authorization: Bearer <shared token>"
+            raise RefusedError(401, grpc.StatusCode.UNAUTHENTICATED, message)
         try:
             key = self._credentials.upstream_key()
         except (OSError, ValueError, KeyError):
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the model server is not ready yet; retry")
-        return [("authorization", f"Bearer {key}")] if key is not None else []
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        method = str(handler_call_details.method)
-        if not any(method.lstrip("/").startswith(prefix) for prefix in _GRPC_SERVICES):
-            return None  # UNIMPLEMENTED: management and anything else stay closed
-        if method.rsplit("/", 1)[-1] in _STREAMING:
-            upstream_stream = self._channel.unary_stream(method)
-
-            def stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-                metadata = self._metadata(context)
-                try:
-                    yield from upstream_stream(request, metadata=metadata, timeout=context.time_remaining())
-                except grpc.RpcError as error:
-                    context.abort(error.code(), error.details() or "")
-
-            return grpc.unary_stream_rpc_method_handler(stream)
-        upstream_unary: Callable[..., bytes] = self._channel.unary_unary(method)
-
-        def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
-            metadata = self._metadata(context)
-            try:
-                return upstream_unary(request, metadata=metadata, timeout=context.time_remaining())
-            except grpc.RpcError as error:
-                context.abort(error.code(), error.details() or "")
-                raise  # unreachable: abort raises
-
-        return grpc.unary_unary_rpc_method_handler(unary)
+            raise RefusedError(503, grpc.StatusCode.UNAVAILABLE, "the model server is not ready yet; retry") from None
+        return f"Bearer {key}" if key is not None else None
 
 
-class AuthProxy:
+class AuthProxy(Forwarder):
     """The REST and gRPC listeners of one pod."""
 
     def __init__(
@@ -196,31 +103,8 @@ class AuthProxy:
         max_body: int = 3_100_000,
     ) -> None:
         """Bind both listeners (``rest_port``/``grpc_port`` 0 = any free port; see :attr:`ports`)."""
-        self._http = ThreadingHTTPServer(
-            (listen, rest_port), _rest_handler(credentials, ("127.0.0.1", upstream_rest_port), max_body)
-        )
-        self._http.daemon_threads = True
-        options = [("grpc.max_receive_message_length", max_body), ("grpc.max_send_message_length", 64 * 2**20)]
-        self._channel = grpc.insecure_channel(f"127.0.0.1:{upstream_grpc_port}", options=options)
-        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=options)
-        self._grpc.add_generic_rpc_handlers((_GrpcForwarder(credentials, self._channel),))
-        bound = self._grpc.add_insecure_port(f"{listen}:{grpc_port}")
-        if bound == 0:
-            raise OSError(f"cannot bind gRPC {listen}:{grpc_port}")
-        self.ports = (int(self._http.server_address[1]), bound)
-        self._thread = threading.Thread(target=self._http.serve_forever, name="rest-proxy", daemon=True)
-
-    def start(self) -> None:
-        """Start serving in background threads."""
-        self._grpc.start()
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop both listeners (in-flight gRPC calls get 5 s)."""
-        self._http.shutdown()
-        self._http.server_close()
-        self._grpc.stop(grace=5).wait()
-        self._channel.close()
+        policy = _AuthPolicy(credentials)
+        super().__init__(policy, listen, rest_port, grpc_port, upstream_rest_port, upstream_grpc_port, max_body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,14 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         credentials, args.listen, args.rest_port, args.grpc_port, args.upstream_rest_port, args.upstream_grpc_port,
         args.max_body,
     )  # fmt: skip
-    proxy.start()
     logger.info("auth proxy on %s: REST %d, gRPC %d -> 127.0.0.1:%d/%d", args.listen, *proxy.ports,
                 args.upstream_rest_port, args.upstream_grpc_port)  # fmt: skip
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
-    proxy.stop()
+    serve_until_signalled(proxy)
     return 0
 
 

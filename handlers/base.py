@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from . import metrics
 from .config import HandlerConfig
 from .errors import RowError
+from .pools import model_of
 from .schema import DecodedRow, Encoding, RowOutcome, decode_row, encode_outcome, row_encoding
 from .service import ExplanationService, select_device
 
@@ -72,7 +73,7 @@ class ExplanationHandler:
             import torch
 
             device = torch.device(f"cuda:{int(gpu_id)}")
-        self.model_name = str(context.model_name)
+        self.model_name = model_of(str(context.model_name))  # an explanation pool's metrics are its model's
         self.service = self.create_service(config, model_dir, device)
         self.config = config
         metrics.check_multiprocess()

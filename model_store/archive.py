@@ -56,6 +56,8 @@ class ServingConfig:
             of it; under load batches fill from the queue while the worker is busy, so 2 ms loses no batching
             (docs/SERVING.md, "Batching profiles"; TorchServe treats 0 as its 100 ms default).
         response_timeout_s: TorchServe ``responseTimeout`` (s); a slower batch kills the worker.
+        explanation_pool: The batching keys of the model's explanation pool (``explanationPool``, read by
+            :func:`model_store.serving.config.link_store`; ``None``: no pool).
     """
 
     task: Literal["text", "image", "token_classification", "generation"]
@@ -73,6 +75,7 @@ class ServingConfig:
     max_batch_delay_ms: int = 2
     response_timeout_s: int = 60
     extra_handler_keys: Mapping[str, Any] = field(default_factory=dict)
+    explanation_pool: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         """Check that the task-specific keys match the task."""
@@ -101,14 +104,17 @@ class ServingConfig:
         handler["device"] = self.device
         handler["autocast_bf16"] = self.autocast_bf16
         handler.update(self.extra_handler_keys)
-        return {
+        document: dict[str, Any] = {
             "minWorkers": self.min_workers,
             "maxWorkers": self.max_workers,
             "batchSize": self.batch_size,
             "maxBatchDelay": self.max_batch_delay_ms,
             "responseTimeout": self.response_timeout_s,
-            "handler": handler,
         }
+        if self.explanation_pool is not None:
+            document["explanationPool"] = dict(self.explanation_pool)
+        document["handler"] = handler
+        return document
 
     def to_yaml(self) -> str:
         """Return ``model-config.yaml``'s text."""

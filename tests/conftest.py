@@ -29,7 +29,7 @@ from transformers import (
     ViTForImageClassification,
 )
 
-from model_store.serving.config import Ports
+from model_store.serving.config import POOL_KEY, Ports
 from model_store.serving.process import Server, start, stop
 from model_store.serving.watchdog import OWNER_ENV
 from tests.serving_support import tiny_archives
@@ -167,7 +167,10 @@ def server(archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
     run_dir = tmp_path_factory.mktemp("run")
     store = next(iter(archives.values())).parent.parent
     models = {name: str(path.relative_to(store)) for name, path in archives.items()}
-    started = start(run_dir, store, models, Ports.free(), timeout=180)
+    # sentiment is served with an explanation pool (sentiment.explain, behind the router), digits without one: the
+    # serving and client tests run through both set-ups (tests/integration/test_explanation_pool.py checks the routing)
+    pool = {"sentiment": {POOL_KEY: {"batchSize": 4, "maxBatchDelay": 2}}}
+    started = start(run_dir, store, models, Ports.free(), timeout=180, overrides=pool)
     try:
         yield started
     finally:

@@ -26,7 +26,7 @@ def test_config_binds_loopback_and_keeps_auth(tmp_path: Path) -> None:
 
 def test_free_ports_are_distinct() -> None:
     ports = Ports.free()
-    assert len(set(vars(ports).values())) == 6
+    assert len(set(vars(ports).values())) == len(vars(ports)) == 8
 
 
 def test_profiles_and_overlay(tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_profiles_and_overlay(tmp_path: Path) -> None:
         load_profile("tpu")
     store = link_store(
         tmp_path / "run", tmp_path / "store", {"a": "sentiment/archive", "b": "sentiment/archive"}, {"b": gpu}
-    )
+    ).path
     untouched = yaml.safe_load((store / "a" / "model-config.yaml").read_text())
     changed = yaml.safe_load((store / "b" / "model-config.yaml").read_text())
     assert untouched["batchSize"] == 8 and untouched["handler"] == {"task": "text", "labels": ["a", "b"]}

@@ -29,6 +29,7 @@ def _settings_from_args(args: argparse.Namespace) -> Settings:
             "threshold",
             "workers",
             "explain_below",
+            "explanation_workers",
         )
         if getattr(args, key) is not None
     }
@@ -62,6 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         metavar="P",
         help="explain when unsure by default: only when the prediction's confidence is below P (default: always)",
+    )
+    parser.add_argument(
+        "--explanation-workers",
+        type=int,
+        metavar="N",
+        help="serve explanation requests from their own pool of N workers (predictions never wait for them)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     args = parser.parse_args(argv)

@@ -68,6 +68,7 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
         max_batch_delay_ms=settings.max_batch_delay,
         response_timeout_s=settings.response_timeout,
         extra_handler_keys=extra,
+        explanation_pool=settings.explanation_pool(),
     )
 
 

@@ -45,6 +45,12 @@ class Settings:
             overrides it with ``below``).
         max_new_tokens: Generation models: the most new tokens a request may ask for.
         default_new_tokens: Generation models: new tokens written when a request names none.
+        explanation_workers: Workers of the model's explanation pool (``None``: no pool, every request is served by
+            the model's own workers). With a pool, requests asking for an explanation are served by their own workers
+            and batches, so predictions never wait for a backward (docs/SERVING.md, "Predictions next to
+            explanations"); each pool worker holds its own copy of the model.
+        explanation_batch_size: The explanation pool's ``batchSize`` (``None``: ``batch_size``).
+        explanation_max_batch_delay: The explanation pool's ``maxBatchDelay`` in ms (``None``: ``max_batch_delay``).
     """
 
     default_method: str | None = None
@@ -59,6 +65,9 @@ class Settings:
     explain_below: float | None = None
     max_new_tokens: int = 64
     default_new_tokens: int = 16
+    explanation_workers: int | None = None
+    explanation_batch_size: int | None = None
+    explanation_max_batch_delay: int | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> Settings:
@@ -74,6 +83,17 @@ class Settings:
         settings = cls(**{key: values[key] for key in values})
         settings.check(where)
         return settings
+
+    def explanation_pool(self) -> dict[str, int] | None:
+        """The explanation pool's TorchServe batching keys (``None``: no pool)."""
+        if self.explanation_workers is None:
+            return None
+        return {
+            "minWorkers": self.explanation_workers,
+            "maxWorkers": self.explanation_workers,
+            "batchSize": self.explanation_batch_size or self.batch_size,
+            "maxBatchDelay": self.explanation_max_batch_delay or self.max_batch_delay,
+        }
 
     def check(self, where: str = "settings") -> None:
         """Check types and ranges.
@@ -92,6 +112,15 @@ class Settings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise PackageError(f"{where}: {key} must be an integer >= {low}, got {value!r}")
+        for key in ("explanation_workers", "explanation_batch_size", "explanation_max_batch_delay"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise PackageError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+        if self.explanation_workers is None and (
+            self.explanation_batch_size is not None or self.explanation_max_batch_delay is not None
+        ):
+            raise PackageError(f"{where}: explanation_batch_size/explanation_max_batch_delay configure the "
+                               "explanation pool: set explanation_workers (e.g. 1) to have one")  # fmt: skip
         if isinstance(self.response_timeout, bool) or not isinstance(self.response_timeout, int):
             raise PackageError(f"{where}: response_timeout must be an integer number of seconds")
         if self.response_timeout < 1:

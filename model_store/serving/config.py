@@ -14,7 +14,7 @@ import shutil
 import socket
 import string
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,10 @@ DEFAULT_MODEL_STORE = REPO_ROOT / "model_store" / "build"
 
 @dataclass(frozen=True)
 class Ports:
-    """The service's ports (all bound to 127.0.0.1)."""
+    """The service's ports (all bound to 127.0.0.1). ``upstream_inference`` and ``upstream_grpc_inference`` are
+    TorchServe's own inference ports when a model has an explanation pool: the router
+    (:mod:`model_store.serving.router`) then listens on ``inference``/``grpc_inference``, TorchServe behind it on
+    loopback."""
 
     inference: int = 8080
     management: int = 8081
@@ -39,20 +42,23 @@ class Ports:
     grpc_inference: int = 7070
     grpc_management: int = 7071
     exporter: int = 8083
+    upstream_inference: int = 8090
+    upstream_grpc_inference: int = 7090
 
     @classmethod
     def from_env(cls) -> Ports:
-        """Defaults overridden by ``INFERENCE_PORT``, ``MANAGEMENT_PORT``, ``METRICS_PORT``, ``GRPC_INFERENCE_PORT``,
-        ``GRPC_MANAGEMENT_PORT`` and ``EXPORTER_PORT``."""
+        """Defaults overridden by ``<FIELD>_PORT`` (``INFERENCE_PORT``, ``MANAGEMENT_PORT``, ``METRICS_PORT``,
+        ``GRPC_INFERENCE_PORT``, ``GRPC_MANAGEMENT_PORT``, ``EXPORTER_PORT``, ``UPSTREAM_INFERENCE_PORT``,
+        ``UPSTREAM_GRPC_INFERENCE_PORT``)."""
         values = {name: int(os.environ.get(f"{name.upper()}_PORT", default)) for name, default in asdict(cls()).items()}
         return cls(**values)
 
     @classmethod
     def free(cls) -> Ports:
-        """Six currently free loopback ports (for tests)."""
+        """Currently free loopback ports, all distinct (for tests)."""
         sockets = []
         try:
-            for _ in range(6):
+            for _ in fields(cls):
                 sock = socket.socket()
                 sock.bind(("127.0.0.1", 0))
                 sockets.append(sock)
@@ -103,18 +109,19 @@ def token_expiration_minutes() -> float:
     return minutes
 
 
-def write_config(run_dir: Path, ports: Ports, model_store: Path) -> Path:
-    """Fill the template into ``run_dir/config.properties`` and return its path."""
+def write_config(run_dir: Path, ports: Ports, model_store: Path, behind_router: bool = False) -> Path:
+    """Fill the template into ``run_dir/config.properties`` and return its path (``behind_router``: TorchServe's
+    inference ports are ``ports.upstream_*`` on 127.0.0.1, the router's are the public ones)."""
     workflow_store = run_dir / "workflow-store"
     workflow_store.mkdir(parents=True, exist_ok=True)
     workflow_store.chmod(0o555)
     text = string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
-        inference_host=bind_address("INFERENCE_ADDRESS"),
+        inference_host="127.0.0.1" if behind_router else bind_address("INFERENCE_ADDRESS"),
         metrics_host=bind_address("METRICS_ADDRESS"),
-        inference_port=ports.inference,
+        inference_port=ports.upstream_inference if behind_router else ports.inference,
         management_port=ports.management,
         metrics_port=ports.metrics,
-        grpc_inference_port=ports.grpc_inference,
+        grpc_inference_port=ports.upstream_grpc_inference if behind_router else ports.grpc_inference,
         grpc_management_port=ports.grpc_management,
         model_store=model_store.resolve(),
         workflow_store=workflow_store.resolve(),
@@ -126,29 +133,80 @@ def write_config(run_dir: Path, ports: Ports, model_store: Path) -> Path:
     return path
 
 
+#: The key of ``model-config.yaml`` (or of a profile) that gives a model an explanation pool: TorchServe's batching
+#: keys of the pool (``handlers.pools``; docs/SERVING.md, "Predictions next to explanations"). Consumed here: the
+#: per-run configs TorchServe reads do not carry it.
+POOL_KEY = "explanationPool"
+#: The TorchServe keys a pool may set; the others are the model's.
+POOL_SETTINGS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
+
+
+@dataclass(frozen=True)
+class LinkedStore:
+    """The per-run model store: its folder, the names to register (models and pools) and the models with a pool."""
+
+    path: Path
+    served: tuple[str, ...]
+    pools: tuple[str, ...]
+
+
 def link_store(
     run_dir: Path, model_store: Path, models: Mapping[str, str], overrides: Mapping[str, Mapping[str, Any]]
-) -> Path:
+) -> LinkedStore:
     """A model store ``run_dir/model-store/<name>/`` of symlinks to each archive's files (TorchServe 0.12 does not
     accept nested paths such as ``sentiment/archive`` in ``--models``), with ``model-config.yaml`` rewritten when
-    ``overrides[name]`` sets keys (top-level TorchServe keys, and ``handler:`` keys merged into that section)."""
+    ``overrides[name]`` sets keys (top-level TorchServe keys, and ``handler:`` keys merged into that section).
+
+    A model whose config (after its overrides) has an :data:`POOL_KEY` section also gets its explanation pool,
+    ``<name>.explain/``: the same files, the same config with the section's batching keys.
+
+    Raises:
+        ValueError: for an explanation pool section that is not a mapping of :data:`POOL_SETTINGS` to integers >= 1.
+    """
+    from handlers.pools import pool_name
+
     store = run_dir / "model-store"
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
+    served: list[str] = []
+    pools: list[str] = []
     for name, path in models.items():
         source = (model_store / path).resolve()
-        target = store / name
-        target.mkdir()
-        for entry in source.iterdir():
-            if entry.name != "model-config.yaml":
-                (target / entry.name).symlink_to(entry)
         config = yaml.safe_load((source / "model-config.yaml").read_text(encoding="utf-8")) or {}
         extra = dict(overrides.get(name, {}))
         handler_extra = extra.pop("handler", {}) or {}
         config.update(extra)
         config["handler"] = {**config.get("handler", {}), **handler_extra}
-        (target / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return store
+        pool = _pool_settings(name, config.pop(POOL_KEY, None))
+        if pool is not None and pool.get("minWorkers", 1) > pool.get("maxWorkers", pool.get("minWorkers", 1)):
+            raise ValueError(f"{name}: {POOL_KEY}: minWorkers is above maxWorkers")
+        variants = {name: config} | ({pool_name(name): {**config, **pool}} if pool is not None else {})
+        for served_name, variant in variants.items():
+            target = store / served_name
+            target.mkdir()
+            for entry in source.iterdir():
+                if entry.name != "model-config.yaml":
+                    (target / entry.name).symlink_to(entry)
+            (target / "model-config.yaml").write_text(yaml.safe_dump(variant, sort_keys=False), encoding="utf-8")
+            served.append(served_name)
+        if pool is not None:
+            pools.append(name)
+    return LinkedStore(store, tuple(served), tuple(pools))
+
+
+def _pool_settings(name: str, section: Any) -> dict[str, int] | None:
+    if section is None or section is False:
+        return None
+    where = f"{name}: {POOL_KEY}"
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{where} must be a mapping of {', '.join(POOL_SETTINGS)}, got {section!r}")
+    unknown = sorted(set(section) - set(POOL_SETTINGS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(POOL_SETTINGS)}")
+    for key, value in section.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+    return dict(section)
 
 
 def load_profile(name: str) -> dict[str, Any]:

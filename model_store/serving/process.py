@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ from model_store.serving.watchdog import owner_pid, pid_alive, watch
 
 TS_PID = "torchserve.pid"
 EXPORTER_PID = "exporter.pid"
+ROUTER_PID = "router.pid"
 PORTS_FILE = "ports.json"
 WATCHDOG_PID = "watchdog.pid"
 
@@ -54,6 +56,9 @@ class Server:
     torchserve_pid: int
     exporter_pid: int
     models: tuple[str, ...]
+    #: The models served with an explanation pool (``<name>.explain``), behind the router.
+    pools: tuple[str, ...] = ()
+    router_pid: int | None = None
 
     @property
     def keys(self) -> dict[str, str]:
@@ -132,7 +137,7 @@ def start(
     ports = ports or Ports.from_env()
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    for pid_name in (TS_PID, EXPORTER_PID):
+    for pid_name in (TS_PID, EXPORTER_PID, ROUTER_PID):
         pid_file = run_dir / pid_name
         if pid_file.is_file() and pid_alive(int(pid_file.read_text().strip() or 0)):
             raise RuntimeError(f"already running from {run_dir} (pid file {pid_file}); run `make stop` first")
@@ -155,7 +160,7 @@ def start(
         "METRICS_LOCATION": str(run_dir / "logs"),
     }
     store = link_store(run_dir, model_store, models, overrides or {})
-    config = write_config(run_dir, ports, store)
+    config = write_config(run_dir, ports, store.path, behind_router=bool(store.pools))
     exporter = spawn(
         [
             *(sys.executable, "-m", "handlers.exporter", "--dir", str(metrics_dir)),
@@ -167,20 +172,42 @@ def start(
         run_dir / EXPORTER_PID,
     )
     java = spawn(
-        java_command(config, store, tmp_dir, list(models)), run_dir, env, run_dir / "torchserve.out", run_dir / TS_PID
+        java_command(config, store.path, tmp_dir, list(store.served)),
+        run_dir,
+        env,
+        run_dir / "torchserve.out",
+        run_dir / TS_PID,
     )
+    router = None
+    if store.pools:  # explanation pools: the router takes the public inference ports
+        router = spawn(router_command(ports, store.pools), REPO_ROOT, env, run_dir / "router.log", run_dir / ROUTER_PID)
     owner = owner_pid()
     if owner is not None:  # EXPLAIN_OWNER_PID: the servers end with that process, even if it is SIGKILLed
-        guard = watch(owner, groups=[java.pid, exporter.pid], env=env)
+        groups = [java.pid, exporter.pid, *([router.pid] if router is not None else [])]
+        guard = watch(owner, groups=groups, env=env)
         (run_dir / WATCHDOG_PID).write_text(str(guard.pid))
     (run_dir / PORTS_FILE).write_text(json.dumps(asdict(ports)))
-    server = Server(run_dir, ports, java.pid, exporter.pid, tuple(models))
+    server = Server(
+        run_dir, ports, java.pid, exporter.pid, tuple(models), store.pools, router.pid if router is not None else None
+    )
     try:
-        wait_ready(server, java, timeout)
+        wait_ready(server, java, timeout, served=store.served, router=router)
     except BaseException:
         stop(run_dir)
         raise
     return server
+
+
+def router_command(ports: Ports, pools: tuple[str, ...]) -> list[str]:
+    """The command line of the explanation-pool router (:mod:`model_store.serving.router`): the public inference
+    ports, TorchServe's behind it."""
+    command = [sys.executable, "-m", "model_store.serving.router", "--listen", bind_address("INFERENCE_ADDRESS")]
+    command += ["--rest-port", str(ports.inference), "--grpc-port", str(ports.grpc_inference)]
+    command += ["--upstream-rest-port", str(ports.upstream_inference)]
+    command += ["--upstream-grpc-port", str(ports.upstream_grpc_inference)]
+    for name in pools:
+        command += ["--pool", name]
+    return command
 
 
 def _get(url: str, token: str | None, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -192,14 +219,28 @@ def _get(url: str, token: str | None, timeout: float = 5.0) -> tuple[int, bytes]
         return error.code, error.read()
 
 
-def wait_ready(server: Server, process: subprocess.Popen[bytes], timeout: float) -> None:
+def wait_ready(
+    server: Server,
+    process: subprocess.Popen[bytes],
+    timeout: float,
+    served: tuple[str, ...] | None = None,
+    router: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Wait until each of ``served`` (default: the server's models) has a READY worker and ``router``, if any, is
+    accepting connections.
+
+    Raises:
+        RuntimeError: if TorchServe or the router exits, or ``timeout`` seconds pass.
+    """
     deadline = time.monotonic() + timeout
     management = f"http://127.0.0.1:{server.ports.management}"
-    pending = set(server.models)
+    pending = set(served or server.models)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"TorchServe exited with {process.returncode}; see {server.run_dir / 'torchserve.out'}")
-        if (server.run_dir / "key_file.json").is_file():
+        if router is not None and router.poll() is not None:
+            raise RuntimeError(f"the router exited with {router.returncode}; see {server.run_dir / 'router.log'}")
+        if pending and (server.run_dir / "key_file.json").is_file():
             with contextlib.suppress(OSError, ValueError, KeyError):
                 token = server.keys["management"]
                 for name in sorted(pending):
@@ -207,11 +248,19 @@ def wait_ready(server: Server, process: subprocess.Popen[bytes], timeout: float)
                     workers = json.loads(body)[0].get("workers", []) if status == 200 else []
                     if any(worker.get("status") == "READY" for worker in workers):
                         pending.discard(name)
-                if not pending:
-                    return
+        if not pending and (router is None or _accepting(server.ports.inference)):
+            return
         time.sleep(0.5)
     waiting = sorted(pending)
     raise RuntimeError(f"TorchServe not ready after {timeout:.0f} s (waiting for {waiting}); see {server.run_dir}")
+
+
+def _accepting(port: int) -> bool:
+    host = bind_address("INFERENCE_ADDRESS")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
+        return True
+    return False
 
 
 def terminate(pid: int, timeout: float = 20.0) -> None:
@@ -238,7 +287,7 @@ def terminate(pid: int, timeout: float = 20.0) -> None:
 def stop(run_dir: Path = DEFAULT_RUN_DIR) -> bool:
     """Stop the service started from ``run_dir`` by its pid files; returns whether anything was running."""
     stopped = False
-    for pid_name in (TS_PID, EXPORTER_PID):
+    for pid_name in (ROUTER_PID, TS_PID, EXPORTER_PID):
         pid_file = run_dir / pid_name
         if not pid_file.is_file():
             continue

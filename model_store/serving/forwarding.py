@@ -1,0 +1,258 @@
+"""A REST and gRPC forwarder in front of TorchServe's inference ports, with a :class:`Policy` that decides, per
+request, who may pass, with which token, and to which served model.
+
+Two programs are built on it: the per-pod authenticating proxy (:mod:`deploy.auth_proxy`: a shared secret in, the
+pod's own TorchServe key out) and the explanation-pool router (:mod:`model_store.serving.router`: the client's token
+passes unchanged, explanation requests go to the model's explanation pool).
+
+REST: any method and path is forwarded with its body and headers (hop-by-hop ones dropped), over one kept-alive
+connection per listener thread; bodies over ``max_body`` bytes get 413 unread. gRPC: TorchServe's inference service
+only (``Predictions``, ``StreamPredictions``, ...), as raw bytes; management and anything else is UNIMPLEMENTED.
+Status, headers, body, gRPC status and details come back as TorchServe sent them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+
+logger = logging.getLogger(__name__)
+
+#: Hop-by-hop headers (RFC 9110 §7.6.1) and the ones the forwarder sets itself.
+DROPPED_HEADERS = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host",
+     "authorization", "content-length"}
+)  # fmt: skip
+#: TorchServe's gRPC inference service: the only one forwarded.
+GRPC_INFERENCE_SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
+_STREAMING = frozenset({"StreamPredictions"})
+
+
+class RefusedError(Exception):
+    """A request the policy does not forward: answered with ``status`` (REST) or ``code`` (gRPC) and ``message``."""
+
+    def __init__(self, status: int, code: grpc.StatusCode, message: str) -> None:
+        """Say how to answer."""
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class Policy:
+    """What the forwarder does with each request. The default forwards everything unchanged, token included."""
+
+    #: ``type`` of the forwarder's own JSON error replies (REST).
+    name = "Forwarder"
+
+    def authorization(self, presented: str | None) -> str | None:
+        """The ``Authorization`` value to send upstream for a request that presented ``presented`` (``None``: send
+        none).
+
+        Raises:
+            RefusedError: if the request must not be forwarded.
+        """
+        return presented
+
+    def rest_path(self, path: str, body: bytes) -> str:
+        """The upstream path of a REST request to ``path`` with ``body``."""
+        return path
+
+    def grpc_request(self, method: str, request: bytes) -> bytes:
+        """The upstream request bytes of a gRPC call of ``method`` (e.g. ``Predictions``)."""
+        return request
+
+
+class _Upstream:
+    """One kept-alive HTTP connection to the upstream per thread; a connection the upstream closed while idle is
+    reopened once."""
+
+    def __init__(self, address: tuple[str, int], timeout: float) -> None:
+        self._address = address
+        self._timeout = timeout
+        self._local = threading.local()
+
+    def request(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str]) -> tuple[Any, bytes]:
+        for attempt in (0, 1):
+            connection = getattr(self._local, "connection", None)
+            reused = connection is not None
+            if connection is None:
+                connection = http.client.HTTPConnection(*self._address, timeout=self._timeout)
+                self._local.connection = connection
+            try:
+                connection.request(method, path, body=body, headers=dict(headers))
+                response = connection.getresponse()
+                payload = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                connection.close()
+                self._local.connection = None
+                if reused and attempt == 0:
+                    continue  # the upstream closed the idle connection before reading this request
+                raise
+            except BaseException:
+                connection.close()
+                self._local.connection = None
+                raise
+            if response.will_close:
+                connection.close()
+                self._local.connection = None
+            return response, payload
+        raise AssertionError("unreachable")
+
+
+def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            logger.debug("rest %s " + format, self.client_address[0], *args)
+
+        def _reply(self, status: int, message: str) -> None:
+            body = json.dumps({"code": status, "type": policy.name, "message": message}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _forward(self) -> None:
+            try:
+                authorization = policy.authorization(self.headers.get("Authorization"))
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > max_body:
+                    message = f"request body of {length} bytes exceeds {max_body}"
+                    raise RefusedError(413, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+            except RefusedError as refused:
+                self.close_connection = True
+                self._reply(refused.status, refused.message)
+                return
+            body = self.rfile.read(length) if length else b""
+            headers = {name: value for name, value in self.headers.items() if name.lower() not in DROPPED_HEADERS}
+            if authorization is not None:
+                headers["Authorization"] = authorization
+            try:
+                response, payload = upstream.request(
+                    self.command, policy.rest_path(self.path, body), body or None, headers
+                )
+            except (OSError, http.client.HTTPException, ValueError) as error:
+                logger.warning("upstream failed: %s", error)
+                self._reply(503, "the model server is not reachable yet; retry")
+                return
+            self.send_response(response.status, response.reason)
+            for name, value in response.getheaders():
+                if name.lower() not in DROPPED_HEADERS:
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = _forward  # noqa: N815 - http.server's naming
+
+    return Handler
+
+
+class _GrpcForwarder(grpc.GenericRpcHandler):
+    """Forwards TorchServe's inference RPCs as raw bytes, as the policy says."""
+
+    def __init__(self, policy: Policy, channel: grpc.Channel) -> None:
+        self._policy = policy
+        self._channel = channel
+
+    def _metadata(self, context: grpc.ServicerContext) -> list[tuple[str, str]]:
+        incoming = dict(context.invocation_metadata())
+        presented = incoming.get("authorization")
+        try:
+            authorization = self._policy.authorization(None if presented is None else str(presented))
+        except RefusedError as refused:
+            context.abort(refused.code, refused.message)
+        return [("authorization", authorization)] if authorization is not None else []
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = str(handler_call_details.method)
+        service, _, name = method.lstrip("/").rpartition("/")
+        if service != GRPC_INFERENCE_SERVICE:
+            return None  # UNIMPLEMENTED: management and anything else stay closed
+        if name in _STREAMING:
+            upstream_stream = self._channel.unary_stream(method)
+
+            def stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+                metadata = self._metadata(context)
+                forwarded = self._policy.grpc_request(name, request)
+                try:
+                    yield from upstream_stream(forwarded, metadata=metadata, timeout=context.time_remaining())
+                except grpc.RpcError as error:
+                    context.abort(error.code(), error.details() or "")
+
+            return grpc.unary_stream_rpc_method_handler(stream)
+        upstream_unary: Callable[..., bytes] = self._channel.unary_unary(method)
+
+        def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
+            metadata = self._metadata(context)
+            forwarded = self._policy.grpc_request(name, request)
+            try:
+                return upstream_unary(forwarded, metadata=metadata, timeout=context.time_remaining())
+            except grpc.RpcError as error:
+                context.abort(error.code(), error.details() or "")
+                raise  # unreachable: abort raises
+
+        return grpc.unary_unary_rpc_method_handler(unary)
+
+
+class Forwarder:
+    """The REST and gRPC listeners, forwarding to TorchServe's inference ports on 127.0.0.1."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        listen: str,
+        rest_port: int,
+        grpc_port: int,
+        upstream_rest_port: int,
+        upstream_grpc_port: int,
+        max_body: int = 3_100_000,
+    ) -> None:
+        """Bind both listeners (``rest_port``/``grpc_port`` 0 = any free port; see :attr:`ports`)."""
+        upstream = _Upstream(("127.0.0.1", upstream_rest_port), timeout=300)
+        self._http = ThreadingHTTPServer((listen, rest_port), _rest_handler(policy, upstream, max_body))
+        self._http.daemon_threads = True
+        options = [("grpc.max_receive_message_length", max_body), ("grpc.max_send_message_length", 64 * 2**20)]
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{upstream_grpc_port}", options=options)
+        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=options)
+        self._grpc.add_generic_rpc_handlers((_GrpcForwarder(policy, self._channel),))
+        bound = self._grpc.add_insecure_port(f"{listen}:{grpc_port}")
+        if bound == 0:
+            raise OSError(f"cannot bind gRPC {listen}:{grpc_port}")
+        self.ports = (int(self._http.server_address[1]), bound)
+        self._thread = threading.Thread(target=self._http.serve_forever, name="rest-forwarder", daemon=True)
+
+    def start(self) -> None:
+        """Start serving in background threads."""
+        self._grpc.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop both listeners (in-flight gRPC calls get 5 s)."""
+        self._http.shutdown()
+        self._http.server_close()
+        self._grpc.stop(grace=5).wait()
+        self._channel.close()
+
+
+def serve_until_signalled(forwarder: Forwarder) -> None:
+    """Start ``forwarder``, wait for SIGTERM or SIGINT, stop it (the programs' main loop)."""
+    import signal
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    forwarder.start()
+    stop.wait()
+    forwarder.stop()
