@@ -8,7 +8,13 @@ default 0 and 0.25) ask for ``--method`` (default ``attnlrp``) and the others fo
 interleaved round by round (``--rounds``), so that load from elsewhere on the machine hits each alike. It reports
 the prediction requests' p50/p99 latency per share and their ratio to the 0% share, and the explanation requests'.
 
-The server is stopped by its pid at the end, also on errors.
+``--serving`` chooses the set-ups compared (default both, each its own TorchServe, started together and measured in
+turns within each round): ``shared``, one pool of workers for every request (the default serving), and ``pooled``,
+the model with an explanation pool (``sentiment.explain``, the same batch settings, behind the router:
+docs/SERVING.md, "Predictions next to explanations"), where explanation requests never share a batch with
+predictions. Both tables take the ``shared`` 0% row as the base of their ratios.
+
+The servers are stopped by their pids at the end, also on errors.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.load import _document, _rest_caller, make_texts, percentile
-from model_store.serving.config import DEFAULT_MODEL_STORE, Ports, load_profile
-from model_store.serving.process import start, stop
+from model_store.serving.config import DEFAULT_MODEL_STORE, POOL_KEY, POOL_SETTINGS, Ports, load_profile
+from model_store.serving.process import Server, start, stop
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +106,9 @@ def summarise(share: float, results: list[tuple[bool, float]], errors: int, seco
     )  # fmt: skip
 
 
-def format_table(shares: list[Share], method: str, label: str) -> str:
-    """A markdown table: prediction p50/p99 per share and the slowdown against the share 0 row."""
-    base = next((share for share in shares if share.share == 0), None)
+def format_table(shares: list[Share], method: str, label: str, base: Share | None = None) -> str:
+    """A markdown table: prediction p50/p99 per share and the slowdown against ``base`` (default: the share 0 row)."""
+    base = base or next((share for share in shares if share.share == 0), None)
     lines = [
         f"| serving | {method} share | predictions | prediction p50 ms | prediction p99 ms | p50 / 0% | p99 / 0% "
         f"| {method} p50 ms | {method} p99 ms | errors |",
@@ -132,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the worker(s)")
+    parser.add_argument("--serving", nargs="+", choices=["shared", "pooled"], default=["shared", "pooled"])
     parser.add_argument("--out", type=Path, default=Path("run") / "bench-mix.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -149,36 +156,55 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile("cpu")
     if args.threads is not None:
         profile["handler"] = {**profile.get("handler", {}), "threads": args.threads}
-    models, overrides = {"sentiment": relative}, {"sentiment": profile}
+    pool = {key: profile[key] for key in POOL_SETTINGS if key in profile}
+    setups = {"shared": profile, "pooled": {**profile, POOL_KEY: pool}}
     texts = make_texts(args.requests)
-    run_dir = Path("run") / "bench-mix"
-    server = start(run_dir, store, models, Ports.free(), timeout=300, overrides=overrides)
-    collected: dict[float, list[tuple[bool, float]]] = {share: [] for share in args.shares}
-    errors = dict.fromkeys(args.shares, 0)
-    seconds = dict.fromkeys(args.shares, 0.0)
+    servers: dict[str, Server] = {}
+    collected: dict[tuple[str, float], list[tuple[bool, float]]] = {
+        (name, share): [] for name in args.serving for share in args.shares
+    }
+    errors = dict.fromkeys(collected, 0)
+    seconds = dict.fromkeys(collected, 0.0)
     try:
-        call = _rest_caller(server, "sentiment")
-        run_mix(call, texts[:16], mixed_kinds(16, 0.5), args.method, args.concurrency)  # warm-up, both kinds
+        for name in args.serving:
+            run_dir = Path("run") / f"bench-mix-{name}"
+            overrides = {"sentiment": setups[name]}
+            servers[name] = start(
+                run_dir, store, {"sentiment": relative}, Ports.free(), timeout=300, overrides=overrides
+            )
+        calls = {name: _rest_caller(server, "sentiment") for name, server in servers.items()}
+        for call in calls.values():
+            run_mix(call, texts[:16], mixed_kinds(16, 0.5), args.method, args.concurrency)  # warm-up, both kinds
         for _ in range(args.rounds):
-            for share in args.shares:
-                results, failed, wall = run_mix(
-                    call, texts, mixed_kinds(len(texts), share), args.method, args.concurrency
-                )
-                collected[share] += results
-                errors[share] += failed
-                seconds[share] += wall
-                logger.info("share %.0f%%: %d requests in %.1f s, %d errors", share * 100, len(results), wall, failed)
+            for name, call in calls.items():
+                for share in args.shares:
+                    kinds = mixed_kinds(len(texts), share)
+                    results, failed, wall = run_mix(call, texts, kinds, args.method, args.concurrency)
+                    collected[name, share] += results
+                    errors[name, share] += failed
+                    seconds[name, share] += wall
+                    logger.info("%s, share %.0f%%: %d requests in %.1f s, %d errors", name, share * 100,
+                                len(results), wall, failed)  # fmt: skip
     finally:
-        stop(run_dir)
-    shares = [summarise(share, collected[share], errors[share], seconds[share]) for share in args.shares]
+        for server in servers.values():
+            stop(server.run_dir)
+    tables = {
+        name: [
+            summarise(share, collected[name, share], errors[name, share], seconds[name, share]) for share in args.shares
+        ]
+        for name in args.serving
+    }
+    base = next((share for share in tables.get("shared", []) if share.share == 0), None)
     load = os.getloadavg()
-    label = "one pool"
-    print(format_table(shares, args.method, label))
+    labels = {"shared": "one pool", "pooled": "explanation pool"}
+    for name, shares in tables.items():
+        print(format_table(shares, args.method, labels[name], base))
     print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; concurrency {args.concurrency}; "
           f"{args.rounds} rounds x {args.requests} requests per share; tiny={args.tiny}")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"shares": [asdict(share) for share in shares]}, indent=2))
-    return 0 if all(share.errors == 0 for share in shares) else 1
+    document = {name: [asdict(share) for share in shares] for name, shares in tables.items()}
+    args.out.write_text(json.dumps(document, indent=2))
+    return 0 if all(share.errors == 0 for shares in tables.values() for share in shares) else 1
 
 
 if __name__ == "__main__":

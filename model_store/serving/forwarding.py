@@ -111,6 +111,9 @@ class _Upstream:
 def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # The reply goes out in two writes (headers, body): without TCP_NODELAY the body waits for the client's
+        # delayed ACK of the headers (~40 ms on Linux).
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             logger.debug("rest %s " + format, self.client_address[0], *args)
@@ -151,6 +154,9 @@ def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[Ba
                 if name.lower() not in DROPPED_HEADERS:
                     self.send_header(name, value)
             self.send_header("Content-Length", str(len(payload)))
+            if response.will_close:  # TorchServe closes after an error reply: so does the forwarder, as it would
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             self.wfile.write(payload)
 

@@ -57,9 +57,15 @@ def usage(server: Server, example: tuple[str, str] = ("sentiment", "text")) -> s
             f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: image/png' \\\n"
             f"       {url}/explanations/{model} --data-binary @picture.png\n"
         )
+    pools = ""
+    if server.pools:
+        pools = (
+            f"Explanation pools: {', '.join(server.pools)} (requests asking for an explanation are served by "
+            f"<name>.explain's own workers; the router on :{ports.inference}/:{ports.grpc_inference} chooses).\n"
+        )
     return f"""
 The explanation service is up (models: {", ".join(server.models)}); tokens are in {server.run_dir}/key_file.json.
-  TOKEN=$(python -c 'import json;print(json.load(open("{server.run_dir}/key_file.json"))["inference"]["key"])')
+{pools}  TOKEN=$(python -c 'import json;print(json.load(open("{server.run_dir}/key_file.json"))["inference"]["key"])')
 {calls}gRPC: 127.0.0.1:{ports.grpc_inference} (Predictions; input key "body" = the JSON, "request" = ExplainRequest;
       metadata authorization: Bearer $TOKEN). Management 127.0.0.1:{ports.management} (loopback only).
 Metrics: TorchServe http://127.0.0.1:{ports.metrics}/metrics, explanations http://127.0.0.1:{ports.exporter}/metrics
