@@ -19,7 +19,7 @@ from handlers.pools import asks_for_explanation, model_of, pool_name
 from handlers.protos import explain_messages, inference_stubs
 from handlers.schema import decode_row
 from model_store.package.settings import PackageError, Settings
-from model_store.serving.config import POOL_KEY, link_store
+from model_store.serving.config import POOL_KEY, Ports, link_store, load_profile, write_config
 from model_store.serving.router import PoolRouter
 
 TEXT = HandlerConfig(task="text", labels=("negative", "positive"), max_length=16)
@@ -198,3 +198,21 @@ def test_settings_ask_for_a_pool() -> None:
         Settings.from_mapping({"explanation_batch_size": 4}, "m")
     with pytest.raises(PackageError, match="explanation_workers must be an integer"):
         Settings.from_mapping({"explanation_workers": 0}, "m")
+
+
+def test_the_pooled_profile_gives_every_model_a_pool(tmp_path: Path) -> None:
+    _archive(tmp_path)
+    profile = load_profile("cpu-pooled")
+    store = link_store(tmp_path / "run", tmp_path / "store", {"sentiment": "sentiment"}, {"sentiment": profile})
+    assert store.pools == ("sentiment",)
+    pool = yaml.safe_load((store.path / "sentiment.explain" / "model-config.yaml").read_text())
+    assert pool["handler"]["device"] == "cpu" and pool["batchSize"] == profile[POOL_KEY]["batchSize"]
+
+
+def test_behind_the_router_torchserve_listens_on_loopback_upstream_ports(tmp_path: Path) -> None:
+    ports = Ports(1, 2, 3, 4, 5, 6, 7, 8)
+    text = write_config(tmp_path, ports, tmp_path / "store", behind_router=True).read_text()
+    properties = dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert properties["inference_address"] == "http://127.0.0.1:7"
+    assert (properties["grpc_inference_address"], properties["grpc_inference_port"]) == ("127.0.0.1", "8")
+    assert properties["management_address"] == "http://127.0.0.1:2"

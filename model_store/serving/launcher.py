@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, default=Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR))
     parser.add_argument("--model-store", type=Path, default=Path(os.environ.get("MODEL_STORE") or DEFAULT_MODEL_STORE))
     parser.add_argument(
-        "--profile", default=os.environ.get("PROFILE") or "archive", help="archive (default), cpu or gpu"
+        "--profile", default=os.environ.get("PROFILE") or "archive", help="archive (default), cpu, cpu-pooled or gpu"
     )
     parser.add_argument(
         "--models",
