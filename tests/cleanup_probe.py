@@ -43,10 +43,12 @@ def test_start_servers_and_wait_to_be_killed(server: Server, tmp_path: Path) -> 
     groups = {
         "fixture torchserve": server.torchserve_pid,
         "fixture exporter": server.exporter_pid,
+        "fixture router": server.router_pid or 0,  # the session's sentiment has an explanation pool
         "launcher torchserve": int((run_dir / TS_PID).read_text()),
         "launcher exporter": int((run_dir / EXPORTER_PID).read_text()),
         "owned child": child.pid,
     }
+    assert server.router_pid is not None, "the session's server is expected to route to an explanation pool"
     assert MARK is not None
     Path(MARK).write_text(json.dumps({"pytest": os.getpid(), "groups": groups}))
     time.sleep(900)  # killed long before
