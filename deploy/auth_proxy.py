@@ -24,6 +24,7 @@ import logging
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -90,21 +91,13 @@ class _AuthPolicy(Policy):
 
 
 class AuthProxy(Forwarder):
-    """The REST and gRPC listeners of one pod."""
+    """The REST and gRPC listeners of one pod: a :class:`~model_store.serving.forwarding.Forwarder` (same arguments
+    after ``credentials``: listen address, REST and gRPC ports, upstream ports, ``max_body``) with the shared-secret
+    policy."""
 
-    def __init__(
-        self,
-        credentials: Credentials,
-        listen: str,
-        rest_port: int,
-        grpc_port: int,
-        upstream_rest_port: int,
-        upstream_grpc_port: int,
-        max_body: int = 3_100_000,
-    ) -> None:
+    def __init__(self, credentials: Credentials, *args: Any, **kwargs: Any) -> None:
         """Bind both listeners (``rest_port``/``grpc_port`` 0 = any free port; see :attr:`ports`)."""
-        policy = _AuthPolicy(credentials)
-        super().__init__(policy, listen, rest_port, grpc_port, upstream_rest_port, upstream_grpc_port, max_body)
+        super().__init__(_AuthPolicy(credentials), *args, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:
