@@ -7,8 +7,9 @@ passes unchanged, explanation requests go to the model's explanation pool).
 
 REST: any method and path is forwarded with its body and headers (hop-by-hop ones dropped), over one kept-alive
 connection per listener thread; bodies over ``max_body`` bytes get 413 unread. gRPC: TorchServe's inference service
-only (``Predictions``, ``StreamPredictions``, ...), as raw bytes; management and anything else is UNIMPLEMENTED.
-Status, headers, body, gRPC status and details come back as TorchServe sent them.
+only (``Predictions``, ``Ping``), as raw bytes; its streaming RPCs, management and anything else are UNIMPLEMENTED
+(:data:`_STREAMS` says why). Status, headers, body, gRPC status and details come back as
+TorchServe sent them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,21 @@ DROPPED_HEADERS = frozenset(
 )  # fmt: skip
 #: TorchServe's gRPC inference service: the only one forwarded.
 GRPC_INFERENCE_SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
-_STREAMING = frozenset({"StreamPredictions"})
+#: TorchServe's streaming RPCs, by whether the client streams too. Refused: the explanation handlers answer one message
+#: per request, and TorchServe 0.12 kills the worker (NullPointerException in GRPCJob.response) when a streaming call
+#: reaches a handler that does not mark its replies as stream parts.
+_STREAMS = {"StreamPredictions": False, "StreamPredictions2": True}
+_STREAM_REFUSAL = "the explanation handlers answer one message per request: call Predictions"
+
+
+def _refuse_stream(bidirectional: bool) -> grpc.RpcMethodHandler:
+    def refuse(request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, _STREAM_REFUSAL)
+        raise AssertionError("unreachable: abort raises")
+
+    if bidirectional:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    return grpc.unary_stream_rpc_method_handler(refuse)
 
 
 class RefusedError(Exception):
@@ -186,18 +201,8 @@ class _GrpcForwarder(grpc.GenericRpcHandler):
         service, _, name = method.lstrip("/").rpartition("/")
         if service != GRPC_INFERENCE_SERVICE:
             return None  # UNIMPLEMENTED: management and anything else stay closed
-        if name in _STREAMING:
-            upstream_stream = self._channel.unary_stream(method)
-
-            def stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-                metadata = self._metadata(context)
-                forwarded = self._policy.grpc_request(name, request)
-                try:
-                    yield from upstream_stream(forwarded, metadata=metadata, timeout=context.time_remaining())
-                except grpc.RpcError as error:
-                    context.abort(error.code(), error.details() or "")
-
-            return grpc.unary_stream_rpc_method_handler(stream)
+        if name in _STREAMS:
+            return _refuse_stream(_STREAMS[name])
         upstream_unary: Callable[..., bytes] = self._channel.unary_unary(method)
 
         def unary(request: bytes, context: grpc.ServicerContext) -> bytes:

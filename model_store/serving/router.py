@@ -7,9 +7,9 @@ sends each request for ``<name>`` that asks for an explanation (:func:`handlers.
 ``<name>.explain`` and everything else on unchanged; TorchServe itself listens on loopback ports behind it. The
 client's token passes as it is (TorchServe checks it); requests stay exactly what they were for the client.
 
-REST: ``/predictions/{name}[/{version}]`` and ``/explanations/{name}[/{version}]``. gRPC: ``Predictions`` and
-``StreamPredictions`` (the ``PredictionsRequest``'s ``model_name``). Started and stopped by
-:mod:`model_store.serving.process`:
+REST: ``/predictions/{name}[/{version}]`` and ``/explanations/{name}[/{version}]``. gRPC: ``Predictions`` (the
+``PredictionsRequest``'s ``model_name``; the streaming RPCs are refused, :mod:`model_store.serving.forwarding`).
+Started and stopped by :mod:`model_store.serving.process`:
 
 ``python -m model_store.serving.router --pool sentiment --listen 127.0.0.1 --rest-port 8080 --grpc-port 7070
 --upstream-rest-port 8085 --upstream-grpc-port 7075``
@@ -30,7 +30,7 @@ from model_store.serving.forwarding import Forwarder, Policy, serve_until_signal
 logger = logging.getLogger(__name__)
 
 _ROUTES = ("predictions", "explanations")
-_GRPC_ROUTED = frozenset({"Predictions", "StreamPredictions"})
+_GRPC_ROUTED = frozenset({"Predictions"})
 
 
 class PoolRouter(Policy):

@@ -15,6 +15,7 @@ import pytest
 
 from handlers import protos
 from model_store.serving.process import Server, pid_alive
+from tests.ops_support import worker_pids
 from tests.serving_support import b64, http_post, png_bytes
 
 pytestmark = pytest.mark.slow
@@ -138,3 +139,31 @@ def test_a_concurrent_mix_is_answered_in_kind(server: Server) -> None:
     assert len(results) == 24
     for asks, status, reply in results:
         assert status == 200 and ("explanation" in reply) == asks
+
+
+def test_streaming_rpcs_are_refused_and_the_worker_lives(server: Server) -> None:
+    """TorchServe 0.12 kills a worker whose handler answers a streaming call with one plain message; the router refuses
+    ``StreamPredictions`` and ``StreamPredictions2`` (called as raw methods: the client's stubs have ``Predictions``
+    only) with UNIMPLEMENTED before they reach it."""
+    inference_pb2, _ = protos.inference_stubs()
+    service = "/org.pytorch.serve.grpc.inference.InferenceAPIsService"
+    metadata = [("authorization", f"Bearer {server.keys['inference']}")]
+    document = {"text": TEXT, "explain": {"method": "rollout"}}
+    request = inference_pb2.PredictionsRequest(model_name="sentiment", input={"body": json.dumps(document).encode()})
+    workers = {name: worker_pids(server, name) for name in ("sentiment", "sentiment.explain")}
+    with grpc.insecure_channel(f"127.0.0.1:{server.ports.grpc_inference}") as channel:
+        stream = channel.unary_stream(f"{service}/StreamPredictions")
+        bidi = channel.stream_stream(f"{service}/StreamPredictions2")
+        payload = request.SerializeToString()
+        calls = (
+            lambda: list(stream(payload, metadata=metadata, timeout=60)),
+            lambda: list(bidi(iter([payload]), metadata=metadata, timeout=60)),
+        )
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED and "Predictions" in str(
+                refused.value.details()
+            )
+    assert json.loads(_grpc(server, "sentiment", {"body": json.dumps(document).encode()}))["explanation"]
+    assert {name: worker_pids(server, name) for name in workers} == workers
