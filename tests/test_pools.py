@@ -127,7 +127,7 @@ def test_router_rewrites_grpc_predictions_of_pooled_models_only() -> None:
         return str(forwarded.model_name)
 
     assert routed("sentiment", EXPLAINS[0]) == "sentiment.explain"
-    assert routed("sentiment", EXPLAINS[0], "StreamPredictions") == "sentiment.explain"
+    assert routed("sentiment", EXPLAINS[0], "StreamPredictions") == "sentiment"  # refused by the forwarder anyway
     assert routed("sentiment", PREDICTS[1]) == "sentiment"
     assert routed("digits", EXPLAINS[0]) == "digits"
     assert router.grpc_request("Predictions", b"\xff\xff") == b"\xff\xff"
