@@ -6,10 +6,10 @@ pod's own TorchServe key out) and the explanation-pool router (:mod:`model_store
 passes unchanged, explanation requests go to the model's explanation pool).
 
 REST: any method and path is forwarded with its body and headers (hop-by-hop ones dropped), over one kept-alive
-connection per listener thread; bodies over ``max_body`` bytes get 413 unread. gRPC: TorchServe's inference service
-only (``Predictions``, ``Ping``), as raw bytes; its streaming RPCs, management and anything else are UNIMPLEMENTED
-(:data:`_STREAMS` says why). Status, headers, body, gRPC status and details come back as
-TorchServe sent them.
+connection per listener thread; bodies (``Content-Length`` or chunked) over ``max_body`` bytes get 413. gRPC:
+TorchServe's inference service only (``Predictions``, ``Ping``), as raw bytes; its streaming RPCs, management and
+anything else are UNIMPLEMENTED (:data:`_STREAMS` says why). Status, headers, body, gRPC status and details come back
+as TorchServe sent them.
 """
 
 from __future__ import annotations
@@ -123,6 +123,31 @@ class _Upstream:
         raise AssertionError("unreachable")
 
 
+def _read_chunked(stream: Any, limit: int) -> bytes:
+    """A chunked request body (RFC 9112 §7.1; trailers are read and dropped).
+
+    Raises:
+        RefusedError: 413 past ``limit`` bytes, 400 for a malformed chunk.
+    """
+    body = bytearray()
+    while True:
+        line = stream.readline(1026)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise RefusedError(400, grpc.StatusCode.INVALID_ARGUMENT, "malformed chunked body") from None
+        if size == 0:
+            while stream.readline(65538) not in (b"\r\n", b"\n", b""):
+                pass
+            return bytes(body)
+        if size < 0 or len(body) + size > limit:
+            raise RefusedError(413, grpc.StatusCode.RESOURCE_EXHAUSTED, f"request body exceeds {limit} bytes")
+        chunk = stream.read(size)
+        if len(chunk) != size or stream.readline(3) not in (b"\r\n", b"\n"):
+            raise RefusedError(400, grpc.StatusCode.INVALID_ARGUMENT, "malformed chunked body")
+        body += chunk
+
+
 def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -141,18 +166,29 @@ def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[Ba
             self.end_headers()
             self.wfile.write(body)
 
+        def _body(self) -> bytes:
+            """The request body, ``Content-Length`` or chunked, at most ``max_body`` bytes."""
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                return _read_chunked(self.rfile, max_body)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                raise RefusedError(400, grpc.StatusCode.INVALID_ARGUMENT, "invalid Content-Length") from None
+            if length < 0:
+                raise RefusedError(400, grpc.StatusCode.INVALID_ARGUMENT, "invalid Content-Length")
+            if length > max_body:
+                message = f"request body of {length} bytes exceeds {max_body}"
+                raise RefusedError(413, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+            return self.rfile.read(length) if length else b""
+
         def _forward(self) -> None:
             try:
                 authorization = policy.authorization(self.headers.get("Authorization"))
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > max_body:
-                    message = f"request body of {length} bytes exceeds {max_body}"
-                    raise RefusedError(413, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+                body = self._body()
             except RefusedError as refused:
                 self.close_connection = True
                 self._reply(refused.status, refused.message)
                 return
-            body = self.rfile.read(length) if length else b""
             headers = {name: value for name, value in self.headers.items() if name.lower() not in DROPPED_HEADERS}
             if authorization is not None:
                 headers["Authorization"] = authorization
