@@ -253,6 +253,28 @@ def format_table(cells: list[Cell], baseline: dict[str, float], gaps: dict[str, 
     return "\n".join(lines)
 
 
+def sentiment_archive(parser: argparse.ArgumentParser, tiny: bool, model_store: Path) -> tuple[Path, Path]:
+    """The model store and the sentiment archive the serving benchmarks serve: the tiny test archive (built when
+    missing) or the real one (``parser.error`` when it is not built)."""
+    if tiny:
+        from model_store.build import build_tiny_archives
+
+        store = Path("build") / "test-archives"
+        return store, build_tiny_archives(store)["sentiment"]
+    archive = model_store / "sentiment" / "archive"
+    if not (archive / "MAR-INF" / "MANIFEST.json").is_file():
+        parser.error(f"no archive at {archive}: run `python -m model_store.build --only sentiment` or pass --tiny")
+    return model_store, archive
+
+
+def cpu_profile(threads: int | None) -> dict[str, Any]:
+    """The ``cpu`` batching profile, with ``threads`` torch threads per worker when given."""
+    profile = load_profile("cpu")
+    if threads is not None:
+        profile["handler"] = {**profile.get("handler", {}), "threads": threads}
+    return profile
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
@@ -269,21 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("run") / "bench-load.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    if args.tiny:
-        from model_store.build import build_tiny_archives
-
-        store = Path("build") / "test-archives"
-        archive = build_tiny_archives(store)["sentiment"]
-    else:
-        store = args.model_store
-        archive = store / "sentiment" / "archive"
-        if not (archive / "MAR-INF" / "MANIFEST.json").is_file():
-            parser.error(f"no archive at {archive}: run `python -m model_store.build --only sentiment` or pass --tiny")
+    store, archive = sentiment_archive(parser, args.tiny, args.model_store)
     relative = str(archive.resolve().relative_to(store.resolve()))
     models = {"batched": relative, "b1": relative}
-    profile = load_profile("cpu")
+    profile = cpu_profile(args.threads)
     if args.threads is not None:
-        profile["handler"] = {**profile.get("handler", {}), "threads": args.threads}
         torch.set_num_threads(args.threads)
     overrides = {"batched": profile, "b1": {**profile, "batchSize": 1, "maxBatchDelay": 1}}
     texts = make_texts(max(args.requests, args.requests_c1))

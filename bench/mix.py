@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.load import _document, _rest_caller, make_texts, percentile
-from model_store.serving.config import DEFAULT_MODEL_STORE, POOL_KEY, POOL_SETTINGS, Ports, load_profile
+from bench.load import _document, _rest_caller, cpu_profile, make_texts, percentile, sentiment_archive
+from model_store.serving.config import DEFAULT_MODEL_STORE, POOL_KEY, POOL_SETTINGS, Ports
 from model_store.serving.process import Server, start, stop
 
 logger = logging.getLogger(__name__)
@@ -142,20 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("run") / "bench-mix.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    if args.tiny:
-        from model_store.build import build_tiny_archives
-
-        store = Path("build") / "test-archives"
-        archive = build_tiny_archives(store)["sentiment"]
-    else:
-        store = args.model_store
-        archive = store / "sentiment" / "archive"
-        if not (archive / "MAR-INF" / "MANIFEST.json").is_file():
-            parser.error(f"no archive at {archive}: run `python -m model_store.build --only sentiment` or pass --tiny")
+    store, archive = sentiment_archive(parser, args.tiny, args.model_store)
     relative = str(archive.resolve().relative_to(store.resolve()))
-    profile = load_profile("cpu")
-    if args.threads is not None:
-        profile["handler"] = {**profile.get("handler", {}), "threads": args.threads}
+    profile = cpu_profile(args.threads)
     pool = {key: profile[key] for key in POOL_SETTINGS if key in profile}
     setups = {"shared": profile, "pooled": {**profile, POOL_KEY: pool}}
     texts = make_texts(args.requests)
