@@ -21,6 +21,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     print(operator_table(forward, args.top))
     for method in args.methods:
         print(f"\n{method}:")
-        print(operator_table(lambda method=method: staged(model, inputs, method), args.top))
+        print(operator_table(partial(staged, model, inputs, method), args.top))
 
 
 if __name__ == "__main__":
