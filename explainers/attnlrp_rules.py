@@ -91,8 +91,9 @@ class _RatioGradient(Function):
         x, y = ctx.saved_tensors
         dtype = _compute_dtype(grad.dtype)
         stabilised = _stabilised(x.to(dtype))
-        ratio = torch.div(y.to(dtype), stabilised, out=stabilised)  # in place: one full-size tensor, not three
-        return ratio.mul_(grad.to(dtype)).to(grad.dtype), None
+        ratio = torch.div(y.to(dtype), stabilised, out=stabilised)  # in place: one full-size tensor fewer
+        # Out of place: under ``is_grads_batched`` (vmap) ``grad`` is batched and ``ratio`` is not.
+        return (grad.to(dtype) * ratio).to(grad.dtype), None
 
 
 def ratio_rule(x: Tensor, y: Tensor) -> Tensor:
@@ -144,9 +145,11 @@ class _LayerNormGradient(Function):
         inverse_std, *weight = ctx.saved_tensors
         dtype = _compute_dtype(grad.dtype)
         scaled = grad.to(dtype)
-        if weight:
+        if weight:  # the product is a new tensor, centred in place
             scaled = scaled * weight[0].to(dtype)
-        centred = scaled - scaled.mean(dim=ctx.dims, keepdim=True)  # a new tensor: scaled may be the incoming grad
+            centred = scaled.sub_(scaled.mean(dim=ctx.dims, keepdim=True))
+        else:  # ``scaled`` may be the incoming gradient itself: never written to
+            centred = scaled - scaled.mean(dim=ctx.dims, keepdim=True)
         return centred.mul_(inverse_std).to(grad.dtype), None, None, None, None
 
 
