@@ -20,6 +20,7 @@ embeddings' gradient of the target logit, no capture, no rules).
     python -m bench.explainers                      # CPU, batch 1/8/32, length 32/128
     python -m bench.explainers --device cuda --bf16  # GPU, bf16 autocast forward, fp32 attribution maths
     python -m bench.explainers --arch llama --batch-sizes 8 --lengths 128   # random 6-layer, hidden-384 Llama
+    OMP_NUM_THREADS=1 python -m bench.explainers --clock cpu   # a shared machine: this process's CPU time
     python -m bench.explainers --memory --arch modernbert --hidden 768 --heads 12 --intermediate 1152 \
         --lengths 512 2048 --methods rollout gae
     python -m bench.explainers --memory --arch llama --layers 8 --hidden 1024 --heads 16 --kv-heads 4 \
@@ -104,15 +105,23 @@ def build_model(
     return AutoModelForSequenceClassification.from_config(config, attn_implementation=implementation).eval()
 
 
+#: The clock :func:`timed` reads: ``time.perf_counter`` (wall time, the default) or ``time.process_time`` (``--clock
+#: cpu``: the CPU time of this process, which on a shared machine leaves out the time other processes held the core;
+#: meaningful on CPU with one thread, ``OMP_NUM_THREADS=1``).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock: list[Callable[[], float]] = [time.perf_counter]
+
+
 def timed(run: Callable[[], object], device: str) -> float:
-    """Wall time of one call of ``run`` (the GPU synchronised before and after)."""
+    """Time of one call of ``run`` on the chosen clock (the GPU synchronised before and after)."""
+    clock = _clock[0]
     if device == "cuda":
         torch.cuda.synchronize()
-    started = time.perf_counter()
+    started = clock()
     run()
     if device == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - started
+    return clock() - started
 
 
 def median_ratio(run: Callable[[], object], base: Callable[[], object], repeats: int, device: str) -> float:
@@ -222,11 +231,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--intermediate", type=int, default=1536)
     parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads of llama/qwen2/mistral")
     parser.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention the model is loaded with")
+    parser.add_argument(
+        "--clock", choices=sorted(CLOCKS), default="wall", help="wall time, or this process's CPU time (one thread)"
+    )
     parser.add_argument("--memory", action="store_true", help="peak memory per method at --lengths, --memory-batch")
     parser.add_argument("--memory-batch", type=int, default=1, help="batch size of the --memory measurements")
     parser.add_argument("--memory-child", nargs=2, metavar=("WHAT", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    _clock[0] = CLOCKS[args.clock]
     if args.memory and args.memory_child is None:
         model_args = ["--device", args.device, "--layers", str(args.layers), "--hidden", str(args.hidden)]
         model_args += ["--heads", str(args.heads), "--intermediate", str(args.intermediate), "--attn", args.attn]
@@ -261,7 +274,10 @@ def main(argv: list[str] | None = None) -> None:
 
     model_type = describe(model).model_type
     autocast = torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16)
-    log.info("device=%s bf16=%s attn=%s torch threads=%d", args.device, args.bf16, args.attn, torch.get_num_threads())
+    log.info(
+        "device=%s bf16=%s attn=%s torch threads=%d clock=%s",
+        args.device, args.bf16, args.attn, torch.get_num_threads(), args.clock,
+    )  # fmt: skip
     rows: list[str] = []
     header = ["batch", "len", "forward ms", *[f"{m} x" for m in args.methods], "relevance, each row alone x"]
     configs = [(b, n) for n in args.lengths for b in args.batch_sizes]

@@ -36,8 +36,13 @@ EPSILON = 1e-10
 
 
 def _stabilised(x: Tensor) -> Tensor:
-    """``x + ε·sign(x)`` with ``sign(0) = 1``: never zero, and equal to ``x`` to ~1e-10 relative."""
-    return x + torch.where(x >= 0, EPSILON, -EPSILON)
+    """``x + ε·sign(x)`` with ``sign(0) = 1``: never zero, and equal to ``x`` to ~1e-10 relative. A new tensor.
+
+    Computed as ``|x| + ε`` with the sign of ``x + 0`` (which turns ``-0`` into ``+0``, so ``sign(-0) = 1`` too):
+    three vectorised passes, bit-identical to ``x + where(x >= 0, ε, -ε)`` in float32 and several times faster
+    on CPU, where ``torch.where`` with scalar branches is not vectorised.
+    """
+    return x.abs().add_(EPSILON).copysign_(x + 0.0)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -85,7 +90,9 @@ class _RatioGradient(Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         x, y = ctx.saved_tensors
         dtype = _compute_dtype(grad.dtype)
-        ratio = y.to(dtype) / _stabilised(x.to(dtype))
+        stabilised = _stabilised(x.to(dtype))
+        ratio = torch.div(y.to(dtype), stabilised, out=stabilised)  # in place: one full-size tensor fewer
+        # Out of place: under ``is_grads_batched`` (vmap) ``grad`` is batched and ``ratio`` is not.
         return (grad.to(dtype) * ratio).to(grad.dtype), None
 
 
@@ -123,23 +130,27 @@ def identity_rule(x: Tensor, y: Tensor) -> Tensor:
 
 class _LayerNormGradient(Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, y: Tensor, std: Tensor, weight: Tensor | None, dims: tuple[int, ...]) -> Tensor:
+    def forward(
+        ctx: Any, x: Tensor, y: Tensor, inverse_std: Tensor, weight: Tensor | None, dims: tuple[int, ...]
+    ) -> Tensor:
         if weight is None:
-            ctx.save_for_backward(std)
+            ctx.save_for_backward(inverse_std)
         else:
-            ctx.save_for_backward(std, weight)
+            ctx.save_for_backward(inverse_std, weight)
         ctx.dims = dims
         return y.view_as(y)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
-        std, *weight = ctx.saved_tensors
+        inverse_std, *weight = ctx.saved_tensors
         dtype = _compute_dtype(grad.dtype)
         scaled = grad.to(dtype)
-        if weight:
+        if weight:  # the product is a new tensor, centred in place
             scaled = scaled * weight[0].to(dtype)
-        centred = scaled - scaled.mean(dim=ctx.dims, keepdim=True)
-        return (centred / std).to(grad.dtype), None, None, None, None
+            centred = scaled.sub_(scaled.mean(dim=ctx.dims, keepdim=True))
+        else:  # ``scaled`` may be the incoming gradient itself: never written to
+            centred = scaled - scaled.mean(dim=ctx.dims, keepdim=True)
+        return centred.mul_(inverse_std).to(grad.dtype), None, None, None, None
 
 
 def layer_norm_rule(x: Tensor, y: Tensor, weight: Tensor | None, eps: float, normalized_ndim: int = 1) -> Tensor:
@@ -150,6 +161,10 @@ def layer_norm_rule(x: Tensor, y: Tensor, weight: Tensor | None, eps: float, nor
     ``σ = √(var(x) + eps)`` (biased variance, over the normalised dimensions). The centring is linear in ``x``
     and the division by a constant is linear too, so relevance is conserved through it
     (``Σ x ⊙ ∂/∂x = Σ (y − b) ⊙ g``) except for the share ``b ⊙ g`` the bias absorbs.
+
+    ``1/σ`` is the one LayerNorm's own kernel computes (``torch.native_layer_norm``'s ``rstd``, what
+    ``nn.LayerNorm`` normalised with): the statistic of the forward itself, and on CPU several times faster than
+    ``torch.var``'s Welford reduction, which made the rule's forward cost a tenth of a plain forward on MiniLM.
 
     Args:
         x: the LayerNorm's input ``(..., *normalized_shape)``.
@@ -164,8 +179,8 @@ def layer_norm_rule(x: Tensor, y: Tensor, weight: Tensor | None, eps: float, nor
     dims = tuple(range(-normalized_ndim, 0))
     dtype = _compute_dtype(x.dtype)
     with torch.no_grad():
-        std = (x.detach().to(dtype).var(dim=dims, keepdim=True, unbiased=False) + eps).sqrt()
-    return _LayerNormGradient.apply(x, y.detach(), std, None if weight is None else weight.detach(), dims)
+        _, _, inverse_std = torch.native_layer_norm(x.detach().to(dtype), x.shape[-normalized_ndim:], None, None, eps)
+    return _LayerNormGradient.apply(x, y.detach(), inverse_std, None if weight is None else weight.detach(), dims)
 
 
 def stop_gradient(x: Tensor) -> Tensor:

@@ -143,7 +143,7 @@ def gradient_weighted(values: Tensor, gradients: Tensor) -> Tensor:
     Returns:
         ``(batch, n, n)``.
     """
-    return (gradients * values).clamp(min=0).mean(dim=1)
+    return (gradients * values).clamp_(min=0).mean(dim=1)  # in place: the product is a new tensor
 
 
 def relevance_scores(
