@@ -11,7 +11,7 @@ the pod's loopback only, so the proxy is the only way in.
 --listen 0.0.0.0 --rest-port 8080 --grpc-port 7070 --upstream-rest-port 8085 --upstream-grpc-port 7075``
 
 A request without the secret gets 401 (REST) or UNAUTHENTICATED (gRPC) and is never forwarded. Bodies larger than
-``--max-body`` bytes get 413 without being read. Everything else — status, headers, body, gRPC status and details —
+``--max-body`` bytes get 413 and are never forwarded. Everything else — status, headers, body, gRPC status and details —
 comes back as TorchServe sent it.
 """
 

@@ -14,6 +14,7 @@ as TorchServe sent them.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -38,6 +39,8 @@ GRPC_INFERENCE_SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 #: per request, and TorchServe 0.12 kills the worker (NullPointerException in GRPCJob.response) when a streaming call
 #: reaches a handler that does not mark its replies as stream parts.
 _STREAMS = {"StreamPredictions": False, "StreamPredictions2": True}
+#: The most bytes of a refused request body read and dropped so that its client can read the refusal.
+_DISCARD_LIMIT = 64 * 2**20
 _STREAM_REFUSAL = "the explanation handlers answer one message per request: call Predictions"
 
 
@@ -181,6 +184,23 @@ def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[Ba
                 raise RefusedError(413, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
             return self.rfile.read(length) if length else b""
 
+        def _discard_body(self) -> None:
+            """After a refusal of a ``Content-Length`` body: read what the client is still sending (at most
+            :data:`_DISCARD_LIMIT` bytes, 10 s), so that it can finish and read the reply instead of a broken pipe."""
+            try:
+                left = min(int(self.headers.get("Content-Length") or 0), _DISCARD_LIMIT)
+            except ValueError:
+                return
+            if left <= 0 or "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                return
+            self.connection.settimeout(10)
+            with contextlib.suppress(OSError):
+                while left > 0:
+                    chunk = self.rfile.read(min(left, 65536))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+
         def _forward(self) -> None:
             try:
                 authorization = policy.authorization(self.headers.get("Authorization"))
@@ -188,6 +208,7 @@ def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[Ba
             except RefusedError as refused:
                 self.close_connection = True
                 self._reply(refused.status, refused.message)
+                self._discard_body()
                 return
             headers = {name: value for name, value in self.headers.items() if name.lower() not in DROPPED_HEADERS}
             if authorization is not None:
