@@ -90,6 +90,9 @@ def test_bodies_paths_and_tokens(forwarder: int) -> None:
 def test_oversized_bodies_are_refused_unsent(forwarder: int) -> None:
     status, reply = _post(http.client.HTTPConnection("127.0.0.1", forwarder, timeout=10), "/a/x", b"x" * 1001)
     assert status == 413 and "1000" in reply["message"]
+    # a body far larger than the socket buffers: the client finishes sending and reads the 413, no broken pipe
+    status, reply = _post(http.client.HTTPConnection("127.0.0.1", forwarder, timeout=10), "/a/x", b"x" * 8_000_000)
+    assert status == 413
     status, reply = _post(
         http.client.HTTPConnection("127.0.0.1", forwarder, timeout=10), "/a/x", iter([b"x" * 600] * 2)
     )
