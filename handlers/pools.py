@@ -22,7 +22,8 @@ from collections.abc import Mapping
 #: Suffix of an explanation pool's served name.
 POOL_SUFFIX = ".explain"
 
-_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
+#: The first bytes of a PNG and of a JPEG: a raw image body (the handlers read it as an image, too).
+IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
 
 
 def pool_name(model: str) -> str:
@@ -58,7 +59,7 @@ def asks_for_explanation(fields: Mapping[str, bytes | str], explanations_route: 
     raw = fields.get("body", fields.get("data"))
     if isinstance(raw, str):
         raw = raw.encode("utf-8")
-    if not isinstance(raw, bytes | bytearray) or bytes(raw[:8]).startswith(_IMAGE_MAGIC):
+    if not isinstance(raw, bytes | bytearray) or bytes(raw[:8]).startswith(IMAGE_MAGIC):
         return False
     try:
         document = json.loads(raw)

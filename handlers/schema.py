@@ -30,9 +30,9 @@ from explainers import RowRequest, RowSkipped
 
 from .config import HandlerConfig
 from .errors import RowError
+from .pools import IMAGE_MAGIC
 from .protos import explain_messages
 
-_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
 _EXPLAIN_RESERVED = frozenset({"method", "target", "below"})
 
 
@@ -108,7 +108,7 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
     if isinstance(raw, bytearray):
         raw = bytes(raw)
     if isinstance(raw, bytes):
-        if raw.startswith(_IMAGE_MAGIC):
+        if raw.startswith(IMAGE_MAGIC):
             if config.task != "image":
                 raise RowError("unsupported_input", "this is a text model: send {'text': ...}, not an image")
             _check_image_size(len(raw), config)

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from handlers.config import HandlerConfig
 from handlers.errors import RowError
+from handlers.pools import IMAGE_MAGIC
 from handlers.schema import DecodedRow, RowOutcome, decode_fields
 
 #: Request parameter / per-row input naming the method (``"default"``: the model's default method).
@@ -49,7 +50,6 @@ EXTENSION = "explain"
 MAX_ROWS = 64
 #: The OIP datatypes this service reads and writes.
 DATATYPES = frozenset({"BYTES", "FP32", "INT64", "INT32", "BOOL"})
-_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
 
 
 @dataclass(frozen=True)
@@ -546,7 +546,7 @@ def _image_bytes(value: Any, row: int, config: HandlerConfig) -> bytes:
     """A row's image: raw bytes as they are, base64 text (REST JSON cannot carry raw bytes) decoded."""
     if isinstance(value, bytes | bytearray):
         value = bytes(value)
-        if value.startswith(_IMAGE_MAGIC):
+        if value.startswith(IMAGE_MAGIC):
             return value
         try:
             text = value.decode("ascii")

@@ -12,7 +12,7 @@ REST: ``/predictions/{name}[/{version}]`` and ``/explanations/{name}[/{version}]
 Started and stopped by :mod:`model_store.serving.process`:
 
 ``python -m model_store.serving.router --pool sentiment --listen 127.0.0.1 --rest-port 8080 --grpc-port 7070
---upstream-rest-port 8085 --upstream-grpc-port 7075``
+--upstream-rest-port 8090 --upstream-grpc-port 7090``
 """
 
 from __future__ import annotations
