@@ -45,9 +45,13 @@ $(TORCH_STAMP):
 	  && echo "$$python -m venv $(VENV)" && "$$python" -m venv $(VENV); }
 	$(PIP) install --quiet --upgrade pip
 	@rm -f $(VENV)/.torch-* $(VENV)/.installed
-	@if $(PY) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)'; then \
-	  $(PIP) uninstall --quiet --yes torch; fi
-	$(PIP) install --quiet --index-url "$(TORCH_INDEX_URL)" "torch==$(TORCH_VERSION)"
+	@installed=$$($(PY) -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true); \
+	case "$(TORCH_BUILD):$$installed" in \
+	  "cpu:$(TORCH_VERSION)+cpu"|"cuda:$(TORCH_VERSION)") echo "torch $$installed is installed already";; \
+	  *) if [ -n "$$installed" ]; then echo "replacing torch $$installed"; $(PIP) uninstall --quiet --yes torch; fi; \
+	     echo "$(PIP) install --quiet --index-url \"$(TORCH_INDEX_URL)\" \"torch==$(TORCH_VERSION)\""; \
+	     $(PIP) install --quiet --index-url "$(TORCH_INDEX_URL)" "torch==$(TORCH_VERSION)";; \
+	esac
 	$(PY) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' >$(TORCH_PIN)
 	@echo "$(TORCH_INDEX_URL)" >$@
 

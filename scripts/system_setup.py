@@ -102,8 +102,9 @@ class Release:
 
 
 _TEST_TOOLS = frozenset({"prometheus", "prometheus-process-exporter", "fonts-dejavu-core"})
-#: The supported releases. Debian's rows were read with ``apt-cache policy`` in fresh Debian 12 and 13 images;
-#: Ubuntu's from its archive's package lists (jammy: python3.11 and openjdk-21 in universe; Chromium only as a snap).
+#: The supported releases. Debian's rows were read with ``apt-cache policy`` in fresh Debian 12 and 13 images.
+#: Ubuntu's follow Ubuntu's published archive (jammy: python3.11 and openjdk-21 in universe; Chromium only as a
+#: snap) and were not run here: the project's machines reach Debian's archive only.
 RELEASES: dict[tuple[str, str], Release] = {
     ("debian", "12"): Release(
         "Debian 12 (bookworm)",
