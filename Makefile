@@ -17,8 +17,6 @@ GPU ?=
 TORCH_VERSION ?= 2.13.0
 TORCH_BUILD := $(if $(filter 1 yes true,$(GPU)),cuda,cpu)
 TORCH_INDEX_URL ?= $(if $(filter cuda,$(TORCH_BUILD)),https://pypi.org/simple,https://download.pytorch.org/whl/cpu)
-# (the tests that make a virtualenv of their own, tests/test_wheel.py, take torch from the same index)
-export TORCH_INDEX_URL
 # The batching/device profile of model_store/serving/profiles.yaml (empty: each archive's own settings).
 PROFILE ?= $(if $(filter cuda,$(TORCH_BUILD)),gpu,)
 # System packages (Java, the virtualenv's Python, Prometheus, Chromium, ...) are checked and, where possible,

@@ -6,9 +6,9 @@ only torch (a range) and transformers. A fresh virtualenv then gets torch first,
 installs nothing torch-related and none of the service's libraries), and explains a tiny BERT, written by the test
 with a handful-of-words vocabulary, by every method: the same scores as the source tree gives in this process.
 
-Slow (about two minutes: a virtualenv, torch and transformers from pip's sources). torch comes from
-``$TORCH_INDEX_URL`` where it is set (``make test`` passes the Makefile's; the CPU build), else from pip's own
-configuration.
+Slow (two to five minutes: a virtualenv, torch and transformers from pip's sources). torch comes from
+``$TORCH_INDEX_URL`` where it is set (``.ci/run`` sets it), else from the index the Makefile installed the running
+virtualenv's torch from (its ``.torch-*`` stamp: PyTorch's CPU index by default), else from pip's own configuration.
 """
 
 from __future__ import annotations
@@ -136,6 +136,14 @@ def _tiny_checkpoint(folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
+def _torch_index() -> str | None:
+    """Where the fresh virtualenv's torch comes from (see the module's docstring)."""
+    if os.environ.get("TORCH_INDEX_URL"):
+        return os.environ["TORCH_INDEX_URL"]
+    stamps = sorted(Path(sys.prefix).glob(".torch-*"))
+    return (stamps[0].read_text(encoding="utf-8").strip() or None) if stamps else None
+
+
 @pytest.fixture(scope="module")
 def core_venv(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh virtualenv outside the repository with torch, then the core wheel alone; its Python."""
@@ -146,7 +154,7 @@ def core_venv(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
     python = venv / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     release = importlib.metadata.version("torch").split("+")[0]
-    index = os.environ.get("TORCH_INDEX_URL")
+    index = _torch_index()
     _run([*pip, *(["--index-url", index] if index else []), f"torch=={release}"], 900, cwd=root)
     with_torch = time.perf_counter()
     report = root / "core-install.json"
