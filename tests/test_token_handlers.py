@@ -13,11 +13,13 @@ import torch
 from explain_client import Prediction
 from explain_client.client import _from_protobuf
 from explainers import explain_tokens
-from handlers.config import HandlerConfig
-from handlers.errors import RowError
 from handlers.protos import explain_messages
-from handlers.schema import DecodedRow, Encoding, decode_row
-from handlers.token_service import TokenClassificationService, TokenOutcome, encode_token_outcome
+from serving_core.config import HandlerConfig
+from serving_core.errors import RowError
+from serving_core.tasks.classify_schema import DecodedRow, decode_row
+from serving_core.tasks.token_schema import TokenOutcome, encode_token_outcome
+from serving_core.tasks.token_service import TokenClassificationService
+from serving_core.wire import Encoding
 from tests import checkpoints
 
 CONFIG = HandlerConfig(task="token_classification", labels=tuple(checkpoints.ENTITY_TAGS), max_length=24)
