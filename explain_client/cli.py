@@ -39,6 +39,7 @@ from .client import (
     Request,
     load_requests,
 )
+from .entities import terminal_entities
 from .render import MERGE_RULE, html_page, legend, terminal_compare, terminal_prediction
 from .results import Prediction, ServiceError
 
@@ -359,8 +360,6 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
 
 def _write_entities(out: TextIO, predictions: Sequence[Prediction], text: str, color: bool, entity: int | None) -> int:
     """Write a token classifier's answers for one text (one per method); 1 if the chosen entity does not exist."""
-    from .entities import terminal_entities
-
     chosen = None if entity is None else entity - 1
     try:
         for number, prediction in enumerate(predictions):
