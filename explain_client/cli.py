@@ -28,20 +28,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from .client import (
-    DEFAULT_GRPC_ADDRESS,
-    DEFAULT_REST_URL,
-    SERVICE_DEFAULT,
-    TOKEN_ENV,
-    TOKEN_FILE_ENV,
-    ExplainClient,
-    PlainInput,
-    Request,
-    load_requests,
-)
+from .auth import TOKEN_ENV, TOKEN_FILE_ENV
+from .client import ExplainClient
 from .entities import terminal_entities
-from .render import MERGE_RULE, html_page, legend, terminal_compare, terminal_prediction
+from .inputs import load_requests
+from .render import html_page, legend, terminal_compare, terminal_prediction
 from .results import Prediction, ServiceError
+from .transport import DEFAULT_GRPC_ADDRESS, DEFAULT_REST_URL
+from .wire import SERVICE_DEFAULT, PlainInput, Request
+from .words import MERGE_RULE
 
 logger = logging.getLogger(__name__)
 
