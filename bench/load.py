@@ -108,7 +108,7 @@ def _rest_caller(server: Server, model: str) -> Callable[[bytes], bool]:
 def _grpc_caller(server: Server, model: str) -> Callable[[bytes], bool]:
     import grpc
 
-    from handlers.protos import inference_stubs
+    from explain_client.protos import inference_stubs
 
     messages, stubs = inference_stubs()
     metadata = [("authorization", f"Bearer {server.keys['inference']}")]

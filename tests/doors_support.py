@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import pytest
 
-from handlers import protos
+from explain_client import protos
 from model_store.serving.config import Ports
 from model_store.serving.process import Server
 from model_store.serving.process import start as start_torchserve

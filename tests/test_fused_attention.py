@@ -353,7 +353,7 @@ def test_the_service_refuses_a_row_over_its_memory_budget_with_a_413_and_serves_
 
     import yaml
 
-    from handlers import protos
+    from explain_client import protos
     from serving_core.config import HandlerConfig
     from serving_core.tasks.classify_schema import decode_row, encode_outcome
     from serving_core.tasks.classify_service import ExplanationService

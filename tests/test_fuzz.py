@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from explain_client import protos
 from explainers import available_methods
-from handlers import protos
 from model_store.serving.process import Server
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from explain_client.protos import explain_messages
 from explainers import explain_generation
-from handlers.protos import explain_messages
 from serving_core.config import ConfigError, HandlerConfig
 from serving_core.errors import RowError
 from serving_core.tasks.generation_schema import decode_generation_row, encode_generation

@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
+from explain_client import protos
 from explainers import available_methods
-from handlers import protos
 from serving_core.config import ConfigError, HandlerConfig
 from serving_core.errors import ERROR_TABLE, RowError
 from serving_core.tasks.classify_schema import DecodedRow, decode_row, encode_outcome

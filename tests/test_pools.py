@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from handlers.protos import explain_messages, inference_stubs
+from explain_client.protos import explain_messages, inference_stubs
 from model_store.package.settings import PackageError, Settings
 from model_store.serving.config import POOL_KEY, Ports, link_store, load_profile, write_config
 from model_store.serving.router import PoolRouter

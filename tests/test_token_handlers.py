@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from explain_client import Prediction
+from explain_client.protos import explain_messages
 from explain_client.wire import prediction_from_protobuf
 from explainers import explain_tokens
-from handlers.protos import explain_messages
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.tasks.classify_schema import DecodedRow, decode_row

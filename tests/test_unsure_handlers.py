@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from handlers import protos
+from explain_client import protos
 from model_store.package import PackageError, Settings, package
 from serving_core import metrics
 from serving_core.config import ConfigError, HandlerConfig

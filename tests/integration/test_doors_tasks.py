@@ -17,8 +17,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
+from explain_client import protos
 from explainers import explain_generation, explain_tokens
-from handlers import protos
 from serving_core.errors import ERROR_TABLE
 from tests.doors_support import DOORS, EXTRAS, TRANSPORTS, WRITER, DoorCallError, door_models, door_param, start_door
 from tests.generation_checkpoint import PROMPTS
