@@ -15,10 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from torch import nn
-from transformers import AutoTokenizer
+from transformers import (
+    AutoConfig,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+)
 
-from explainers import describe
+from explainers import FAMILIES, describe
 
 from .config import HandlerConfig
 
@@ -64,6 +71,35 @@ def load_model(model_class: Any, model_dir: Path, device: torch.device, **kwargs
     )
     model = model.to(device).eval()
     describe(model)  # raises UnsupportedModelError at load, not at the first request
+    return model
+
+
+def classifier_class(model_config: Any, task: str) -> Any:
+    """The class a checkpoint is loaded with: the one ``config.architectures`` names when the explainers accept it for
+    its model type (e.g. ``DeiTForImageClassificationWithTeacher``, which the Auto class would not pick), else the
+    Auto class of the task."""
+    names = getattr(model_config, "architectures", None) or []
+    family = FAMILIES.get(str(getattr(model_config, "model_type", "")))
+    wanted = "token_classification" if task == "token_classification" else "sequence_classification"
+    if names and family is not None and family.task_of(names[0]) == wanted and hasattr(transformers, names[0]):
+        return getattr(transformers, names[0])
+    if task == "token_classification":
+        return AutoModelForTokenClassification
+    return AutoModelForSequenceClassification if task == "text" else AutoModelForImageClassification
+
+
+def load_classifier(config: HandlerConfig, model_dir: Path, device: torch.device) -> nn.Module:
+    """A classifier checkpoint (sequence, image or token classification) loaded with :func:`classifier_class`'s class,
+    its labels checked against ``handler.labels``.
+
+    Raises:
+        ValueError: if the checkpoint's labels disagree with ``config.labels``.
+    """
+    checkpoint_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    model = load_model(classifier_class(checkpoint_config, config.task), model_dir, device)
+    labels = checkpoint_labels(model)
+    if labels != config.labels:
+        raise ValueError(f"handler.labels {config.labels} differ from the checkpoint id2label {labels}")
     return model
 
 

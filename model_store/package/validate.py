@@ -323,7 +323,7 @@ def _validate_staged(
 
     from explainers import ExplainError, describe, head_type, supported_methods
     from serving_core.config import DEFAULT_METHOD, DEFAULT_THRESHOLD
-    from serving_core.tasks.classify_service import classifier_class
+    from serving_core.loading import classifier_class
 
     try:
         config = AutoConfig.from_pretrained(str(stage), local_files_only=True)

@@ -17,18 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from PIL import Image
-from transformers import (
-    AutoConfig,
-    AutoImageProcessor,
-    AutoModelForImageClassification,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+from transformers import AutoImageProcessor
 
 from explainers import (
-    FAMILIES,
     ExplainError,
     RowExplanation,
     RowSkipped,
@@ -40,26 +32,12 @@ from explainers import (
 
 from ..config import DEFAULT_THRESHOLD, HandlerConfig
 from ..errors import RowError, from_explain_error
-from ..loading import autocast, checkpoint_labels, load_model, load_tokenizer
+from ..loading import autocast, load_classifier, load_tokenizer
 from ..task import BatchTimings
 from ..wire import Encoding
 from .classify_schema import DecodedRow, RowOutcome
 
 logger = logging.getLogger(__name__)
-
-
-def classifier_class(model_config: Any, task: str) -> Any:
-    """The class a checkpoint is loaded with: the one ``config.architectures`` names when the explainers accept it for
-    its model type (e.g. ``DeiTForImageClassificationWithTeacher``, which the Auto class would not pick), else the
-    Auto class of the task."""
-    names = getattr(model_config, "architectures", None) or []
-    family = FAMILIES.get(str(getattr(model_config, "model_type", "")))
-    wanted = "token_classification" if task == "token_classification" else "sequence_classification"
-    if names and family is not None and family.task_of(names[0]) == wanted and hasattr(transformers, names[0]):
-        return getattr(transformers, names[0])
-    if task == "token_classification":
-        return AutoModelForTokenClassification
-    return AutoModelForSequenceClassification if task == "text" else AutoModelForImageClassification
 
 
 class ExplanationService:
@@ -75,11 +53,7 @@ class ExplanationService:
         """
         self.config = config
         self.device = device
-        checkpoint_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-        self.model = load_model(classifier_class(checkpoint_config, config.task), model_dir, device)
-        labels = checkpoint_labels(self.model)
-        if labels != config.labels:
-            raise ValueError(f"handler.labels {config.labels} differ from the checkpoint id2label {labels}")
+        self.model = load_classifier(config, model_dir, device)
         self.head_type = head_type(self.model)
         self.pooled = pooled_position(self.model)
         self.threshold = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig
 
 from explainers import (
     ExplainError,
@@ -37,11 +36,10 @@ from explainers.token_labels import label_scheme
 
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
-from ..loading import autocast, checkpoint_labels, load_model, load_tokenizer
+from ..loading import autocast, load_classifier, load_tokenizer
 from ..task import BatchTimings
 from ..wire import Encoding
 from .classify_schema import DecodedRow
-from .classify_service import classifier_class
 from .token_schema import EntityOutcome, TokenOutcome
 
 logger = logging.getLogger(__name__)
@@ -71,11 +69,7 @@ class TokenClassificationService:
         """
         self.config = config
         self.device = device
-        checkpoint_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-        self.model = load_model(classifier_class(checkpoint_config, config.task), model_dir, device)
-        labels = checkpoint_labels(self.model)
-        if labels != config.labels:
-            raise ValueError(f"handler.labels {config.labels} differ from the checkpoint id2label {labels}")
+        self.model = load_classifier(config, model_dir, device)
         self.tokenizer = load_tokenizer(model_dir, self.model, config.pad_token_id)
         accepted = inspect.signature(self.model.forward).parameters
         self.input_names = tuple(name for name in ("input_ids", "attention_mask", "token_type_ids") if name in accepted)
