@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench.explainers import ARCHITECTURES, build_model, default_checkpoint, load_model, make_inputs
 from explainers import describe, get_method
 from explainers.api import _readout
-from explainers.attention_capture import fused_implementation
+from explainers.architectures.attention import fused_implementation
 from explainers.capture import bind_rules, prepared_model, run_capture
 from explainers.inputs import token_mask, validate_inputs
 from explainers.methods import MethodInputs

@@ -6,8 +6,7 @@ relevance, GAE and two saliency baselines.
 """
 
 from .api import Attribution, BatchExplanation, RowExplanation, RowRequest, explain, explain_batch
-from .architectures import Architecture, describe
-from .attention_capture import (
+from .architectures.attention import (
     CAPTURE_IMPLEMENTATION,
     FUSED_CAPTURE_IMPLEMENTATION,
     AttentionCall,
@@ -17,6 +16,9 @@ from .attention_capture import (
     capturing_attention,
     fused_implementation,
 )
+from .architectures.description import Architecture, describe
+from .architectures.heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
+from .architectures.support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
 from .confidence import RowSkipped, prediction_confidence
 from .errors import (
     ExplainError,
@@ -28,20 +30,18 @@ from .errors import (
     UnsupportedMethodError,
     UnsupportedModelError,
 )
-from .generation import GenerationExplanation, StepSum, explain_generation
-from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .memory import MemoryBudgetError, estimate_bytes
 from .methods import Method, available_methods, get_method
-from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
-from .targets import TargetExplanation, Targets, explain_targets
-from .token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
-from .token_labels import LabelScheme, label_scheme
+from .tasks.generation import GenerationExplanation, StepSum, explain_generation
+from .tasks.tagging import LabelScheme, label_scheme
+from .tasks.targets import TargetExplanation, Targets, explain_targets
+from .tasks.token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
 
 
 def supported_methods(model_type: str, task: str = "sequence_classification") -> list[str]:
     """The registered methods that work on ``model_type``'s models of ``task`` (the others raise
     :class:`UnsupportedMethodError`)."""
-    from .support import supported_methods as _supported
+    from .architectures.support import supported_methods as _supported
 
     return _supported(model_type, available_methods(), task)
 

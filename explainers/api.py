@@ -12,8 +12,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .architectures import Architecture, describe, model_config
-from .attention_capture import AttentionObserver, fused_implementation
+from .architectures.attention import AttentionObserver, fused_implementation
+from .architectures.description import Architecture, describe, model_config
+from .architectures.heads import head_probabilities, last_positions, readout_tokens, readout_weights
+from .architectures.support import TASKS, check_method, supported_methods
 from .capture import (
     ACTIVATIONS,
     ATTENTION_GRADIENTS,
@@ -33,11 +35,9 @@ from .errors import (
     NonFiniteScoresError,
     UnsupportedModelError,
 )
-from .heads import head_probabilities, last_positions, readout_tokens, readout_weights
 from .inputs import batch_size, full_precision, input_grid, token_mask, validate_inputs
 from .memory import ModelSize, check_budget
 from .methods import Method, MethodInputs, available_methods, get_method
-from .support import TASKS, check_method, supported_methods
 
 
 @dataclass(frozen=True)
@@ -266,8 +266,8 @@ def explain(
 
     Args:
         model: a Hugging Face classifier of one of :func:`supported_model_types` (text encoders, decoder
-            classifiers, vision Transformers; :mod:`explainers.support`). It is used in eval mode for the call and
-            left exactly as it was found. The methods that read attention maps run the architecture's eager
+            classifiers, vision Transformers; :mod:`explainers.architectures.support`). It is used in eval mode for
+            the call and left exactly as it was found. The methods that read attention maps run the architecture's eager
             attention; ``grad_x_input``, ``integrated_gradients``, ``attnlrp`` and ``cp_lrp`` run on the attention
             the model was loaded with (``sdpa``; a model loaded with ``eager`` stays eager), so that their memory
             grows with the length, not its square.

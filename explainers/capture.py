@@ -6,9 +6,9 @@ forward, and ``torch.autograd.grad`` with respect to the attention probabilities
 
 Which attention a pass runs: a pass whose needs ask for attention maps (``attentions``, ``attention_gradients``,
 ``activations``) runs the architecture's eager attention (the generic capture of
-:mod:`explainers.attention_capture`); a pass that needs none runs on the model's own fused attention when the caller
-gives it (``fused``, from :func:`~explainers.attention_capture.fused_implementation`), through the fused capture, so
-that its memory grows with ``n`` and not ``n²``.
+:mod:`explainers.architectures.attention`); a pass that needs none runs on the model's own fused attention when the
+caller gives it (``fused``, from :func:`~explainers.architectures.attention.fused_implementation`), through the fused
+capture, so that its memory grows with ``n`` and not ``n²``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from .architectures import Architecture
-from .attention_capture import AttentionObserver, Keep, attention_implementation, capturing_attention
+from .architectures.attention import AttentionObserver, Keep, attention_implementation, capturing_attention
+from .architectures.description import Architecture
 from .errors import UnsupportedModelError
-from .lrp import BlockActivations
+from .rules.lrp import BlockActivations
 
 ATTENTIONS = "attentions"
 ATTENTION_GRADIENTS = "attention_gradients"
@@ -40,12 +40,12 @@ GRADIENT_NEEDS = frozenset({ATTENTION_GRADIENTS, EMBEDDING_GRADIENTS})
 def prepared_model(model: nn.Module) -> Iterator[ExitStack]:
     """Put ``model`` in the state the explainers need and restore it afterwards, whatever happens.
 
-    Inside the block the model runs the capture attention (:data:`~explainers.attention_capture.CAPTURE_IMPLEMENTATION`:
-    the architecture's own eager attention, recorded only inside :func:`run_capture`), on every config and
-    sub-config, and every submodule is in eval mode. On exit each config's attention implementation (``sdpa``,
-    ``eager``, anything) and each submodule's ``training`` flag are restored, and every hook registered on the
-    yielded ``ExitStack`` is removed. Parameters, ``requires_grad`` flags and ``.grad`` are never touched. Not
-    thread-safe: explain one batch at a time per model.
+    Inside the block the model runs the capture attention
+    (:data:`~explainers.architectures.attention.CAPTURE_IMPLEMENTATION`: the architecture's own eager attention,
+    recorded only inside :func:`run_capture`), on every config and sub-config, and every submodule is in eval mode.
+    On exit each config's attention implementation (``sdpa``, ``eager``, anything) and each submodule's ``training``
+    flag are restored, and every hook registered on the yielded ``ExitStack`` is removed. Parameters,
+    ``requires_grad`` flags and ``.grad`` are never touched. Not thread-safe: explain one batch at a time per model.
     """
     training = [(module, module.training) for module in model.modules()]
     with ExitStack() as hooks:

@@ -4,7 +4,7 @@ The methods that read attention maps (``attention``, ``rollout``, ``gae``, ``rel
 materialises ``heads × n × n`` probabilities in every layer; ``gae`` and ``relevance`` keep them (and more maps of
 the same size) for every layer until their kernels ran, so their memory grows with ``n²``. The gradient methods
 (``grad_x_input``, ``integrated_gradients``, ``attnlrp``, ``cp_lrp``) run on the model's fused attention when it
-has one (:func:`~explainers.attention_capture.fused_implementation`) and need only activations, which grow with
+has one (:func:`~explainers.architectures.attention.fused_implementation`) and need only activations, which grow with
 ``n``; on a model loaded with eager attention (or DeBERTa, which has no fused attention) they keep the maps too.
 
 :func:`estimate_bytes` models a method's peak above the loaded model as
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .architectures import Architecture, model_config
-from .attention_capture import fused_implementation
+from .architectures.attention import fused_implementation
+from .architectures.description import Architecture, model_config
 from .errors import ExplainError
 
 

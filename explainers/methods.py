@@ -17,10 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import kernels
-from .architectures import Architecture
-from .attention_capture import AttentionObserver
-from .attnlrp import attach_rules
+from .architectures.attention import AttentionObserver
+from .architectures.description import Architecture
+from .architectures.rule_hooks import attach_rules
 from .capture import (
     ACTIVATIONS,
     ATTENTION_GRADIENTS,
@@ -30,9 +29,10 @@ from .capture import (
     scaled_embedding_gradients,
 )
 from .errors import InvalidOptionError, UnknownMethodError
-from .lrp import Affine, BlockWeights, attention_relevances
-from .lrp import safe_divide as lrp_safe_divide
-from .token_relevance import token_relevance_scores
+from .rules import maps
+from .rules.lrp import Affine, BlockWeights, attention_relevances
+from .rules.lrp import safe_divide as lrp_safe_divide
+from .tasks.token_relevance import token_relevance_scores
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ START_LAYER = Option(
 )
 def _attention(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return kernels.raw_attention(ctx.capture.attentions[ctx.options["layer"]], ctx.readout) * ctx.mask
+    return maps.raw_attention(ctx.capture.attentions[ctx.options["layer"]], ctx.readout) * ctx.mask
 
 
 @register(
@@ -190,7 +190,7 @@ def _attention(ctx: MethodInputs) -> Tensor:
 )
 def _rollout(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return kernels.rollout_scores(ctx.capture.attentions, ctx.options["start_layer"], ctx.readout) * ctx.mask
+    return maps.rollout_scores(ctx.capture.attentions, ctx.options["start_layer"], ctx.readout) * ctx.mask
 
 
 def _block_weights(arch: Architecture, dtype: torch.dtype) -> list[BlockWeights]:
@@ -224,7 +224,7 @@ def _relevance(ctx: MethodInputs) -> Tensor:
     assert capture.attention_gradients is not None
     start_layer = ctx.options["start_layer"]
     dtype = capture.activations[0].hidden.dtype
-    if ctx.terms is not None:  # a token classifier's target: LRP seeded at its tokens (explainers.token_relevance)
+    if ctx.terms is not None:  # a token classifier's target: LRP seeded at its tokens (tasks.token_relevance)
         assert ctx.readout is not None and ctx.read_tokens is not None
         weights = _block_weights(ctx.arch, dtype)
         return token_relevance_scores(
@@ -244,7 +244,7 @@ def _relevance(ctx: MethodInputs) -> Tensor:
         head_paths=ctx.arch.head_paths,
         head_shares=_head_shares(ctx, dtype),
     )
-    return kernels.relevance_scores(
+    return maps.relevance_scores(
         relevances, capture.attention_gradients, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
     )
 
@@ -278,7 +278,7 @@ def _head_shares(ctx: MethodInputs, dtype: torch.dtype) -> list[Tensor] | None:
 )
 def _gae(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None and ctx.capture.attention_gradients is not None
-    return kernels.gae_scores(
+    return maps.gae_scores(
         ctx.capture.attentions,
         ctx.capture.attention_gradients,
         ctx.mask,

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from explainers.generation import StepSum
+from explainers.tasks.generation import StepSum
 
 from .config import HandlerConfig
 from .errors import RowError

@@ -23,7 +23,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from explainers import ExplainError, InvalidTargetError, StepSum, describe
-from explainers.continuation import (
+from explainers.tasks.continuation import (
     Continuation,
     GenerationSettings,
     generate_continuation,
@@ -31,7 +31,7 @@ from explainers.continuation import (
     pad_token,
     vocabulary_size,
 )
-from explainers.generation import check_generation_call, explain_continuation, resolve_steps
+from explainers.tasks.generation import check_generation_call, explain_continuation, resolve_steps
 
 from .config import HandlerConfig
 from .errors import RowError, from_explain_error
@@ -209,8 +209,8 @@ class GenerationService:
         self, made: Continuation, known: torch.Tensor, probabilities: Sequence[list[float] | None]
     ) -> torch.Tensor:
         """The step probabilities of the given continuations, from one plain forward over their rows."""
-        from explainers.continuation import evaluating
-        from explainers.generation import step_probabilities
+        from explainers.tasks.continuation import evaluating
+        from explainers.tasks.generation import step_probabilities
 
         given = [position for position, value in enumerate(probabilities) if value is None]
         subset = made.rows(given)

@@ -3,8 +3,8 @@
 Pure, batched, device-neutral tensor functions, no model calls and no hooks. Shapes: ``batch`` examples,
 ``heads`` attention heads, ``n`` tokens (padding included); ``mask`` is ``(batch, n)`` with 1 for real tokens.
 
-The explained row is where the classifier's head reads (:mod:`explainers.heads`): ``readout (batch, n)`` weights
-(one-hot for a single token, ``1/length`` over the real tokens for mean pooling, ½ and ½ for DeiT's class and
+The explained row is where the classifier's head reads (:mod:`explainers.architectures.heads`): ``readout (batch, n)``
+weights (one-hot for a single token, ``1/length`` over the real tokens for mean pooling, ½ and ½ for DeiT's class and
 distillation tokens); ``None`` means the first token. The scores are ``readout · M`` for the method's matrix
 ``M``, computed as a row vector from the top layer down (``O(n²)`` per layer instead of the ``O(n³)`` of the full
 matrix product; the same result by associativity). ``read_tokens (batch, n)`` marks the single tokens the head
@@ -13,7 +13,7 @@ token.
 
 :func:`raw_attention` and :func:`rollout_scores` also take several explained rows per example, ``readout
 (batch, k, n)``, and then return ``(batch, k, n)``: the ``k`` rows of the same maps, read in one pass over each layer
-(token-level heads explain many targets from one forward: :mod:`explainers.targets`).
+(token-level heads explain many targets from one forward: :mod:`explainers.tasks.targets`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ log-probability of a whole continuation, the difference between a token and a fo
 :func:`explain_targets` explains every (round, row) with **one forward for the batch**:
 
 * map methods (``attention``, ``rollout``) read each target's row of the maps of that forward: the kernels take
-  ``k`` explained rows per example (:mod:`explainers.kernels`), so the maps are read once, never copied per target;
+  ``k`` explained rows per example (:mod:`explainers.rules.maps`), so the maps are read once, never copied per target;
 * gradient methods (``grad_x_input``, ``attnlrp``, ``cp_lrp``, ``gae``) need one vector-Jacobian product per
   target. The rows of a batch do not interact, so one backward of ``Σ_b objective[k, b]`` gives every row its
   gradient for round ``k``; the ``K`` rounds are batched into one ``torch.autograd.grad(..., is_grads_batched=True)``
@@ -24,7 +24,7 @@ alone, its LM head read as a classifier over the vocabulary, the token as target
 
 Attention: as in :func:`explainers.explain`, the map methods (and ``gae``, which differentiates the maps) run the
 architecture's eager attention; ``grad_x_input``, ``integrated_gradients``, ``attnlrp`` and ``cp_lrp`` run on the
-model's own fused attention where it has one (:func:`~explainers.attention_capture.fused_implementation`), so that
+model's own fused attention where it has one (:func:`~explainers.architectures.attention.fused_implementation`), so that
 their memory grows with the length and a step's scores match the classifier path's on the same model.
 
 Memory: the gradients of a chunk of ``c`` rounds take ``c ×`` the size of what is differentiated (the input
@@ -42,9 +42,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .architectures import Architecture, describe
-from .attention_capture import fused_implementation
-from .capture import (
+from ..architectures.attention import fused_implementation
+from ..architectures.description import Architecture, describe
+from ..architectures.support import TASKS, check_method
+from ..capture import (
     ATTENTION_GRADIENTS,
     ATTENTIONS,
     EMBEDDING_GRADIENTS,
@@ -55,10 +56,9 @@ from .capture import (
     forward_pass,
     prepared_model,
 )
-from .errors import InvalidTargetError, UnsupportedModelError
-from .inputs import full_precision, validate_inputs
-from .methods import Method, MethodInputs, available_methods, get_method
-from .support import TASKS, check_method
+from ..errors import InvalidTargetError, UnsupportedModelError
+from ..inputs import full_precision, validate_inputs
+from ..methods import Method, MethodInputs, available_methods, get_method
 
 CHUNK_BYTES = 512 * 2**20
 """Default bound on the gradients one batched vector-Jacobian call returns (a chunk of rounds)."""
