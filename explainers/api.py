@@ -17,9 +17,6 @@ from .architectures.description import Architecture, describe, model_config
 from .architectures.heads import head_probabilities, last_positions, readout_tokens, readout_weights
 from .architectures.support import TASKS, check_method, supported_methods
 from .capture import (
-    ACTIVATIONS,
-    ATTENTION_GRADIENTS,
-    ATTENTIONS,
     GRADIENT_NEEDS,
     Capture,
     bind_rules,
@@ -213,12 +210,11 @@ RulesKey = Rules | None
 #: Rows share a gradient pass only if their gradients come from the same rules on the same attention: (rules,
 #: the fused attention implementation or ``None`` for eager).
 PassKind = tuple[RulesKey, str | None]
-MAP_NEEDS = frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
 
 
 def _pass_kind(method: Method, fused: str | None) -> PassKind:
     """The gradient pass ``method``'s rows need: its rules, on the fused attention unless it reads the maps."""
-    return method.rules, None if method.needs & MAP_NEEDS else fused
+    return method.rules, None if method.reads_maps else fused
 
 
 def _budget_check(

@@ -1,7 +1,8 @@
-"""One forward pass (and at most one gradient pass) that captures what the requested methods need.
+"""The pass: one forward (and at most one gradient call) that captures what the requested methods need.
 
 Everything that touches the model lives here: switching the attention implementation, hooks on stock modules, the
-forward, and ``torch.autograd.grad`` with respect to the attention probabilities and input embeddings. The
+forward, and ``torch.autograd.grad`` with respect to the attention probabilities and input embeddings (one backward
+of a classifier's target logits, or batched vector-Jacobian products for many targets: :func:`batched_gradients`). The
 :func:`prepared_model` context manager undoes every change, also when an exception escapes.
 
 Which attention a pass runs: a pass whose needs ask for attention maps (``attentions``, ``attention_gradients``,
@@ -14,7 +15,7 @@ capture, so that its memory grows with ``n`` and not ``n²``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,7 +34,13 @@ ATTENTION_GRADIENTS = "attention_gradients"
 ACTIVATIONS = "activations"
 EMBEDDING_GRADIENTS = "embedding_gradients"
 NEEDS = frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS, EMBEDDING_GRADIENTS})
+#: The needs that differentiate the target logit (a grad-enabled forward and a backward).
 GRADIENT_NEEDS = frozenset({ATTENTION_GRADIENTS, EMBEDDING_GRADIENTS})
+#: The needs that read attention maps (the architecture's eager attention, whatever the model was loaded with).
+MAP_NEEDS = frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
+
+CHUNK_BYTES = 512 * 2**20
+"""Default bound on the gradients one batched vector-Jacobian call returns (a chunk of rounds)."""
 
 
 @contextmanager
@@ -319,7 +326,7 @@ def forward_pass(
     if unknown:
         raise ValueError(f"unknown capture needs {sorted(unknown)}; valid: {sorted(NEEDS)}")
     wants_gradients = bool(needs & GRADIENT_NEEDS)
-    wants_attentions = bool(needs & {ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
+    wants_attentions = bool(needs & MAP_NEEDS)
     per_head = bool(needs & {ATTENTION_GRADIENTS, ACTIVATIONS})
     keep: Keep = "heads" if per_head else "mean" if wants_attentions else "none"
     with ExitStack() as hooks:
@@ -401,30 +408,23 @@ def run_capture(
     return forward.capture(arch, targets, gradients).upcast()
 
 
-def scaled_embedding_gradients(
-    model: nn.Module,
-    arch: Architecture,
-    inputs: Mapping[str, Tensor],
-    scale: Tensor,
-    targets: Tensor,
-    fused: str | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Gradient of the target logit w.r.t. input embeddings multiplied row-wise by ``scale``.
-
-    Used by integrated gradients: ``inputs`` already holds each example repeated once per step, and
-    ``scale`` (one value per row) moves each copy along the straight path from the zero embedding. The forward
-    runs on ``fused`` attention (the model's own) when given, else on eager attention.
-
-    Returns:
-        The unscaled embeddings ``(rows, n, hidden)`` and the gradients at the scaled point.
+def rounds_per_call(wrt: Sequence[Tensor], rounds: int, chunk_bytes: int, maps: bool) -> int:
+    """Rounds of targets per batched vector-Jacobian call whose gradients fit ``chunk_bytes``: the gradients of one
+    round are the size of ``wrt`` (twice that with the per-head maps, which the virtual rows of ``gae`` copy as well).
     """
-    leaf = _EmbeddingLeaf(scale)
-    with ExitStack() as hooks:
-        _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
-        hooks.enter_context(capturing_attention(model, keep="none", fused=fused))
-        with torch.enable_grad():
-            logits = model(**inputs, return_dict=True).logits
-    assert leaf.leaf is not None and leaf.original is not None
-    selected = logits.gather(1, targets.view(-1, 1)).sum()
-    (gradient,) = torch.autograd.grad(selected, [leaf.leaf])
-    return leaf.original, gradient
+    per_round = sum(tensor.numel() * tensor.element_size() for tensor in wrt) * (2 if maps else 1)
+    return max(1, min(rounds, chunk_bytes // max(per_round, 1)))
+
+
+def batched_gradients(outputs: Tensor, wrt: Sequence[Tensor], retain: bool) -> tuple[Tensor, ...]:
+    """``(c,)`` scalar outputs → per input in ``wrt`` its ``(c, *shape)`` gradients, in one batched backward
+    (``torch.autograd.grad(..., is_grads_batched=True)``, a vmap over the backward); ``retain`` keeps the graph for
+    another call."""
+    grad_outputs = torch.eye(outputs.shape[0], dtype=outputs.dtype, device=outputs.device)
+    found = torch.autograd.grad(
+        outputs, list(wrt), grad_outputs=grad_outputs, is_grads_batched=True, retain_graph=retain, allow_unused=True
+    )
+    return tuple(
+        torch.zeros((outputs.shape[0], *tensor.shape), dtype=tensor.dtype, device=tensor.device) if g is None else g
+        for g, tensor in zip(found, wrt, strict=True)
+    )

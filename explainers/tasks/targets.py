@@ -13,7 +13,9 @@ log-probability of a whole continuation, the difference between a token and a fo
   target. The rows of a batch do not interact, so one backward of ``Σ_b objective[k, b]`` gives every row its
   gradient for round ``k``; the ``K`` rounds are batched into one ``torch.autograd.grad(..., is_grads_batched=True)``
   call (a vmap over the backward), in chunks of rounds whose gradients fit :data:`CHUNK_BYTES`;
-* ``integrated_gradients`` runs its path forwards once for all targets, each followed by the same batched products.
+* a method that runs forwards of its own (``integrated_gradients``: :attr:`explainers.methods.Method.forwards`) gets
+  every round as its objective: its one implementation, the classifier path's, runs its path forwards once for all
+  targets, each followed by the same batched products.
 
 Each explained (round, row) is then scored by the registered method's own compute function as a *virtual row*: the
 row's captured tensors, the round's gradients, the target's readout row (:attr:`Targets.readout`) and the positions
@@ -48,20 +50,20 @@ from ..architectures.support import TASKS, check_method
 from ..capture import (
     ATTENTION_GRADIENTS,
     ATTENTIONS,
+    CHUNK_BYTES,
     EMBEDDING_GRADIENTS,
     GRADIENT_NEEDS,
     Capture,
     Forward,
+    batched_gradients,
     bind_rules,
     forward_pass,
     prepared_model,
+    rounds_per_call,
 )
 from ..errors import InvalidTargetError, UnsupportedModelError
 from ..inputs import full_precision, validate_inputs
-from ..methods import Method, MethodInputs, available_methods, get_method
-
-CHUNK_BYTES = 512 * 2**20
-"""Default bound on the gradients one batched vector-Jacobian call returns (a chunk of rounds)."""
+from ..methods import ForwardInputs, Method, MethodInputs, Objective, available_methods, get_method
 
 TOKEN_LEVEL_TASKS = frozenset({"token_classification", "causal_lm"})
 
@@ -288,8 +290,7 @@ def explain_targets(
     resolved = chosen.resolve_options(options, arch)
     validated = validate_inputs(arch, model, inputs)
     mask = validated["attention_mask"]
-    path = chosen.name == "integrated_gradients"
-    needs = frozenset() if path else chosen.needs
+    needs = chosen.needs
     fused = fused_implementation(model)  # read before prepared_model switches the model
     with prepared_model(model):
         forward = forward_pass(model, arch, validated, needs, bind_rules(chosen.rules, model, arch), fused=fused)
@@ -300,11 +301,11 @@ def explain_targets(
         values = explained.objective(logits)
         seconds = dict(forward.seconds)
         started = time.perf_counter()
-        if path:
-            dtype = _score_dtype(logits)
-            scores = _integrated_gradients(
-                model, arch, validated, explained, resolved, chunk_bytes, dtype, seconds, fused
-            )
+        if chosen.forwards is not None:
+            timed = _own_forward_scores(chosen, model, arch, validated, explained, resolved, chunk_bytes, fused, logits)
+            scores = timed.scores
+            if chosen.forwards.gradients and bool(explained.active.any()):
+                seconds["backward"] = timed.seconds
         elif not needs & GRADIENT_NEEDS:
             scores = _map_scores(chosen, forward, arch, model, validated, explained, resolved)
         else:
@@ -391,25 +392,6 @@ class _Timed:
     seconds: float
 
 
-def _chunk_rounds(wrt: Sequence[Tensor], rounds: int, chunk_bytes: int, maps: bool) -> int:
-    """Rounds per batched call: the gradients of one round are the size of ``wrt`` (twice that with the per-head
-    maps, which the virtual rows of ``gae`` copy as well)."""
-    per_round = sum(tensor.numel() * tensor.element_size() for tensor in wrt) * (2 if maps else 1)
-    return max(1, min(rounds, chunk_bytes // max(per_round, 1)))
-
-
-def _batched_gradients(outputs: Tensor, wrt: Sequence[Tensor], retain: bool) -> tuple[Tensor, ...]:
-    """``(c,)`` scalar outputs → per input in ``wrt`` its ``(c, *shape)`` gradients, one batched backward."""
-    grad_outputs = torch.eye(outputs.shape[0], dtype=outputs.dtype, device=outputs.device)
-    found = torch.autograd.grad(
-        outputs, list(wrt), grad_outputs=grad_outputs, is_grads_batched=True, retain_graph=retain, allow_unused=True
-    )
-    return tuple(
-        torch.zeros((outputs.shape[0], *tensor.shape), dtype=tensor.dtype, device=tensor.device) if g is None else g
-        for g, tensor in zip(found, wrt, strict=True)
-    )
-
-
 def _virtual_rows(
     base: Capture,
     gradients: tuple[Tensor, ...],
@@ -455,7 +437,7 @@ def _gradient_scores(
         base.embeddings = forward.leaf.leaf.detach()
     sums = values.sum(dim=1)  # rows do not interact: one backward of the sum gives every row its own gradient
     last_round = int(targets.active.any(dim=1).nonzero().max()) if bool(targets.active.any()) else -1
-    chunk = _chunk_rounds(wrt, rounds, chunk_bytes, ATTENTIONS in method.needs or ATTENTION_GRADIENTS in method.needs)
+    chunk = rounds_per_call(wrt, rounds, chunk_bytes, ATTENTIONS in method.needs or ATTENTION_GRADIENTS in method.needs)
     backward = 0.0
     for start in range(0, last_round + 1, chunk):
         stop = min(start + chunk, last_round + 1)
@@ -463,7 +445,7 @@ def _gradient_scores(
         if picked.numel() == 0:
             continue
         began = time.perf_counter()
-        gradients = _batched_gradients(sums[start:stop], wrt, retain=stop <= last_round)
+        gradients = batched_gradients(sums[start:stop], wrt, retain=stop <= last_round)
         backward += time.perf_counter() - began
         virtual = _virtual_rows(base, gradients, arch, method.needs, picked, rows)
         virtual = replace(
@@ -493,58 +475,25 @@ def _gradient_scores(
     return _Timed(scores, backward)
 
 
-def _integrated_gradients(
+def _own_forward_scores(
+    method: Method,
     model: nn.Module,
     arch: Architecture,
     inputs: Mapping[str, Tensor],
     targets: Targets,
     options: Mapping[str, int],
     chunk_bytes: int,
-    dtype: torch.dtype,
-    seconds: dict[str, float],
-    fused: str | None = None,
-) -> Tensor:
-    """Integrated gradients (midpoint rule on ``t·x`` from the zero embedding, as the classifier path) for every
-    target: each chunk of path points is one forward of the repeated batch (on ``fused`` attention when given),
-    then batched products over the rounds.
-
-    The score is linear in the gradient, so each chunk adds its share to the scores directly (the per-target
-    gradients are never all kept).
-    """
-    n_steps = options["n_steps"]
+    fused: str | None,
+    logits: Tensor,
+) -> _Timed:
+    """Scores of a method that runs forwards of its own (:class:`~explainers.methods.Forwards`): its implementation,
+    the classifier path's, given every round of the targets as its objective; none when no target is active."""
+    assert method.forwards is not None
     mask = inputs["attention_mask"]
     rounds, batch = targets.active.shape
-    scores = torch.zeros((rounds, batch, mask.shape[-1]), dtype=dtype, device=mask.device)
+    dtype = _score_dtype(logits)
     if not bool(targets.active.any()):
-        return scores
-    steps_per_pass = max(1, options["internal_batch_size"] // batch)
-    backward = 0.0
-    for start in range(0, n_steps, steps_per_pass):
-        points = torch.arange(start, min(start + steps_per_pass, n_steps), dtype=dtype, device=mask.device) + 0.5
-        points = points / n_steps
-        steps = points.shape[0]
-        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in inputs.items()}
-        forward = forward_pass(
-            model,
-            arch,
-            repeated,
-            frozenset({EMBEDDING_GRADIENTS}),
-            embedding_scale=points.repeat_interleave(batch),
-            fused=fused,
-        )
-        assert forward.leaf is not None and forward.leaf.original is not None
-        original = forward.leaf.original[:batch]  # (B, n, hidden): the same for every step
-        sums = targets.objective(forward.logits).sum(dim=1)  # (K,)
-        wrt = forward.gradient_inputs
-        chunk = _chunk_rounds(wrt, rounds, chunk_bytes, maps=False)
-        for first in range(0, rounds, chunk):
-            last = min(first + chunk, rounds)
-            began = time.perf_counter()
-            (gradient,) = _batched_gradients(sums[first:last], wrt, retain=last < rounds)
-            backward += time.perf_counter() - began
-            per_step = gradient.view(last - first, steps, batch, *gradient.shape[2:])
-            with full_precision(mask.device):
-                contribution = (per_step.sum(dim=1) * original.unsqueeze(0)).sum(dim=-1)
-            scores[first:last] += contribution.to(scores.dtype)
-    seconds["backward"] = backward
-    return scores / n_steps
+        return _Timed(torch.zeros((rounds, batch, mask.shape[-1]), dtype=dtype, device=mask.device), 0.0)
+    objective = Objective(rounds, targets.objective)
+    scored = method.forwards.run(ForwardInputs(model, arch, inputs, objective, options, dtype, fused, chunk_bytes))
+    return _Timed(scored.scores, scored.backward)
