@@ -301,15 +301,16 @@ def explain_targets(
         values = explained.objective(logits)
         seconds = dict(forward.seconds)
         started = time.perf_counter()
+        call = _Call(chosen, resolved, model, arch, validated, explained, _score_dtype(logits), chunk_bytes)
         if chosen.forwards is not None:
-            timed = _own_forward_scores(chosen, model, arch, validated, explained, resolved, chunk_bytes, fused, logits)
+            timed = _own_forward_scores(call, fused)
             scores = timed.scores
             if chosen.forwards.gradients and bool(explained.active.any()):
                 seconds["backward"] = timed.seconds
         elif not needs & GRADIENT_NEEDS:
-            scores = _map_scores(chosen, forward, arch, model, validated, explained, resolved)
+            scores = _map_scores(call, forward)
         else:
-            timed = _gradient_scores(chosen, forward, arch, model, validated, explained, values, resolved, chunk_bytes)
+            timed = _gradient_scores(call, forward, values)
             scores, seconds["backward"] = timed.scores, timed.seconds
         seconds["attribution"] = time.perf_counter() - started - seconds.get("backward", 0.0)
     visible = explained.visible & mask.bool().unsqueeze(0) & explained.active.unsqueeze(-1)
@@ -361,28 +362,43 @@ def _score_dtype(logits: Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
-def _read_tokens(readout: Tensor) -> Tensor:
-    """The tokens a target reads (their self-relevance is suppressed by the rollouts of ``gae``)."""
-    return readout > 0
+@dataclass(frozen=True)
+class _Call:
+    """What the scores of one :func:`explain_targets` call are computed from (every scorer below reads it)."""
+
+    method: Method
+    options: Mapping[str, int]
+    model: nn.Module
+    arch: Architecture
+    inputs: Mapping[str, Tensor]
+    targets: Targets
+    dtype: torch.dtype
+    chunk_bytes: int
+
+    def method_inputs(
+        self,
+        capture: Capture,
+        rows: Tensor | None,
+        mask: Tensor,
+        readout: Tensor,
+        terms: tuple[Tensor, Tensor, Tensor] | None = None,
+    ) -> MethodInputs:
+        """The inputs of the method's compute for the ``rows`` (``None``: all) whose capture, readout and target terms
+        are given; the tokens a target reads (``readout > 0``) have their self-relevance suppressed by the rollouts of
+        ``gae``."""
+        inputs = self.inputs if rows is None else {key: value[rows] for key, value in self.inputs.items()}
+        options = dict(self.options)
+        return MethodInputs(capture, self.arch, self.model, inputs, mask, options, readout, readout > 0, terms)
 
 
-def _map_scores(
-    method: Method,
-    forward: Forward,
-    arch: Architecture,
-    model: nn.Module,
-    inputs: Mapping[str, Tensor],
-    targets: Targets,
-    options: Mapping[str, int],
-) -> Tensor:
+def _map_scores(call: _Call, forward: Forward) -> Tensor:
     """Scores of a method that reads only the maps: every target's row at once, ``(K, B, n)``."""
-    capture = forward.capture(arch, torch.zeros(targets.active.shape[1], dtype=torch.long)).upcast()
+    targets = call.targets
+    capture = forward.capture(call.arch, torch.zeros(targets.active.shape[1], dtype=torch.long)).upcast()
     readout = targets.readout.transpose(0, 1)  # (B, K, n)
-    mask = (targets.visible & inputs["attention_mask"].bool().unsqueeze(0)).transpose(0, 1)
+    mask = (targets.visible & call.inputs["attention_mask"].bool().unsqueeze(0)).transpose(0, 1)
     with full_precision(readout.device):
-        scores = method.compute(
-            MethodInputs(capture, arch, model, inputs, mask, dict(options), readout, _read_tokens(readout))
-        )
+        scores = call.method.compute(call.method_inputs(capture, None, mask, readout))
     return scores.transpose(0, 1)
 
 
@@ -410,22 +426,13 @@ def _virtual_rows(
     return virtual
 
 
-def _gradient_scores(
-    method: Method,
-    forward: Forward,
-    arch: Architecture,
-    model: nn.Module,
-    inputs: Mapping[str, Tensor],
-    targets: Targets,
-    values: Tensor,
-    options: Mapping[str, int],
-    chunk_bytes: int,
-) -> _Timed:
+def _gradient_scores(call: _Call, forward: Forward, values: Tensor) -> _Timed:
     """Scores of a gradient method: one batched vector-Jacobian call per chunk of rounds, each (round, row) then
-    scored by ``method`` as a virtual row."""
+    scored by the method as a virtual row."""
+    method, arch, targets = call.method, call.arch, call.targets
     rounds, batch = targets.active.shape
-    mask = inputs["attention_mask"].bool()
-    scores = torch.zeros((rounds, batch, mask.shape[-1]), dtype=_score_dtype(forward.logits), device=mask.device)
+    mask = call.inputs["attention_mask"].bool()
+    scores = torch.zeros((rounds, batch, mask.shape[-1]), dtype=call.dtype, device=mask.device)
     wrt = forward.gradient_inputs
     # The virtual rows copy their row's captured tensors; the logits (a vocabulary per position for a causal LM) are
     # replaced by each target's objective value, the one output a virtual row has.
@@ -437,7 +444,7 @@ def _gradient_scores(
         base.embeddings = forward.leaf.leaf.detach()
     sums = values.sum(dim=1)  # rows do not interact: one backward of the sum gives every row its own gradient
     last_round = int(targets.active.any(dim=1).nonzero().max()) if bool(targets.active.any()) else -1
-    chunk = rounds_per_call(wrt, rounds, chunk_bytes, ATTENTIONS in method.needs or ATTENTION_GRADIENTS in method.needs)
+    chunk = rounds_per_call(wrt, rounds, call.chunk_bytes, bool(method.needs & {ATTENTIONS, ATTENTION_GRADIENTS}))
     backward = 0.0
     for start in range(0, last_round + 1, chunk):
         stop = min(start + chunk, last_round + 1)
@@ -453,47 +460,28 @@ def _gradient_scores(
         ).upcast()
         readout = targets.readout[start + picked, rows]
         visible = targets.visible[start + picked, rows] & mask[rows]
+        terms = (
+            targets.positions[start + picked, rows],
+            targets.labels[start + picked, rows],
+            targets.weights[start + picked, rows],
+        )
         with full_precision(mask.device):
-            computed = method.compute(
-                MethodInputs(
-                    virtual,
-                    arch,
-                    model,
-                    {key: value[rows] for key, value in inputs.items()},
-                    visible.to(readout.dtype),
-                    dict(options),
-                    readout,
-                    _read_tokens(readout),
-                    (
-                        targets.positions[start + picked, rows],
-                        targets.labels[start + picked, rows],
-                        targets.weights[start + picked, rows],
-                    ),
-                )
-            )
+            computed = method.compute(call.method_inputs(virtual, rows, visible.to(readout.dtype), readout, terms))
         scores[start + picked, rows] = computed.detach().to(scores.dtype)
     return _Timed(scores, backward)
 
 
-def _own_forward_scores(
-    method: Method,
-    model: nn.Module,
-    arch: Architecture,
-    inputs: Mapping[str, Tensor],
-    targets: Targets,
-    options: Mapping[str, int],
-    chunk_bytes: int,
-    fused: str | None,
-    logits: Tensor,
-) -> _Timed:
-    """Scores of a method that runs forwards of its own (:class:`~explainers.methods.Forwards`): its implementation,
-    the classifier path's, given every round of the targets as its objective; none when no target is active."""
-    assert method.forwards is not None
-    mask = inputs["attention_mask"]
+def _own_forward_scores(call: _Call, fused: str | None) -> _Timed:
+    """Scores of a method that runs forwards of its own (:class:`~explainers.methods.Forwards`) on ``fused``
+    attention: its implementation, the classifier path's, given every round of the targets as its objective; none
+    when no target is active."""
+    assert call.method.forwards is not None
+    mask, targets = call.inputs["attention_mask"], call.targets
     rounds, batch = targets.active.shape
-    dtype = _score_dtype(logits)
     if not bool(targets.active.any()):
-        return _Timed(torch.zeros((rounds, batch, mask.shape[-1]), dtype=dtype, device=mask.device), 0.0)
+        return _Timed(torch.zeros((rounds, batch, mask.shape[-1]), dtype=call.dtype, device=mask.device), 0.0)
     objective = Objective(rounds, targets.objective)
-    scored = method.forwards.run(ForwardInputs(model, arch, inputs, objective, options, dtype, fused, chunk_bytes))
+    scored = call.method.forwards.run(
+        ForwardInputs(call.model, call.arch, call.inputs, objective, call.options, call.dtype, fused, call.chunk_bytes)
+    )
     return _Timed(scored.scores, scored.backward)
