@@ -1,8 +1,22 @@
-"""Attributions for Hugging Face Transformer classifiers, batched: raw attention, rollout, Chefer et al.'s
-relevance, GAE and two saliency baselines.
+"""Attributions for Hugging Face Transformers, batched: AttnLRP (the served default) and CP-LRP, Chefer et al.'s
+relevance, GAE, attention rollout, raw attention, and two saliency baselines (gradient × input, integrated gradients).
+
+This module is the public surface; the names below are all a caller needs.
+
+- Sequence classifiers (text encoders, decoder classifiers, vision Transformers): :func:`explain` (a batch, one method)
+  and :func:`explain_batch` (a served batch whose rows each ask for their own method, one shared forward).
+- Token classifiers (NER, PII): :func:`explain_tokens` explains every entity; :func:`predict_tokens` finds them.
+- Causal language models: :func:`explain_generation` explains every generated token.
+- Any token-level head: :func:`explain_targets`, many :class:`Targets` from one forward.
+- The registry: :func:`available_methods`, :func:`get_method`, :func:`supported_methods`; the support matrix:
+  :data:`FAMILIES`, :func:`support_table`.
+
+Behind it: ``api``, ``plan`` and ``execution`` (the classifier path), ``methods`` (the registry and what each method
+declares), ``capture`` (the pass), ``inputs``, ``memory`` and ``confidence`` (the guards); ``rules/`` (pure tensor
+maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/`` (the token-level heads).
 
 >>> from explainers import explain, available_methods
->>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True), method="relevance")
+>>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True), method="attnlrp")
 """
 
 from .api import Attribution, BatchExplanation, RowExplanation, RowRequest, explain, explain_batch
