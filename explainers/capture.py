@@ -213,22 +213,29 @@ class _Recorder:
         return [self.inputs[id(linear)][0] for linear in arch.head]
 
 
+EmbeddingMap = Callable[[Tensor], Tensor]
+"""A function of the input embeddings ``(rows, n, hidden)`` applied in a forward: integrated gradients' path scaling,
+a perturbation method's occluded or noisy copies."""
+
+
 class _EmbeddingLeaf:
-    """Forward hook that turns the input embeddings into a leaf that requires grad (optionally scaled per row).
+    """Forward hook that turns the input embeddings (through ``change``, when given) into the graph's leaf, requiring
+    grad when ``gradients``.
 
     Making the embeddings the graph's leaf lets ``autograd.grad`` work even when the user froze every parameter,
     and keeps the backward pass out of the embedding tables.
     """
 
-    def __init__(self, scale: Tensor | None = None) -> None:
-        self.scale = scale
+    def __init__(self, change: EmbeddingMap | None = None, gradients: bool = True) -> None:
+        self.change = change
+        self.gradients = gradients
         self.original: Tensor | None = None
         self.leaf: Tensor | None = None
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
         self.original = output.detach()
-        value = self.original if self.scale is None else self.original * self.scale.view(-1, 1, 1)
-        self.leaf = value.requires_grad_(True)
+        value = self.original if self.change is None else self.change(self.original)
+        self.leaf = value.requires_grad_(True) if self.gradients else value
         return self.leaf
 
 
@@ -240,7 +247,7 @@ class Forward:
         logits: the model's logits (in the graph of a grad-enabled pass).
         attentions: per attention call the probabilities as the capture kept them (``None`` if not asked): per head
             ``(batch, heads, n, n)`` in the graph, or head means ``(batch, n, n)`` detached.
-        leaf: the input embeddings made a leaf that requires grad (``None`` if no gradient was asked).
+        leaf: the input embeddings made the graph's leaf (``None`` if no gradient or embedding map was asked).
         recorder: the activations LRP reads (``None`` if not asked).
         needs: what the pass was asked to capture.
         seconds: ``forward`` wall time.
@@ -297,7 +304,7 @@ def forward_pass(
     inputs: Mapping[str, Tensor],
     needs: frozenset[str],
     rules: Callable[[ExitStack], AttentionObserver | None] | None = None,
-    embedding_scale: Tensor | None = None,
+    embeddings: EmbeddingMap | None = None,
     fused: str | None = None,
 ) -> Forward:
     """Run the model once, recording what ``needs`` lists, and keep the graph for the gradients to come.
@@ -311,8 +318,8 @@ def forward_pass(
         inputs: validated model inputs on the model's device.
         needs: a subset of :data:`NEEDS`.
         rules: optional modified-gradient rules (see :func:`run_capture`).
-        embedding_scale: optional ``(batch,)`` factor each row's input embeddings are multiplied by (integrated
-            gradients' path); the leaf is the scaled embedding.
+        embeddings: optional function of the input embeddings the forward runs on (integrated gradients' scaling
+            along its path, a perturbation); the leaf is its result.
         fused: the model's fused attention implementation (``None``: eager), used when ``needs`` ask for no
             attention maps (a pass that needs maps runs eager attention whatever ``fused`` says).
 
@@ -331,7 +338,7 @@ def forward_pass(
     keep: Keep = "heads" if per_head else "mean" if wants_attentions else "none"
     with ExitStack() as hooks:
         recorder = _Recorder(arch, hooks) if ACTIVATIONS in needs else None
-        leaf = _EmbeddingLeaf(embedding_scale) if wants_gradients else None
+        leaf = _EmbeddingLeaf(embeddings, wants_gradients) if wants_gradients or embeddings is not None else None
         if leaf is not None:
             _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
         observer = None if rules is None else rules(hooks)

@@ -568,6 +568,11 @@ def _path_rows(rows: int, options: Mapping[str, int]) -> int:
     return rows * min(steps, int(options.get("n_steps", IG_STEPS)))
 
 
+def _scaled(scale: Tensor) -> Callable[[Tensor], Tensor]:
+    """Each row's input embeddings multiplied by its ``scale`` (a point on the straight path from zero)."""
+    return lambda embeddings: embeddings * scale.view(-1, 1, 1)
+
+
 @register_forwards(
     "integrated_gradients",
     summary="integrated gradients on the input embeddings from a zero baseline, midpoint rule (saliency baseline)",
@@ -620,7 +625,7 @@ def _integrated_gradients(run: ForwardInputs) -> ForwardScores:
             run.arch,
             repeated,
             frozenset({EMBEDDING_GRADIENTS}),
-            embedding_scale=points.repeat_interleave(batch),
+            embeddings=_scaled(points.repeat_interleave(batch)),
             fused=run.fused,
         )
         assert forward.leaf is not None and forward.leaf.original is not None

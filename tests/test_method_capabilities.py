@@ -156,18 +156,16 @@ def _occlusion(run: ForwardInputs) -> ForwardScores:
     copies = length + 1
     repeated = {key: value.repeat(copies, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
 
-    def zero_one_position_per_copy(module: nn.Module, args: Any, output: Tensor) -> Tensor:
-        output = output.clone()
+    def zero_one_position_per_copy(embeddings: Tensor) -> Tensor:
+        embeddings = embeddings.clone()
         for position in range(length):
-            output[(position + 1) * batch : (position + 2) * batch, position] = 0
-        return output
+            embeddings[(position + 1) * batch : (position + 2) * batch, position] = 0
+        return embeddings
 
-    handle = run.arch.input_embeddings.register_forward_hook(zero_one_position_per_copy)
-    try:
-        logits = forward_pass(run.model, run.arch, repeated, frozenset(), fused=run.fused).logits
-    finally:
-        handle.remove()
-    values = run.objective.values(logits).view(run.objective.rounds, copies, batch)
+    occluded = forward_pass(
+        run.model, run.arch, repeated, frozenset(), embeddings=zero_one_position_per_copy, fused=run.fused
+    )
+    values = run.objective.values(occluded.logits).view(run.objective.rounds, copies, batch)
     return ForwardScores((values[:, :1] - values[:, 1:]).permute(0, 2, 1).to(run.dtype))
 
 
