@@ -42,7 +42,7 @@ from .arch_zoo import VARIANTS, build_token_level, row_alone, text_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The production packages scanned; the registry itself may name its methods.
-SCANNED = ("explainers", "handlers", "servers", "explain_eval")
+SCANNED = ("explainers", "serving_core", "handlers", "servers", "explain_eval")
 REGISTRY = ROOT / "explainers" / "methods.py"
 
 
