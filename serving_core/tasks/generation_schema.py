@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from explainers.generation import StepSum
+from explainers.tasks.generation import StepSum
 
 from .. import wire
 from ..config import HandlerConfig

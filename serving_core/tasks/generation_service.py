@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from explainers import ExplainError, InvalidTargetError, StepSum
-from explainers.continuation import (
+from explainers.tasks.continuation import (
     Continuation,
     GenerationSettings,
     generate_continuation,
@@ -30,7 +30,7 @@ from explainers.continuation import (
     pad_token,
     vocabulary_size,
 )
-from explainers.generation import check_generation_call, explain_continuation, resolve_steps
+from explainers.tasks.generation import check_generation_call, explain_continuation, resolve_steps
 
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
@@ -192,8 +192,8 @@ class GenerationService:
         self, made: Continuation, known: torch.Tensor, probabilities: Sequence[list[float] | None]
     ) -> torch.Tensor:
         """The step probabilities of the given continuations, from one plain forward over their rows."""
-        from explainers.continuation import evaluating
-        from explainers.generation import step_probabilities
+        from explainers.tasks.continuation import evaluating
+        from explainers.tasks.generation import step_probabilities
 
         given = [position for position, value in enumerate(probabilities) if value is None]
         subset = made.rows(given)

@@ -31,8 +31,8 @@ from explainers import (
     get_method,
     predict_tokens,
 )
-from explainers.support import check_method
-from explainers.token_labels import label_scheme
+from explainers.architectures.support import check_method
+from explainers.tasks.tagging import label_scheme
 
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
