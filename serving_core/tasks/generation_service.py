@@ -1,12 +1,13 @@
-"""The serving core of generation models (task ``generation``): a batch of decoded rows in, one outcome per row out.
+"""The generation service (task ``generation``: causal LMs): a batch of decoded rows in, one outcome per row out.
 
-The rows that generate do so together, in one :func:`explainers.tasks.continuation.generate_continuation` call (each with
-its own budget, sampling settings and seed, so a row's answer does not depend on its batch); rows that bring their
-own continuation join them after. The rows that ask for an explanation are then grouped by method, options and
-target kind (steps or a sum), and each group is one :func:`explainers.tasks.generation.explain_continuation` (one forward
-for the group, one batched backward); a row's own steps and foils are its share of the group's targets. Rows that
-fail to decode or whose request is invalid get their own error; the others are served. Nothing per request is kept
-on the service object. Loading and devices are :mod:`serving_core.loading`'s.
+The rows that generate do so together, in one :func:`explainers.tasks.continuation.generate_continuation` call
+(each with its own budget, sampling settings and seed, so a row's answer does not depend on its batch); rows that
+bring their own continuation join them after. The rows that ask for an explanation are then grouped by method,
+options and target kind (steps or a sum), and each group is one
+:func:`explainers.tasks.generation.explain_continuation` (one forward for the group, one batched backward); a row's
+own steps and foils are its share of the group's targets. Rows that fail to decode or whose request is invalid get
+their own error; the others are served. Nothing per request is kept on the service object. Loading and devices are
+:mod:`serving_core.loading`'s.
 """
 
 from __future__ import annotations
