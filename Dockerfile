@@ -71,6 +71,8 @@ RUN case "${BUILD_MODELS}" in \
 COPY explainers ./explainers
 COPY handlers ./handlers
 COPY servers ./servers
+COPY supervise ./supervise
+COPY forwarding ./forwarding
 COPY proto ./proto
 COPY explain_client ./explain_client
 COPY explain_eval ./explain_eval

@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image
 
-from model_store.serving.watchdog import watch
+from supervise.watchdog import watch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE_CACHE = REPO_ROOT / "build" / "test-archives"

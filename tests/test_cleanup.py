@@ -1,5 +1,5 @@
 """Servers started by tests end with the test process, even when pytest is killed by an outer timeout (SIGKILL: no
-fixture teardown, no ``finally`` runs). The mechanism is :mod:`model_store.serving.watchdog`; the first tests check
+fixture teardown, no ``finally`` runs). The mechanism is :mod:`supervise.watchdog`; the first tests check
 it alone on plain processes, the last one kills a real pytest that runs tests/cleanup_probe.py (two TorchServes, one
 started in-process and one by the launcher's command line in a subprocess, and a child of ``owned_popen``)."""
 
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from model_store.serving.watchdog import OWNER_ENV, group_alive, owner_pid, watch
+from supervise.processes import group_alive
+from supervise.watchdog import OWNER_ENV, owner_pid, watch
 from tests.serving_support import REPO_ROOT
 
 
@@ -46,7 +47,7 @@ def _watchdogs_of(owner: int) -> list[int]:
             arguments = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"model_store.serving.watchdog" in arguments and str(owner).encode() in arguments:
+        if b"supervise.watchdog" in arguments and str(owner).encode() in arguments:
             found.append(int(entry.name))
     return found
 

@@ -5,6 +5,10 @@ Commands: ``serve`` (foreground, Ctrl-C stops), ``start`` (background), ``stop``
 folders instead of the two default models: each is validated and packaged by :mod:`model_store.package` (reused
 while unchanged) first.
 
+``--server kserve|ray`` (``make serve SERVER=...``): the archives are resolved here, then this process becomes
+``python -m servers`` (the other doors' launcher, :mod:`servers.launcher`) with them; the two launchers share their
+process mechanics (:mod:`supervise`) and import nothing of each other.
+
 This module is the command line only; the work is done by :mod:`model_store.serving.config` (ports, config files,
 profiles), :mod:`model_store.serving.archives` (building the default models, packaging own checkpoints) and
 :mod:`model_store.serving.process` (starting, waiting for and stopping TorchServe and the metrics exporter).
@@ -16,13 +20,17 @@ import argparse
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from model_store.serving.archives import DEFAULT_MODELS, ensure_models, package_own_models
-from model_store.serving.config import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, load_profile
-from model_store.serving.process import Server, pid_alive, start, stop
+from model_store.serving.config import DEFAULT_MODEL_STORE, load_profile
+from model_store.serving.process import Server, start, stop
+from supervise.environment import run_dir_from_env
+from supervise.processes import REPO_ROOT, pid_alive, python_env
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +81,22 @@ Logs: {server.log_dir}. Docs: docs/SERVING.md.
 """
 
 
+def door_command(
+    command: str,
+    server: str,
+    archives: Mapping[str, Path],
+    example: tuple[str, str],
+    run_dir: Path,
+    replicas: int | None = None,
+) -> list[str]:
+    """The ``python -m servers`` command line that serves ``archives`` (name → folder) on the ``server`` door."""
+    line = [sys.executable, "-m", "servers", command, "--server", server, "--run-dir", str(run_dir)]
+    for name, folder in archives.items():
+        line += ["--archive", f"{name}={folder.resolve()}"]
+    line += ["--example", "=".join(example)]
+    return line + (["--replicas", str(replicas)] if replicas is not None else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="python -m model_store.serving", description=__doc__.split("\n\n")[0])
@@ -90,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         default=int(os.environ["REPLICAS"]) if os.environ.get("REPLICAS") else None,
         help="--server ray: replicas per model (default: each model's workers setting)",
     )
-    parser.add_argument("--run-dir", type=Path, default=Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR))
+    parser.add_argument("--run-dir", type=Path, default=run_dir_from_env())
     parser.add_argument("--model-store", type=Path, default=Path(os.environ.get("MODEL_STORE") or DEFAULT_MODEL_STORE))
     parser.add_argument(
         "--profile", default=os.environ.get("PROFILE") or "archive", help="archive (default), cpu, cpu-pooled or gpu"
@@ -110,10 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.command == "stop":
         stopped = stop(args.run_dir)
-        if (args.run_dir / "doors.pid").is_file():  # a KServe/Ray door (servers/launcher.py)
-            from servers.launcher import stop as stop_door
-
-            stopped = stop_door(args.run_dir) or stopped
+        if (args.run_dir / "doors.pid").is_file():  # a KServe/Ray door: its own launcher stops it
+            door = [sys.executable, "-m", "servers", "stop", "--run-dir", str(args.run_dir)]
+            result = subprocess.run(door, cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True, check=False)
+            stopped = stopped or result.stdout.strip() == "stopped"
         print("stopped" if stopped else "not running")
         return 0
     from handlers.protos import generate
@@ -139,10 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         models = dict(DEFAULT_MODELS)
         ensure_models(args.model_store, models)
     if args.server != "torchserve":
-        from servers.launcher import run_door
-
         archives = {name: args.model_store / path for name, path in models.items()}
-        return run_door(args.command, args.server, archives, example, args.run_dir, args.replicas)
+        command = door_command(args.command, args.server, archives, example, args.run_dir, args.replicas)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(command[0], command, python_env())
     profile = load_profile(args.profile)
     server = start(args.run_dir, args.model_store, models, overrides={name: profile for name in models})
     print(usage(server, example), flush=True)
