@@ -5,8 +5,11 @@ The door runs as one process (:mod:`servers.process`) in its own session, its pi
 ``INFERENCE_PORT`` and gRPC on ``GRPC_INFERENCE_PORT`` (8080 and 7070 as on TorchServe), on 127.0.0.1 unless
 ``INFERENCE_ADDRESS`` is set (containers, pods). The models are archive folders (``--archive name=folder``): the
 default models, or the packages of ``MODELS=``/``MODELS_FILE=`` checkpoints. Given none, ``python -m servers`` has
-``python -m model_store.serving`` (which builds and packages them) resolve them first and hand them back; the process
-mechanics are :mod:`supervise.processes`'.
+``python -m model_store.serving`` (which builds and packages them) resolve them first and hand them back.
+
+``serve`` supervises the server process until it is stopped (``stop``, SIGTERM, Ctrl-C: exit status 0) or ends by
+itself (reported with its exit status or signal and its log: exit status 1); ``start`` runs that same ``serve`` in
+the background (:mod:`supervise.supervisor`). The process mechanics are :mod:`supervise.processes`'.
 """
 
 from __future__ import annotations
@@ -15,26 +18,25 @@ import argparse
 import json
 import logging
 import os
-import signal
+import subprocess
 import sys
-import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from supervise.environment import bind_address, env_port, run_dir_from_env
+from supervise.environment import bind_address, env_port, name_value, run_dir_from_env
 from supervise.processes import (
     REPO_ROOT,
     Launch,
     http_get,
     loopback,
-    pid_alive,
     python_env,
     refuse_if_running,
     spawn,
     stop_pid_file,
     wait_until,
 )
+from supervise.supervisor import Child, Supervisor, claimed, start_in_background, stop_supervisor, write_status
 from supervise.watchdog import owner_pid, watch
 
 from .process import DOORS, DoorConfig
@@ -57,6 +59,9 @@ class Door:
     grpc_port: int
     pid: int
     models: tuple[str, ...]
+    #: How the server process was started and the process itself (a child of the process that started it).
+    launch: Launch | None = field(default=None, repr=False, compare=False)
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
     def url(self) -> str:
@@ -127,7 +132,7 @@ def start(
     owner = owner_pid()
     if owner is not None:  # EXPLAIN_OWNER_PID (the test suite): the door ends with that process, however it ends
         (run_dir / WATCHDOG_FILE).write_text(str(watch(owner, groups=[process.pid], env=process_env).pid))
-    door = Door(server, run_dir, address, http_port, grpc_port, process.pid, tuple(models))
+    door = Door(server, run_dir, address, http_port, grpc_port, process.pid, tuple(models), launch, process)
     pending = set(door.models)
 
     def ready() -> bool:
@@ -172,9 +177,11 @@ def servable(models: Mapping[str, str | Path]) -> dict[str, str | Path]:
 
 
 def stop(run_dir: Path, timeout: float = 30.0) -> bool:
-    """Stop the door started from ``run_dir`` (SIGTERM to its process group, SIGKILL after ``timeout``) and its
-    watchdog; returns whether a door was running."""
-    stopped = stop_pid_file(run_dir / PID_FILE, timeout)
+    """Stop the door started from ``run_dir``: its supervisor first, if another process supervises it, then the
+    server process by its pid file (SIGTERM to its process group, SIGKILL after ``timeout``) and its watchdog;
+    returns whether a door was running."""
+    stopped = stop_supervisor(run_dir)
+    stopped = stop_pid_file(run_dir / PID_FILE, timeout) or stopped
     stop_pid_file(run_dir / WATCHDOG_FILE, 5.0)
     return stopped
 
@@ -208,14 +215,6 @@ Log: {door.run_dir / LOG_FILE}. Docs: docs/SERVING.md ("Other doors: KServe and 
 """
 
 
-def _pair(text: str) -> tuple[str, str]:
-    """``name=value`` of ``--archive``/``--example``."""
-    name, sep, value = text.partition("=")
-    if not (name and sep and value):
-        raise argparse.ArgumentTypeError(f"expected name=value, got {text!r}")
-    return name, value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m servers`` (defaults from the environment ``make serve`` sets)."""
     parser = argparse.ArgumentParser(prog="python -m servers", description=__doc__.split("\n\n")[0])
@@ -228,9 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attach", action="store_true", default=os.environ.get("RAY_ATTACH") == "1",
                         help="Ray: serve the applications already on --ray-address (a RayService)")  # fmt: skip
     parser.add_argument("--run-dir", type=Path, default=run_dir_from_env())
-    parser.add_argument("--archive", type=_pair, action="append", default=[], metavar="NAME=FOLDER",
+    parser.add_argument("--archive", type=name_value, action="append", default=[], metavar="NAME=FOLDER",
                         help="serve this archive folder (repeat); none: the default models or MODELS=")  # fmt: skip
-    parser.add_argument("--example", type=_pair, default=("sentiment", "text"), metavar="NAME=TASK",
+    parser.add_argument("--example", type=name_value, default=("sentiment", "text"), metavar="NAME=TASK",
                         help="the model (and its task) the usage lines show")  # fmt: skip
     model_store_help = "without --archive: passed to python -m model_store.serving, which resolves the archives"
     parser.add_argument("--model-store", type=Path, default=None, help=model_store_help)
@@ -250,25 +249,34 @@ def run_door(
     ray_address: str | None = None,
     attach: bool = False,
 ) -> int:
-    """``serve`` (foreground until SIGTERM/Ctrl-C) or ``start`` (background) a door on the ports of the environment
-    (``INFERENCE_PORT``, ``GRPC_INFERENCE_PORT``, ``EXPORTER_PORT``), printing how to call it."""
+    """``serve`` a door on the ports of the environment (``INFERENCE_PORT``, ``GRPC_INFERENCE_PORT``,
+    ``EXPORTER_PORT``), printing how to call it, and supervise it (:mod:`supervise.supervisor`) until it is stopped
+    (returns 0) or its server process ends by itself (says how, returns 1); ``start``: that same ``serve`` in the
+    background, returning once the door is ready."""
+    if command == "start":
+        line = [sys.executable, "-m", "servers", "serve", "--server", server, "--run-dir", str(run_dir.resolve())]
+        line += [f"--archive={name}={Path(folder).resolve()}" for name, folder in models.items()]
+        line += ["--example", "=".join(example), *(["--replicas", str(replicas)] if replicas is not None else [])]
+        line += [*(["--ray-address", ray_address] if ray_address else []), *(["--attach"] if attach else [])]
+        code, message = start_in_background(line, run_dir)
+        print(message, flush=True, file=sys.stdout if code == 0 else sys.stderr)
+        return code
     http_port, grpc_port = env_port("inference", 8080), env_port("grpc_inference", 7070)
     metrics = (bind_address("METRICS_ADDRESS"), env_port("exporter", 8083))
-    door = start(server, models, run_dir, http_port, grpc_port, bind_address("INFERENCE_ADDRESS"), replicas,
-                 ray_address, metrics=metrics, attach=attach)  # fmt: skip
-    print(usage(door, example), flush=True)
-    if command == "start":
-        return 0
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        while pid_alive(door.pid):
-            time.sleep(1.0)
-        print(f"the door exited; see {door.run_dir / LOG_FILE}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        stop(run_dir)
+    with claimed(run_dir):
+        try:
+            door = start(server, models, run_dir, http_port, grpc_port, bind_address("INFERENCE_ADDRESS"), replicas,
+                         ray_address, metrics=metrics, attach=attach)  # fmt: skip
+        except Exception as error:
+            logger.error("the %s door did not start: %s", server, error, exc_info=not isinstance(error, RuntimeError))
+            write_status(run_dir, "failed", f"the {server} door did not start: {error}")
+            return 1
+        text = usage(door, example)
+        print(text, flush=True)
+        write_status(run_dir, "ready", text)
+        assert door.launch is not None and door.process is not None
+        child = Child("door", door.launch, door.process)
+        return Supervisor(run_dir, [child], lambda: stop(run_dir), owner=owner_pid()).run()
 
 
 def resolve_with_model_store(args: argparse.Namespace) -> list[str]:

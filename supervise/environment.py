@@ -1,11 +1,12 @@
-"""What every launcher reads from the environment the same way: the run folder, the addresses servers bind and the
-ports of the public listeners.
+"""What every launcher reads the same way: from the environment, the run folder, the addresses servers bind and the
+ports of the public listeners; from its command line, ``NAME=VALUE`` pairs (``--archive``, ``--example``).
 
 Everything binds 127.0.0.1 unless ``INFERENCE_ADDRESS`` / ``METRICS_ADDRESS`` say otherwise (containers and pods).
 """
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 from pathlib import Path
@@ -39,3 +40,15 @@ def env_port(name: str, default: int) -> int:
 def run_dir_from_env() -> Path:
     """The run folder ``RUN_DIR`` names, else :data:`DEFAULT_RUN_DIR`."""
     return Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR)
+
+
+def name_value(text: str) -> tuple[str, str]:
+    """A ``NAME=VALUE`` command-line argument as (name, value), split at the first ``=`` (an argparse ``type``).
+
+    Raises:
+        argparse.ArgumentTypeError: if either side is empty.
+    """
+    name, sep, value = text.partition("=")
+    if not (name and sep and value):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value

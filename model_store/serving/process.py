@@ -34,6 +34,7 @@ from supervise.processes import (
     stop_pid_file,
     wait_until,
 )
+from supervise.supervisor import stop_supervisor
 from supervise.watchdog import owner_pid, watch
 
 TS_PID = "torchserve.pid"
@@ -231,8 +232,10 @@ def wait_ready(server: Server, timeout: float, served: tuple[str, ...] | None = 
 
 
 def stop(run_dir: Path = DEFAULT_RUN_DIR) -> bool:
-    """Stop the service started from ``run_dir`` by its pid files; returns whether anything was running."""
-    stopped = False
+    """Stop the service started from ``run_dir``: its supervisor first, if another process supervises it (so that
+    nothing is restarted or reported as a failure), then what is left by its pid files; returns whether anything was
+    running."""
+    stopped = stop_supervisor(run_dir)
     for pid_name in (ROUTER_PID, TS_PID, EXPORTER_PID):
         stopped = stop_pid_file(run_dir / pid_name) or stopped
     stop_pid_file(run_dir / WATCHDOG_PID)  # nothing left to guard
