@@ -156,11 +156,11 @@ def group_alive(group: int) -> bool:
         return False
     except PermissionError:
         return True
-    members = _group_members(group)
+    members = group_members(group)
     return True if members is None else bool(members)
 
 
-def _group_members(group: int) -> list[int] | None:
+def group_members(group: int) -> list[int] | None:
     """The pids of the running processes of ``group`` (from /proc; zombies left out), or None without /proc."""
     proc = Path("/proc")
     if not proc.is_dir():

@@ -54,11 +54,12 @@ def test_profiles_and_overlay(tmp_path: Path) -> None:
 def test_the_door_handoff_is_a_command_line_the_door_launcher_reads(tmp_path: Path) -> None:
     """``SERVER=kserve|ray``: TorchServe's launcher resolves the archives, then runs ``python -m servers`` with them
     (no import between the two); that command line parses to the same folders, example and options."""
-    from model_store.serving.launcher import door_command
+    from model_store.serving import launcher
     from servers.launcher import build_parser
 
     archives = {"sentiment": tmp_path / "sentiment" / "archive", "pairs": tmp_path / "packages" / "pairs"}
-    line = door_command("start", "ray", archives, ("pairs", "text"), tmp_path / "run", replicas=2)
+    given = ["start", "--server", "ray", "--replicas", "2", "--run-dir", str(tmp_path / "run")]
+    line = launcher.door_command(launcher.build_parser().parse_args(given), archives, ("pairs", "text"))
     assert line[1:3] == ["-m", "servers"]
     arguments = build_parser().parse_args(line[3:])
     assert (arguments.command, arguments.server, arguments.replicas) == ("start", "ray", 2)

@@ -36,6 +36,7 @@ from supervise.supervisor import (
     start_in_background,
     stop_supervisor,
 )
+from tests.serving_support import wait_for
 
 SLEEPER = "import time; time.sleep(120)"
 
@@ -43,15 +44,6 @@ SLEEPER = "import time; time.sleep(120)"
 def _launch(tmp_path: Path, name: str, code: str) -> Launch:
     command = (sys.executable, "-c", code)
     return Launch(name, command, tmp_path, python_env(), tmp_path / f"{name}.log", tmp_path / f"{name}.pid")
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 class Service:
@@ -119,8 +111,8 @@ def test_a_restartable_child_is_started_again_and_counted(service: Service) -> N
 
     def kill_then_stop() -> None:
         os.killpg(first, signal.SIGKILL)
-        assert _wait(lambda: read_pid(pid_file) not in (None, first))
-        assert _wait(lambda: pid_alive(read_pid(pid_file) or 0))
+        assert wait_for(lambda: read_pid(pid_file) not in (None, first), 30, 0.05)
+        assert wait_for(lambda: pid_alive(read_pid(pid_file) or 0), 30, 0.05)
         supervisor.request_stop()
 
     thread = _in_background(kill_then_stop)
@@ -155,7 +147,7 @@ def test_sigterm_stops_the_service_and_the_handlers_come_back(service: Service) 
     before = signal.getsignal(signal.SIGTERM)
 
     def terminate_once_handled() -> None:
-        assert _wait(lambda: signal.getsignal(signal.SIGTERM) == supervisor._on_signal)
+        assert wait_for(lambda: signal.getsignal(signal.SIGTERM) == supervisor._on_signal, 30, 0.05)
         os.kill(os.getpid(), signal.SIGTERM)
 
     thread = _in_background(terminate_once_handled)

@@ -85,20 +85,14 @@ Logs: {server.log_dir}. Docs: docs/SERVING.md.
 """
 
 
-def door_command(
-    command: str,
-    server: str,
-    archives: Mapping[str, Path],
-    example: tuple[str, str],
-    run_dir: Path,
-    replicas: int | None = None,
-) -> list[str]:
-    """The ``python -m servers`` command line that serves ``archives`` (name → folder) on the ``server`` door."""
-    line = [sys.executable, "-m", "servers", command, "--server", server, "--run-dir", str(run_dir)]
+def door_command(args: argparse.Namespace, archives: Mapping[str, Path], example: tuple[str, str]) -> list[str]:
+    """The ``python -m servers`` command line that runs ``args.command`` on the ``args.server`` door for
+    ``archives`` (name → folder)."""
+    line = [sys.executable, "-m", "servers", args.command, "--server", args.server, "--run-dir", str(args.run_dir)]
     for name, folder in archives.items():
         line += ["--archive", f"{name}={folder.resolve()}"]
     line += ["--example", "=".join(example)]
-    return line + (["--replicas", str(replicas)] if replicas is not None else [])
+    return line + (["--replicas", str(args.replicas)] if args.replicas is not None else [])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_models(args.model_store, models)
     if args.server != "torchserve":
         archives = {name: args.model_store / path for name, path in models.items()}
-        command = door_command(args.command, args.server, archives, example, args.run_dir, args.replicas)
+        command = door_command(args, archives, example)
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(command[0], command, python_env())

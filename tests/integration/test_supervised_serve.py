@@ -28,7 +28,7 @@ from servers.launcher import stop as stop_door
 from supervise.processes import group_alive, http_get, pid_alive, read_pid
 from supervise.supervisor import SUPERVISOR_PID, read_status
 from tests.doors_support import EXTRAS
-from tests.serving_support import REPO_ROOT, http_post, owned_popen
+from tests.serving_support import REPO_ROOT, http_post, owned_popen, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -132,12 +132,7 @@ def _restarts(launched: Launched) -> dict[str, float]:
 
 
 def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.25)
-    pytest.fail(f"{what}: not within {timeout} s")
+    assert wait_for(condition, timeout, 0.25), f"{what}: not within {timeout} s"
 
 
 def _kill_and_wait_for_restart(launched: Launched, pid_name: str) -> int:
