@@ -69,6 +69,7 @@ RUN case "${BUILD_MODELS}" in \
  && chown -R explain:explain model_store/build
 
 COPY explainers ./explainers
+COPY serving_core ./serving_core
 COPY handlers ./handlers
 COPY servers ./servers
 COPY supervise ./supervise

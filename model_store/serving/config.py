@@ -119,7 +119,7 @@ def write_config(run_dir: Path, ports: Ports, model_store: Path, behind_router: 
 
 
 #: The key of ``model-config.yaml`` (or of a profile) that gives a model an explanation pool: TorchServe's batching
-#: keys of the pool (``handlers.pools``; docs/SERVING.md, "Predictions next to explanations"). Consumed here: the
+#: keys of the pool (``serving_core.pools``; docs/SERVING.md, "Predictions next to explanations"). Consumed here: the
 #: per-run configs TorchServe reads do not carry it.
 POOL_KEY = "explanationPool"
 #: The TorchServe keys a pool may set; the others are the model's.
@@ -148,7 +148,7 @@ def link_store(
     Raises:
         ValueError: for an explanation pool section that is not a mapping of :data:`POOL_SETTINGS` to integers >= 1.
     """
-    from handlers.pools import pool_name
+    from serving_core.pools import pool_name
 
     store = run_dir / "model-store"
     shutil.rmtree(store, ignore_errors=True)

@@ -2,8 +2,8 @@
 
 TorchServe answers a batch together, so a prediction batched with explanation rows waits for their backward. A model
 with an explanation pool (``explanation_workers``; docs/SERVING.md, "Predictions next to explanations") is registered
-twice, ``<name>`` and ``<name>.explain`` (:mod:`handlers.pools`), and this router, listening where clients connect,
-sends each request for ``<name>`` that asks for an explanation (:func:`handlers.pools.asks_for_explanation`) to
+twice, ``<name>`` and ``<name>.explain`` (:mod:`serving_core.pools`), and this router, listening where clients connect,
+sends each request for ``<name>`` that asks for an explanation (:func:`serving_core.pools.asks_for_explanation`) to
 ``<name>.explain`` and everything else on unchanged; TorchServe itself listens on loopback ports behind it. The
 client's token passes as it is (TorchServe checks it); requests stay exactly what they were for the client.
 
@@ -25,7 +25,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from explain_client.protos import inference_stubs
 from forwarding import Forwarder, Policy, serve_until_signalled
-from handlers.pools import asks_for_explanation, pool_name
+from serving_core.pools import asks_for_explanation, pool_name
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from handlers import protos
+from explain_client import protos
 from model_store.serving.process import Server
 from supervise.processes import pid_alive
 from tests.ops_support import worker_pids

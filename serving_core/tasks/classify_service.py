@@ -1,86 +1,44 @@
-"""The serving core below the handlers: one model, a batch of decoded rows in, one outcome per row out.
+"""The classification service (tasks ``text`` and ``image``): one loaded classifier, a batch of decoded rows in, one
+outcome per row out.
 
 The valid rows of a batch are tokenized (or image-processed) together, then :func:`explainers.explain_batch` runs
 one forward for all of them (grad-enabled only for the rows whose method needs it) and each row's method. Rows
-that failed to decode, or whose method/target/options are invalid, get their own :class:`~handlers.errors.RowError`;
+that failed to decode, or whose method/target/options are invalid, get their own :class:`~serving_core.errors.RowError`;
 the others are served. Nothing per request is kept on the service object.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import io
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
-from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoImageProcessor,
-    AutoModelForImageClassification,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-    AutoTokenizer,
-)
+from transformers import AutoImageProcessor
 
 from explainers import (
     ExplainError,
     RowExplanation,
     RowSkipped,
-    describe,
     explain_batch,
     head_type,
     pooled_position,
     prediction_confidence,
 )
 
-from .config import DEFAULT_THRESHOLD, HandlerConfig
-from .errors import RowError, from_explain_error
-from .schema import DecodedRow, Encoding, RowOutcome
+from ..config import DEFAULT_THRESHOLD, HandlerConfig
+from ..errors import RowError, from_explain_error
+from ..loading import autocast, load_classifier, load_tokenizer
+from ..task import BatchTimings
+from ..wire import Encoding
+from .classify_schema import DecodedRow, RowOutcome
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchTimings:
-    """Shared stage seconds of one batch: ``forward`` and ``backward`` (0 if no row needed gradients)."""
-
-    forward: float
-    backward: float
-
-
-def select_device(requested: str) -> torch.device:
-    """``auto`` → CUDA when available, else CPU; ``cuda`` without a GPU is a configuration error."""
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("handler.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
-    if requested == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda")
-
-
-def classifier_class(model_config: Any, task: str) -> Any:
-    """The class a checkpoint is loaded with: the one ``config.architectures`` names when the explainers accept it for
-    its model type (e.g. ``DeiTForImageClassificationWithTeacher``, which the Auto class would not pick), else the
-    Auto class of the task."""
-    import transformers
-
-    from explainers import FAMILIES
-
-    names = getattr(model_config, "architectures", None) or []
-    family = FAMILIES.get(str(getattr(model_config, "model_type", "")))
-    wanted = "token_classification" if task == "token_classification" else "sequence_classification"
-    if names and family is not None and family.task_of(names[0]) == wanted and hasattr(transformers, names[0]):
-        return getattr(transformers, names[0])
-    if task == "token_classification":
-        return AutoModelForTokenClassification
-    return AutoModelForSequenceClassification if task == "text" else AutoModelForImageClassification
 
 
 class ExplanationService:
@@ -96,30 +54,14 @@ class ExplanationService:
         """
         self.config = config
         self.device = device
-        checkpoint_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-        # Local safetensors only: never a download, never a pickle file.
-        model: nn.Module = classifier_class(checkpoint_config, config.task).from_pretrained(
-            str(model_dir), local_files_only=True, use_safetensors=True
-        )
-        self.model = model.to(device).eval()
-        describe(self.model)  # raises UnsupportedModelError early for an unknown architecture
-        model_config: Any = self.model.config
-        id2label = {int(key): value for key, value in model_config.id2label.items()}
-        checkpoint_labels = tuple(id2label[index] for index in range(len(id2label)))
-        if checkpoint_labels != config.labels:
-            raise ValueError(f"handler.labels {config.labels} differ from the checkpoint id2label {checkpoint_labels}")
+        self.model = load_classifier(config, model_dir, device)
         self.head_type = head_type(self.model)
         self.pooled = pooled_position(self.model)
         self.threshold = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
         self.tokenizer: Any = None
         self.processor: Any = None
         if config.input_kind == "text":
-            # The tokenizer's own padding side: right for encoders, left for most decoder classifiers.
-            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-            if config.pad_token_id is not None:
-                if self.tokenizer.pad_token_id != config.pad_token_id:
-                    self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(config.pad_token_id)
-                model_config.pad_token_id = config.pad_token_id
+            self.tokenizer = load_tokenizer(model_dir, self.model, config.pad_token_id)
             self.special_ids = frozenset(int(i) for i in self.tokenizer.all_special_ids)
             accepted = inspect.signature(self.model.forward).parameters
             self.input_names = tuple(
@@ -128,14 +70,6 @@ class ExplanationService:
         else:
             self.processor = AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True)
         logger.info("loaded %s model (%s head) from %s on %s", config.task, self.head_type, model_dir, device)
-
-    @contextlib.contextmanager
-    def _autocast(self) -> Iterator[None]:
-        if self.config.autocast_bf16:
-            with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
-                yield
-        else:
-            yield
 
     def _text_inputs(
         self, texts: Sequence[str], pairs: Sequence[str | None]
@@ -238,7 +172,7 @@ class ExplanationService:
             inputs = self._image_inputs(images)
         requests = [row.request for row in decoded]  # type: ignore[union-attr]
         try:
-            with self._autocast():
+            with autocast(self.config, self.device):
                 result = explain_batch(self.model, inputs, requests, memory_budget_mib=self.config.memory_budget_mib)
         except Exception:
             logger.exception("batch of %d rows failed", len(valid))

@@ -8,15 +8,18 @@ from typing import Any, Literal
 
 from explainers import available_methods
 
+from .registry import task_names
+
 #: Multi-label threshold when neither the user nor the checkpoint's config sets one.
 DEFAULT_THRESHOLD = 0.5
 #: The served default method (a request that asks for an explanation without naming one gets it): AttnLRP, the most
 #: faithful method measured here, at one forward and one gradient pass, on every supported architecture.
 DEFAULT_METHOD = "attnlrp"
 
-#: The handler tasks: ``text`` (sequence classifiers), ``image`` and ``token_classification`` (NER, PII detection:
-#: a label per token, explained per entity). Every task but ``image`` takes text.
-TASKS = ("text", "image", "token_classification", "generation")
+#: The handler tasks (:data:`serving_core.registry.TASKS`): ``text`` (sequence classifiers), ``image``,
+#: ``token_classification`` (NER, PII detection: a label per token, explained per entity) and ``generation`` (causal
+#: LMs). Every task but ``image`` takes text.
+TASKS = task_names()
 
 #: Keys the ``handler:`` section may hold.
 _KNOWN_KEYS = frozenset(
@@ -85,7 +88,7 @@ class HandlerConfig:
             image tasks only (a token classification or generation model with it fails to load).
     """
 
-    task: Literal["text", "image", "token_classification", "generation"]
+    task: str
     labels: tuple[str, ...]
     model_dir: str = "model"
     default_method: str = DEFAULT_METHOD

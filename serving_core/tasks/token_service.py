@@ -1,10 +1,10 @@
 """The serving core of token classifiers (handler task ``token_classification``): entities with character offsets
 and, when a row asks, each entity's attribution.
 
-The service loads the checkpoint as :class:`~handlers.service.ExplanationService` does (local safetensors, the
-library's default attention, the tokenizer, the labels checked against ``handler.labels``) and serves a batch row by
-row: each valid row is tokenized with character offsets, the rows are grouped by what they ask (prediction only, or
-a method with its options) and each group is one call of :func:`explainers.explain_tokens` (or
+The service loads the checkpoint as every task does (:mod:`serving_core.loading`: local safetensors, the library's
+default attention, the tokenizer, the labels checked against ``handler.labels``) and serves a batch row by row: each
+valid row is tokenized with character offsets, the rows are grouped by what they ask (prediction only, or a method
+with its options) and each group is one call of :func:`explainers.explain_tokens` (or
 :func:`explainers.predict_tokens`): one forward for the group's rows, the gradient methods' products batched over its
 entities. A row whose request is invalid (method, option, an input a token classifier does not take) gets its own
 error; the others are served.
@@ -12,9 +12,10 @@ error; the others are served.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,49 +34,15 @@ from explainers import (
 from explainers.support import check_method
 from explainers.token_labels import label_scheme
 
-from .config import HandlerConfig
-from .errors import RowError, from_explain_error
-from .schema import DecodedRow, Encoding, RowOutcome, encode_outcome
-from .service import BatchTimings, ExplanationService
+from ..config import HandlerConfig
+from ..errors import RowError, from_explain_error
+from ..loading import autocast, load_classifier, load_tokenizer
+from ..task import BatchTimings
+from ..wire import Encoding
+from .classify_schema import DecodedRow
+from .token_schema import EntityOutcome, TokenOutcome
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EntityOutcome:
-    """One entity of a row's answer.
-
-    Attributes:
-        text: ``text[start:end]``.
-        label: the entity type (``PER`` for a span tagged ``B-PER I-PER``; the tag itself without a scheme).
-        tag: the label of the span's first token, as ``id2label`` spells it.
-        label_id: that label's index.
-        start, end: character offsets into the text (``end`` exclusive).
-        token_start, token_end: token positions (``end`` exclusive).
-        score: the mean over its tokens of the probability of each token's tag.
-        scores: its attribution over the row's tokens (``None`` when no explanation was asked).
-    """
-
-    text: str
-    label: str
-    tag: str
-    label_id: int
-    start: int
-    end: int
-    token_start: int
-    token_end: int
-    score: float
-    scores: list[float] | None = None
-
-
-@dataclass
-class TokenOutcome(RowOutcome):
-    """A token classifier's outcome for one row: the :class:`~handlers.schema.RowOutcome` fields it shares (error,
-    tokens, special tokens, truncation, method, options, attribution seconds) and its entities."""
-
-    scheme: str = ""
-    offsets: list[tuple[int, int]] | None = None
-    entities: list[EntityOutcome] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -88,17 +55,24 @@ class _Encoded:
     truncated: bool
 
 
-class TokenClassificationService(ExplanationService):
+class TokenClassificationService:
     """One loaded token classifier and its tokenizer."""
 
+    head_type = "token_classification"
+
     def __init__(self, config: HandlerConfig, model_dir: Path, device: torch.device) -> None:
-        """Load the checkpoint (see :class:`~handlers.service.ExplanationService`).
+        """Load the checkpoint (:mod:`serving_core.loading`) with the library's default attention.
 
         Raises:
             ValueError: if the checkpoint's labels disagree with ``config.labels`` or its tokenizer gives no
                 character offsets (a "fast" tokenizer, ``tokenizer.json``, is needed).
         """
-        super().__init__(config, model_dir, device)
+        self.config = config
+        self.device = device
+        self.model = load_classifier(config, model_dir, device)
+        self.tokenizer = load_tokenizer(model_dir, self.model, config.pad_token_id)
+        accepted = inspect.signature(self.model.forward).parameters
+        self.input_names = tuple(name for name in ("input_ids", "attention_mask", "token_type_ids") if name in accepted)
         if not getattr(self.tokenizer, "is_fast", False):
             raise ValueError(
                 f"the tokenizer in {model_dir} is not a fast tokenizer (no tokenizer.json): a token classifier's "
@@ -153,9 +127,9 @@ class TokenClassificationService(ExplanationService):
 
     def run(
         self, rows: Sequence[DecodedRow | RowError], encodings: Sequence[Encoding]
-    ) -> tuple[list[RowOutcome], BatchTimings]:
+    ) -> tuple[list[TokenOutcome], BatchTimings]:
         """Serve a batch: one :class:`TokenOutcome` per row, in order, and the summed stage timings of its groups."""
-        outcomes: list[RowOutcome] = [TokenOutcome(encoding=encoding) for encoding in encodings]
+        outcomes = [TokenOutcome(encoding=encoding) for encoding in encodings]
         groups: dict[tuple[str, tuple[tuple[str, int], ...]] | None, list[int]] = {}
         encoded: dict[int, _Encoded] = {}
         for index, row in enumerate(rows):
@@ -179,7 +153,7 @@ class TokenClassificationService(ExplanationService):
             batch = self.tokenizer.pad([encoded[index].inputs for index in indices], padding=True, return_tensors="pt")
             inputs = {name: batch[name] for name in (*self.input_names, "special_tokens_mask") if name in batch}
             try:
-                with self._autocast():
+                with autocast(self.config, self.device):
                     if key is None:
                         result: TokenPrediction = predict_tokens(self.model, inputs)
                     else:
@@ -199,11 +173,11 @@ class TokenClassificationService(ExplanationService):
                 self._fill(outcomes[index], row.text or "", encoded[index], result, position)
         return outcomes, BatchTimings(forward, backward)
 
-    def _fill(self, outcome: RowOutcome, text: str, encoded: _Encoded, result: TokenPrediction, position: int) -> None:
-        assert isinstance(outcome, TokenOutcome)
+    def _fill(
+        self, outcome: TokenOutcome, text: str, encoded: _Encoded, result: TokenPrediction, position: int
+    ) -> None:
         length = len(encoded.offsets)
         ids = encoded.inputs["input_ids"]
-        outcome.head_type = "token_classification"
         outcome.scheme = result.scheme
         outcome.tokens = self.tokenizer.convert_ids_to_tokens(ids)
         outcome.special_tokens = encoded.special
@@ -242,87 +216,3 @@ class TokenClassificationService(ExplanationService):
                     scores=row_scores[number].tolist() if explained and row_scores is not None else None,
                 )
             )
-
-
-def _rounded(value: float) -> float:
-    return float(f"{value:.6g}")
-
-
-def token_outcome_to_dict(outcome: TokenOutcome) -> dict[str, Any]:
-    """The JSON document of one token classifier's row (docs/SERVING.md, "Token classification")."""
-    if outcome.error is not None:
-        return {"error": outcome.error.to_dict()}
-    entities = []
-    for entity in outcome.entities:
-        document: dict[str, Any] = {
-            "text": entity.text,
-            "label": entity.label,
-            "tag": entity.tag,
-            "label_id": entity.label_id,
-            "start": entity.start,
-            "end": entity.end,
-            "token_start": entity.token_start,
-            "token_end": entity.token_end,
-            "score": _rounded(entity.score),
-        }
-        if entity.scores is not None:
-            document["scores"] = [_rounded(value) for value in entity.scores]
-        entities.append(document)
-    answer: dict[str, Any] = {
-        "head_type": "token_classification",
-        "scheme": outcome.scheme,
-        "entities": entities,
-        "tokens": outcome.tokens,
-        "special_tokens": outcome.special_tokens,
-        "offsets": [list(offset) for offset in outcome.offsets or []],
-        "truncated": outcome.truncated,
-    }
-    if outcome.method is not None:
-        answer["explanation"] = {
-            "method": outcome.method,
-            "options": dict(outcome.options),
-            "seconds": round(outcome.attribution_seconds, 6),
-        }
-    return answer
-
-
-def encode_token_outcome(outcome: RowOutcome, labels: tuple[str, ...]) -> bytes:
-    """Encode one token classifier's row in the encoding its request came in (JSON, or an ``ExplainResponse`` whose
-    ``token_classification`` holds the entities)."""
-    import json
-
-    from .protos import explain_messages
-
-    if outcome.error is not None:  # an error row is answered as any other task's
-        return encode_outcome(outcome, labels)
-    assert isinstance(outcome, TokenOutcome)
-    if outcome.encoding is Encoding.JSON:
-        return json.dumps(token_outcome_to_dict(outcome), separators=(",", ":")).encode("utf-8")
-    response = explain_messages().ExplainResponse()
-    response.head_type = "token_classification"
-    response.truncated = outcome.truncated
-    answer = response.token_classification
-    answer.scheme = outcome.scheme
-    answer.tokens.extend(outcome.tokens or [])
-    answer.special_tokens.extend(outcome.special_tokens or [])
-    for start, end in outcome.offsets or []:
-        answer.offsets.add(start=start, end=end)
-    for entity in outcome.entities:
-        answer.entities.add(
-            text=entity.text,
-            label=entity.label,
-            tag=entity.tag,
-            label_id=entity.label_id,
-            start=entity.start,
-            end=entity.end,
-            token_start=entity.token_start,
-            token_end=entity.token_end,
-            score=entity.score,
-            scores=entity.scores or [],
-        )
-    if outcome.method is not None:
-        answer.method = outcome.method
-        for key, value in outcome.options.items():
-            answer.options[key] = value
-        answer.seconds = outcome.attribution_seconds
-    return bytes(response.SerializeToString())

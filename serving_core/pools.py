@@ -38,8 +38,8 @@ def model_of(served: str) -> str:
 
 
 def asks_for_explanation(fields: Mapping[str, bytes | str], explanations_route: bool = False) -> bool:
-    """Whether a request asks for an explanation, as the handlers would read it (:mod:`handlers.schema`,
-    :mod:`handlers.generation_schema`).
+    """Whether a request asks for an explanation, as the tasks' decoders would read it
+    (:mod:`serving_core.tasks.classify_schema`, :mod:`serving_core.tasks.generation_schema`).
 
     Args:
         fields: the request as a TorchServe row sees it: ``{"body": <REST body>}``, or a gRPC ``PredictionsRequest``'s

@@ -6,7 +6,7 @@ own continuation join them after. The rows that ask for an explanation are then 
 target kind (steps or a sum), and each group is one :func:`explainers.generation.explain_continuation` (one forward
 for the group, one batched backward); a row's own steps and foils are its share of the group's targets. Rows that
 fail to decode or whose request is invalid get their own error; the others are served. Nothing per request is kept
-on the service object. Loading and devices reuse :mod:`handlers.service`.
+on the service object. Loading and devices are :mod:`serving_core.loading`'s.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
-from explainers import ExplainError, InvalidTargetError, StepSum, describe
+from explainers import ExplainError, InvalidTargetError, StepSum
 from explainers.continuation import (
     Continuation,
     GenerationSettings,
@@ -33,22 +32,14 @@ from explainers.continuation import (
 )
 from explainers.generation import check_generation_call, explain_continuation, resolve_steps
 
-from .config import HandlerConfig
-from .errors import RowError, from_explain_error
+from ..config import HandlerConfig
+from ..errors import RowError, from_explain_error
+from ..loading import load_model, load_tokenizer
+from ..task import BatchTimings
+from ..wire import Encoding
 from .generation_schema import GenerationOutcome, GenerationRow, GenerationStepOutcome
-from .schema import Encoding
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GenerationTimings:
-    """Shared stage seconds of one batch: ``generate``, and the explanation groups' ``forward`` and ``backward``."""
-
-    generate: float
-    forward: float
-    backward: float
-    tokens: int
 
 
 @dataclass
@@ -66,22 +57,14 @@ class _Prepared:
 class GenerationService:
     """One loaded causal LM and its tokenizer."""
 
+    head_type = "generation"
+
     def __init__(self, config: HandlerConfig, model_dir: Path, device: torch.device) -> None:
         """Load the checkpoint from ``model_dir`` (eager attention, eval mode, local safetensors only)."""
         self.config = config
         self.device = device
-        AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-        model: nn.Module = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), attn_implementation="eager", local_files_only=True, use_safetensors=True
-        )
-        self.model = model.to(device).eval()
-        describe(self.model)  # an unsupported architecture fails at load
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        model_config: Any = self.model.config
-        if config.pad_token_id is not None:
-            if self.tokenizer.pad_token_id != config.pad_token_id:
-                self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(config.pad_token_id)
-            model_config.pad_token_id = config.pad_token_id
+        self.model = load_model(AutoModelForCausalLM, model_dir, device, attn_implementation="eager")
+        self.tokenizer: Any = load_tokenizer(model_dir, self.model, config.pad_token_id)
         self.vocabulary = vocabulary_size(self.model)
         self.eos = frozenset(model_eos_tokens(self.model))
         self.special_ids = frozenset(int(i) for i in self.tokenizer.all_special_ids)
@@ -140,7 +123,7 @@ class GenerationService:
 
     def run(
         self, rows: Sequence[GenerationRow | RowError], encodings: Sequence[Encoding]
-    ) -> tuple[list[GenerationOutcome], GenerationTimings]:
+    ) -> tuple[list[GenerationOutcome], BatchTimings]:
         """Serve a batch: one outcome per row, in order, and the batch's shared stage timings."""
         outcomes = [GenerationOutcome(encoding=encoding) for encoding in encodings]
         prepared: list[_Prepared] = []
@@ -153,19 +136,19 @@ class GenerationService:
             except RowError as error:
                 outcomes[index].error = error
         if not prepared:
-            return outcomes, GenerationTimings(0.0, 0.0, 0.0, 0)
+            return outcomes, BatchTimings()
         try:
             made, generate_seconds = self._continuations(prepared)
         except Exception:
             logger.exception("generation of a batch of %d rows failed", len(prepared))
             for item in prepared:
                 outcomes[item.index].error = RowError("internal", "the batch failed on the server; see the server log")
-            return outcomes, GenerationTimings(0.0, 0.0, 0.0, 0)
+            return outcomes, BatchTimings()
         for position, item in enumerate(prepared):
             self._fill(outcomes[item.index], item, made, position)
         forward, backward = self._explain(prepared, made, outcomes)
         tokens = int(made.token_mask[[not item.row.given for item in prepared]].sum())
-        return outcomes, GenerationTimings(generate_seconds, forward, backward, tokens)
+        return outcomes, BatchTimings(forward=forward, backward=backward, generate=generate_seconds, tokens=tokens)
 
     def _continuations(self, prepared: Sequence[_Prepared]) -> tuple[Continuation, float]:
         """One :class:`Continuation` of every prepared row: the generated rows from one generation call, then the

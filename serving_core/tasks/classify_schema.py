@@ -1,6 +1,7 @@
-"""Request and response schema: decode one TorchServe row into a typed request, encode one result back.
+"""Request and response schema of classifiers (tasks ``text`` and ``image``): decode one row into a typed request,
+write one result back (the envelope is :mod:`serving_core.wire`'s).
 
-A row arrives as a dict from TorchServe:
+A row arrives as a dict, as TorchServe hands it over (the other doors wrap a JSON document the same way):
 
 - REST: ``body``/``data`` holds a dict (``Content-Type: application/json``), a ``str`` (``text/*``) or bytes (JSON
   without that content type, or a raw PNG/JPEG body for image models).
@@ -20,27 +21,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import enum
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from explainers import RowRequest, RowSkipped
 
-from .config import HandlerConfig
-from .errors import RowError
-from .pools import IMAGE_MAGIC
-from .protos import explain_messages
+from .. import wire
+from ..config import HandlerConfig
+from ..errors import RowError
+from ..pools import IMAGE_MAGIC
+from ..wire import Encoding, parse_json, rounded, rounded_list
 
 _EXPLAIN_RESERVED = frozenset({"method", "target", "below"})
-
-
-class Encoding(enum.Enum):
-    """How a row came in, and so how its reply is encoded."""
-
-    JSON = "json"
-    PROTOBUF = "protobuf"
 
 
 @dataclass(frozen=True)
@@ -83,11 +76,6 @@ class RowOutcome:
     skipped: RowSkipped | None = None
 
 
-def row_encoding(row: Mapping[str, Any]) -> Encoding:
-    """The encoding of a raw row (decided before decoding, so even an undecodable row is answered in kind)."""
-    return Encoding.PROTOBUF if "request" in row else Encoding.JSON
-
-
 def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
     """Decode one TorchServe row.
 
@@ -97,7 +85,7 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
         config: the model's handler config.
 
     Raises:
-        RowError: with the code of :data:`handlers.errors.ERROR_TABLE` that says what is wrong.
+        RowError: with the code of :data:`serving_core.errors.ERROR_TABLE` that says what is wrong.
     """
     if "request" in row:
         return _decode_protobuf(row["request"], config)
@@ -117,13 +105,13 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as error:
             raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
-        document = _parse_json(raw)
+        document = parse_json(raw)
     elif isinstance(raw, str):
         if config.input_kind == "text" and not raw.lstrip().startswith("{"):
             # A text/plain body is the text itself.
             request = _explain_request(None, explain_header, config)
             return DecodedRow(Encoding.JSON, request, text=_check_text(raw, config))
-        document = _parse_json(raw)
+        document = parse_json(raw)
     elif isinstance(raw, Mapping):
         document = raw
     else:
@@ -156,7 +144,7 @@ def decode_fields(
         options: the method's options.
 
     Raises:
-        RowError: with the code of :data:`handlers.errors.ERROR_TABLE` that says what is wrong.
+        RowError: with the code of :data:`serving_core.errors.ERROR_TABLE` that says what is wrong.
     """
     if method is None:
         if target is not None or options:
@@ -164,7 +152,7 @@ def decode_fields(
         request = RowRequest()
     else:
         request = _row_request(method, target, dict(options or {}), config)
-    if config.task == "text":
+    if config.input_kind == "text":
         if image is not None:
             raise RowError("unsupported_input", "this is a text model: send 'text', not 'image'")
         if text is None:
@@ -177,14 +165,6 @@ def decode_fields(
         raise RowError("missing_image", "missing 'image': send the PNG or JPEG file's bytes")
     _check_image_size(len(image), config)
     return DecodedRow(Encoding.JSON, request, image=image)
-
-
-def _parse_json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        message = f"invalid JSON: {error.msg} at line {error.lineno} column {error.colno}"
-        raise RowError("invalid_json", message) from None
 
 
 def _decode_document(document: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
@@ -223,12 +203,7 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
 
 
 def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
-    messages = explain_messages()
-    message = messages.ExplainRequest()
-    try:
-        message.ParseFromString(bytes(payload))
-    except Exception as error:  # protobuf raises DecodeError, a plain Exception subclass
-        raise RowError("invalid_protobuf", f"input['request'] is not a serialized ExplainRequest: {error}") from None
+    message = wire.parse_request(payload)
     kind = message.WhichOneof("input")
     if kind is None:
         missing = "missing_text" if config.input_kind == "text" else "missing_image"
@@ -327,21 +302,17 @@ def _check_image_size(size: int, config: HandlerConfig) -> None:
         raise RowError("image_too_large", f"image of ~{size} bytes exceeds the limit of {config.max_image_bytes} bytes")
 
 
-def _rounded(values: list[float]) -> list[float]:
-    return [float(f"{value:.6g}") for value in values]
-
-
 def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, Any]:
     """The JSON document of one row's response (docs/SERVING.md, "Response")."""
     if outcome.error is not None:
-        return {"error": outcome.error.to_dict()}
+        return wire.error_document(outcome.error)
     document: dict[str, Any] = {"head_type": outcome.head_type}
     if outcome.head_type == "regression":
-        document["value"] = float(f"{outcome.value:.6g}") if outcome.value is not None else None
+        document["value"] = rounded(outcome.value) if outcome.value is not None else None
     else:
         document["label"] = labels[outcome.label_id]
         document["label_id"] = outcome.label_id
-        document["probabilities"] = dict(zip(labels, _rounded(outcome.probabilities), strict=True))
+        document["probabilities"] = dict(zip(labels, rounded_list(outcome.probabilities), strict=True))
     if outcome.head_type == "multi_label":
         document["labels"] = [labels[index] for index in outcome.predicted]
         document["threshold"] = outcome.threshold
@@ -351,7 +322,7 @@ def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, A
         document["explained"] = outcome.method is not None
     if outcome.below is not None:
         document["below"] = outcome.below
-        document["confidence"] = float(f"{outcome.confidence:.6g}") if outcome.confidence is not None else None
+        document["confidence"] = rounded(outcome.confidence) if outcome.confidence is not None else None
     if outcome.skipped is not None:
         skipped = outcome.skipped
         document["skipped"] = {"reason": skipped.reason, "method": skipped.method, "message": skipped.message}
@@ -362,7 +333,7 @@ def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, A
             "target_label": labels[outcome.target],
             "options": dict(outcome.options),
         }
-        scores = _rounded(outcome.scores or [])
+        scores = rounded_list(outcome.scores or [])
         if outcome.grid is not None:
             height, width = outcome.grid
             explanation["grid"] = [height, width]
@@ -381,18 +352,16 @@ def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, A
 
 
 def encode_outcome(outcome: RowOutcome, labels: tuple[str, ...]) -> bytes:
-    """Encode one row's response in the encoding its request came in."""
-    if outcome.encoding is Encoding.JSON:
-        return json.dumps(outcome_to_dict(outcome, labels), separators=(",", ":")).encode("utf-8")
-    messages = explain_messages()
-    response = messages.ExplainResponse()
-    if outcome.error is not None:
-        error = outcome.error
-        response.error.code = error.code
-        response.error.http_status = error.http_status
-        response.error.grpc_code = error.kind.grpc_code
-        response.error.message = error.message
-        return bytes(response.SerializeToString())
+    """Encode one classifier row's answer in the encoding its request came in (:func:`serving_core.wire.encode`)."""
+    return wire.encode(
+        outcome,
+        lambda served: outcome_to_dict(served, labels),
+        lambda served, response: fill_response(served, response, labels),
+    )
+
+
+def fill_response(outcome: RowOutcome, response: Any, labels: tuple[str, ...]) -> None:
+    """Fill an ``ExplainResponse`` with a served classifier row's answer."""
     response.head_type = outcome.head_type
     if outcome.head_type == "regression":
         if outcome.value is not None:
@@ -432,4 +401,3 @@ def encode_outcome(outcome: RowOutcome, labels: tuple[str, ...]) -> bytes:
         if outcome.pooled != "first":
             explanation.pooled = outcome.pooled
         explanation.seconds = outcome.attribution_seconds
-    return bytes(response.SerializeToString())

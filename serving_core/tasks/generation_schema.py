@@ -17,17 +17,16 @@ whose ``generation`` field (proto/explain.proto, ``GenerationRequest``) carries 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from explainers.generation import StepSum
 
-from .config import HandlerConfig
-from .errors import RowError
-from .protos import explain_messages
-from .schema import Encoding, _parse_json
+from .. import wire
+from ..config import HandlerConfig
+from ..errors import RowError
+from ..wire import Encoding, parse_json, rounded, rounded_list
 
 _DOCUMENT_KEYS = frozenset({"prompt", "max_new_tokens", "generation", "continuation", "continuation_ids", "explain"})
 _EXPLAIN_RESERVED = frozenset({"method", "steps", "contrast"})
@@ -112,7 +111,7 @@ def decode_generation_row(row: Mapping[str, Any], explain_header: bool, config: 
         except UnicodeDecodeError as error:
             raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
     if isinstance(raw, str):
-        document = _parse_json(raw) if raw.lstrip().startswith("{") else {"prompt": raw}
+        document = parse_json(raw) if raw.lstrip().startswith("{") else {"prompt": raw}
     elif isinstance(raw, Mapping):
         document = raw
     else:
@@ -243,11 +242,7 @@ def _row(
 
 
 def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
-    message = explain_messages().ExplainRequest()
-    try:
-        message.ParseFromString(bytes(payload))
-    except Exception as error:  # protobuf raises DecodeError, a plain Exception subclass
-        raise RowError("invalid_protobuf", f"input['request'] is not a serialized ExplainRequest: {error}") from None
+    message = wire.parse_request(payload)
     if message.WhichOneof("input") is not None:
         raise RowError("unsupported_input", "this is a generation model: set ExplainRequest.generation, not text/image")
     if not message.HasField("generation"):
@@ -285,14 +280,10 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
     )
 
 
-def _rounded(values: Sequence[float]) -> list[float]:
-    return [float(f"{value:.6g}") for value in values]
-
-
 def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
     """The JSON document of one generation row's response (docs/SERVING.md, "Generation models")."""
     if outcome.error is not None:
-        return {"error": outcome.error.to_dict()}
+        return wire.error_document(outcome.error)
     document: dict[str, Any] = {
         "task": "generation",
         "text": outcome.text,
@@ -305,11 +296,11 @@ def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "token": step.token,
             "token_id": step.token_id,
-            "probability": _rounded([step.probability])[0],
+            "probability": rounded(step.probability),
         }
         if step.explained:
-            entry["scores"] = _rounded(step.scores or [])
-            entry["value"] = _rounded([step.value or 0.0])[0]
+            entry["scores"] = rounded_list(step.scores or [])
+            entry["value"] = rounded(step.value or 0.0)
         if step.foil_id is not None:
             entry["foil"] = step.foil
             entry["foil_id"] = step.foil_id
@@ -321,8 +312,8 @@ def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
             explanation["sum"] = {
                 "start": outcome.summed[0],
                 "stop": outcome.summed[1],
-                "scores": _rounded(outcome.sum_scores or []),
-                "value": _rounded([outcome.sum_value or 0.0])[0],
+                "scores": rounded_list(outcome.sum_scores or []),
+                "value": rounded(outcome.sum_value or 0.0),
             }
         else:
             explanation["steps"] = [index for index, step in enumerate(outcome.steps) if step.explained]
@@ -332,17 +323,12 @@ def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
 
 
 def encode_generation(outcome: GenerationOutcome) -> bytes:
-    """Encode one generation row's response in the encoding its request came in."""
-    if outcome.encoding is Encoding.JSON:
-        return json.dumps(generation_to_dict(outcome), separators=(",", ":")).encode("utf-8")
-    response = explain_messages().ExplainResponse()
-    if outcome.error is not None:
-        error = outcome.error
-        response.error.code = error.code
-        response.error.http_status = error.http_status
-        response.error.grpc_code = error.kind.grpc_code
-        response.error.message = error.message
-        return bytes(response.SerializeToString())
+    """Encode one generation row's response in the encoding its request came in (:func:`serving_core.wire.encode`)."""
+    return wire.encode(outcome, generation_to_dict, fill_generation_response)
+
+
+def fill_generation_response(outcome: GenerationOutcome, response: Any) -> None:
+    """Fill an ``ExplainResponse`` with a served generation row's answer (its ``generation`` field)."""
     result = response.generation
     result.text = outcome.text
     result.stop_reason = outcome.stop_reason
@@ -371,4 +357,3 @@ def encode_generation(outcome: GenerationOutcome) -> bytes:
             result.sum_start, result.sum_stop = outcome.summed
             result.sum_scores.extend(outcome.sum_scores or [])
             result.sum_value = outcome.sum_value or 0.0
-    return bytes(response.SerializeToString())
