@@ -266,8 +266,13 @@ def stop_supervisor(run_dir: Path, timeout: float = STOP_TIMEOUT_S) -> bool:
     pid = running_pid(run_dir / SUPERVISOR_PID)
     if pid is None or pid == os.getpid():
         return False
-    with contextlib.suppress(ProcessLookupError):
+    try:
         os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a stale pid file naming another user's process: not this service's supervisor
+        logger.warning("%s names pid %d, a process of another user: left alone", run_dir / SUPERVISOR_PID, pid)
+        return False
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if reap(pid) is not None or not pid_alive(pid):

@@ -1,5 +1,6 @@
-"""Process control: start the explanation-metrics exporter and TorchServe's Java frontend in the background, wait
-until every model has a ready worker, and stop both by their pid files.
+"""Process control: start the explanation-metrics exporter, TorchServe's Java frontend and (with explanation pools)
+the router in the background, wait until every model has a ready worker, and stop them by their pid files (the
+mechanics are :mod:`supervise.processes`; :mod:`model_store.serving.supervision` watches them under ``serve``).
 
 TorchServe's own ``torchserve`` command keeps one pid file per machine (``$TMPDIR/.model_server.pid``) and refuses
 to start a second server, so the Java frontend is run here directly (the same command line) with a private temp
