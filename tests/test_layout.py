@@ -57,6 +57,15 @@ def test_the_doors_and_tools_import_the_core_not_torchserves_glue() -> None:
     assert offenders("handlers", ("servers",)) == []
 
 
+def test_the_launchers_import_nothing_of_each_other() -> None:
+    """TorchServe's launcher (``model_store``) and the other doors' (``servers``) share their process mechanics
+    (``supervise``) and import nothing of each other, in either direction; what they share imports neither."""
+    assert offenders("model_store", ("servers",)) == []
+    assert offenders("servers", ("model_store",)) == []
+    assert offenders("supervise", ("model_store", "servers", "handlers", "serving_core")) == []
+    assert offenders("forwarding", ("model_store", "servers", "handlers", "serving_core")) == []
+
+
 def test_the_scan_sees_function_level_and_relative_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "pkg"
     package.mkdir()
