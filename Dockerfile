@@ -71,8 +71,11 @@ RUN case "${BUILD_MODELS}" in \
  && chown -R explain:explain model_store/build
 
 COPY explainers ./explainers
+COPY serving_core ./serving_core
 COPY handlers ./handlers
 COPY servers ./servers
+COPY supervise ./supervise
+COPY forwarding ./forwarding
 COPY proto ./proto
 COPY explain_client ./explain_client
 COPY explain_eval ./explain_eval

@@ -108,7 +108,7 @@ def _rest_caller(server: Server, model: str) -> Callable[[bytes], bool]:
 def _grpc_caller(server: Server, model: str) -> Callable[[bytes], bool]:
     import grpc
 
-    from handlers.protos import inference_stubs
+    from explain_client.protos import inference_stubs
 
     messages, stubs = inference_stubs()
     metadata = [("authorization", f"Bearer {server.keys['inference']}")]
@@ -167,8 +167,8 @@ class InProcess:
 
     def __init__(self, archive: Path, methods: list[str], warm_text: str) -> None:
         """Load the model of ``archive`` and warm up every method's path."""
-        from handlers.config import HandlerConfig
-        from handlers.service import ExplanationService
+        from serving_core.config import HandlerConfig
+        from serving_core.tasks.classify_service import ExplanationService
 
         self.config = HandlerConfig.from_model_yaml(yaml.safe_load((archive / "model-config.yaml").read_text()))
         self.service = ExplanationService(self.config, archive / self.config.model_dir, torch.device("cpu"))
@@ -177,7 +177,8 @@ class InProcess:
 
     def seconds(self, method: str, text: str) -> float:
         """Seconds to serve ``text`` alone with ``method`` (decode, explain, encode)."""
-        from handlers.schema import decode_row, encode_outcome, row_encoding
+        from serving_core.tasks.classify_schema import decode_row, encode_outcome
+        from serving_core.wire import row_encoding
 
         row = {"body": _document(text, method)}
         started = time.perf_counter()

@@ -3,9 +3,11 @@ renderers (terminal and HTML in :mod:`~explain_client.render`; image overlays in
 with the ``pictures`` extra). Its own distribution (``pip install ./explain_client``): urllib3, grpcio and protobuf,
 no torch and no server code; the gRPC stubs are generated when it is built (:mod:`~explain_client.protos`)."""
 
-from .client import SERVICE_DEFAULT, ExplainClient, Request, is_retryable, read_token_file, resolve_token
+from .auth import read_token_file, resolve_token
+from .client import ExplainClient, is_retryable
 from .generation import Generation, GenerationCall, GenerationStep
 from .results import Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
+from .wire import SERVICE_DEFAULT, Request
 
 __all__ = [
     "SERVICE_DEFAULT",

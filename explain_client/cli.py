@@ -28,19 +28,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from .client import (
-    DEFAULT_GRPC_ADDRESS,
-    DEFAULT_REST_URL,
-    SERVICE_DEFAULT,
-    TOKEN_ENV,
-    TOKEN_FILE_ENV,
-    ExplainClient,
-    PlainInput,
-    Request,
-    load_requests,
-)
-from .render import MERGE_RULE, html_page, legend, terminal_compare, terminal_prediction
+from .auth import TOKEN_ENV, TOKEN_FILE_ENV
+from .client import ExplainClient
+from .entities import terminal_entities
+from .inputs import load_requests
+from .render import html_page, legend, terminal_compare, terminal_prediction
 from .results import Prediction, ServiceError
+from .transport import DEFAULT_GRPC_ADDRESS, DEFAULT_REST_URL
+from .wire import SERVICE_DEFAULT, PlainInput, Request
+from .words import MERGE_RULE
 
 logger = logging.getLogger(__name__)
 
@@ -359,8 +355,6 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
 
 def _write_entities(out: TextIO, predictions: Sequence[Prediction], text: str, color: bool, entity: int | None) -> int:
     """Write a token classifier's answers for one text (one per method); 1 if the chosen entity does not exist."""
-    from .entities import terminal_entities
-
     chosen = None if entity is None else entity - 1
     try:
         for number, prediction in enumerate(predictions):

@@ -4,7 +4,7 @@ scripts).
 
 Entities are marked by their character offsets into the input; each entity type gets one highlight colour (the
 same type always the same colour within a rendering). The attribution of an entity is drawn as any text explanation
-(:mod:`explain_client.render`: pieces merged into words, a word's score the sum of its pieces' scores, colours
+(:mod:`explain_client.words`: pieces merged into words, a word's score the sum of its pieces' scores, colours
 relative to the largest word score of that entity).
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from .render import explanation_words, terminal_words
 from .results import Entity, Prediction
+from .words import ansi, explanation_words, html_words, terminal_words
 
 #: Highlight colours of entity types, in order of first appearance (light, so black text stays readable).
 TYPE_RGB = (
@@ -67,9 +67,7 @@ def marked_text(text: str, entities: Sequence[Entity], color: bool = True) -> st
             continue
         entity = entities[index]
         if color:
-            red, green, blue = colours[entity.label]
-            highlighted = f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;0;0;0m{run}\x1b[0m"
-            parts.append(f"{highlighted}\x1b[2m[#{index + 1} {entity.label}]\x1b[0m")
+            parts.append(f"{ansi(run, colours[entity.label])}\x1b[2m[#{index + 1} {entity.label}]\x1b[0m")
         else:
             parts.append(f"[{run}](#{index + 1} {entity.label})")
     return "".join(parts)
@@ -110,7 +108,8 @@ def terminal_entities(
     return "\n".join(lines)
 
 
-_CSS = """
+#: The CSS :func:`html_entities` needs, besides the page's :data:`~explain_client.words.BASE_CSS`.
+ENTITY_CSS = """
 .ent { padding: 2px 3px; border-radius: 3px; color: #000; text-decoration: none; }
 .ent sup { font-size: 10px; margin-left: 2px; color: #333; }
 .entity-row { display: none; }
@@ -122,7 +121,7 @@ _CSS = """
 def html_entities(text: str, predictions: Sequence[Prediction], anchor: str) -> str:
     """The HTML block of a token classifier's answers for one input (one per method asked): the text with each entity
     a link that shows its attribution rows, one per method (hidden until chosen; ``anchor`` makes the ids unique on
-    the page). Needs the page's CSS (:data:`ENTITY_CSS`).
+    the page). Needs the page's CSS (:data:`~explain_client.words.BASE_CSS` and :data:`ENTITY_CSS`).
 
     Raises:
         ValueError: if a prediction is not a token classifier's.
@@ -132,8 +131,6 @@ def html_entities(text: str, predictions: Sequence[Prediction], anchor: str) -> 
         raise ValueError("not a token classifier's answer")
     first = answers[0]
     assert first is not None
-    from .render import _html_words
-
     colours = type_colours(first.entities)
     marked = []
     for run, index in _pieces(text, first.entities):
@@ -160,11 +157,7 @@ def html_entities(text: str, predictions: Sequence[Prediction], anchor: str) -> 
                 f"{html.escape(answer.method)}<br><small>for #{index + 1} '{html.escape(entity.text)}' "
                 f"({html.escape(entity.tag)})</small>"
             )
-            words = _html_words(explanation_words(answer.explanation(index)))
+            words = html_words(explanation_words(answer.explanation(index)))
             rows.append(f'<div class="row"><span class="method">{label}</span>{words}</div>')
         parts.append(f'<div class="entity-row" id="{anchor}-{index + 1}">{"".join(rows)}</div>')
     return "\n".join(parts)
-
-
-#: The CSS :func:`html_entities` needs.
-ENTITY_CSS = _CSS

@@ -2,7 +2,7 @@
 a self-contained HTML page (choose a generated token to see its attribution over the prompt and the tokens before
 it; a small dependency-free script inside the page) and a PNG of the step × context matrix (``pictures`` extra).
 
-Colours are those of :func:`explain_client.render.score_rgb`: a step's scores divided by their largest absolute
+Colours are those of :func:`explain_client.words.score_rgb`: a step's scores divided by their largest absolute
 value, white 0, red +1 (pushed the model towards the token), blue -1.
 """
 
@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 
 from .generation import Generation
-from .render import _ansi, normalise, score_rgb
+from .words import ansi, normalise, score_rgb
 
 LEGEND = (
     "Each explained token's scores are over its context (the prompt's tokens, then the tokens generated before it), "
@@ -55,7 +55,7 @@ def terminal_generation(generation: Generation, color: bool = True, top: int = 3
             line += f" vs {_clean(step.foil or '')!r}"
         context = top_context(generation, index, top)
         if context:
-            cells = [_ansi(token, score_rgb(value)) if color else f"{token}[{value:+.2f}]" for token, value in context]
+            cells = [ansi(token, score_rgb(value)) if color else f"{token}[{value:+.2f}]" for token, value in context]
             line += "  <- " + " ".join(cells)
         lines.append(line)
     if generation.summed is not None and generation.sum_scores is not None:
@@ -64,7 +64,7 @@ def terminal_generation(generation: Generation, color: bool = True, top: int = 3
         values = normalise(list(generation.sum_scores))
         ranked = sorted(range(len(tokens)), key=lambda index: -abs(values[index]))[:top]
         cells = [
-            _ansi(_clean(tokens[i]).strip(), score_rgb(values[i]))
+            ansi(_clean(tokens[i]).strip(), score_rgb(values[i]))
             if color
             else f"{_clean(tokens[i]).strip()}[{values[i]:+.2f}]"
             for i in ranked

@@ -1,6 +1,6 @@
 """Pictures of image explanations: the patch scores upsampled over the input image, the patch grid alone, and a
 panel of the input beside one overlay per method. Needs the ``pictures`` extra (``pip install
-'./explain_client[pictures]'``: Pillow and NumPy); the colours are those of :func:`explain_client.render.score_rgb`.
+'./explain_client[pictures]'``: Pillow and NumPy); the colours are those of :func:`explain_client.words.score_rgb`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ except ImportError as error:
         "pip install './explain_client[pictures]' (or pip install pillow numpy)"
     ) from error
 
-from .render import NEGATIVE_RGB, POSITIVE_RGB, normalise
 from .results import Explanation, Prediction
+from .words import NEGATIVE_RGB, POSITIVE_RGB, normalise
 
 
 def _colour_map(values: np.ndarray) -> np.ndarray:

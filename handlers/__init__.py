@@ -1,6 +1,7 @@
-"""TorchServe handlers of the explanation service.
+"""TorchServe's door: the handler entry points archives name (``text_handler.py``, ``image_handler.py``,
+``token_handler.py``, ``generation_handler.py``), the one generic handler they subclass (:mod:`handlers.base`), the
+metrics exporter process (:mod:`handlers.exporter`) and TorchServe's own gRPC management stubs (:mod:`handlers.protos`).
 
-Each row of a TorchServe batch is decoded on its own (JSON or the protobuf ``ExplainRequest`` of
-``proto/explain.proto``), the valid rows are explained together by :mod:`handlers.service` with one forward, and
-each row is encoded back in the encoding it came in. Errors are per row (:mod:`handlers.errors`).
+Everything else — decoding, serving, encoding, errors, metrics — is the door-neutral serving core,
+:mod:`serving_core`, which the other doors (:mod:`servers`: KServe, Ray Serve) call the same way.
 """

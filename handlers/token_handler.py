@@ -5,12 +5,9 @@ TorchServe instantiates the one class defined in this file; the logic lives in t
 """
 
 from handlers.base import ExplanationHandler
-from handlers.token_service import TokenClassificationService, encode_token_outcome
 
 
 class TokenClassificationHandler(ExplanationHandler):
     """Entities with character offsets + per-row attribution of each entity, for a Hugging Face token classifier."""
 
     task = "token_classification"
-    service_class = TokenClassificationService
-    encode = staticmethod(encode_token_outcome)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from handlers.errors import RowError
-from handlers.schema import DecodedRow, Encoding, RowOutcome
-from handlers.service import BatchTimings, ExplanationService, select_device
+from serving_core.loading import worker_device
+from serving_core.task import BatchTimings, Service, get_task
+from serving_core.wire import Encoding
 
 from .batching import RowBatcher, Served
 from .settings import ModelSettings
@@ -29,15 +29,16 @@ class Backend(Protocol):
     settings: ModelSettings
 
     def load(self) -> str:
-        """Load (or connect to) the model; returns its head type (``single_label``, ``multi_label``, ``regression``).
+        """Load (or connect to) the model; returns its head type (classifiers: ``single_label``, ``multi_label`` or
+        ``regression``; the other tasks: the task's name).
 
         Raises:
             Exception: if the model cannot be loaded.
         """
         ...
 
-    async def serve(self, rows: Sequence[DecodedRow | RowError]) -> Served:
-        """Serve one request's rows (batched with other requests').
+    async def serve(self, rows: Sequence[Any]) -> Served:
+        """Serve one request's decoded rows (each the task's row or a ``RowError``), batched with other requests'.
 
         Raises:
             UnavailableError: if no replica could serve them now (retryable).
@@ -49,18 +50,16 @@ class Backend(Protocol):
         ...
 
 
-def load_service(settings: ModelSettings) -> ExplanationService:
-    """The serving core for ``settings``'s checkpoint (torch threads from ``handler.threads``)."""
-    if settings.config.threads is not None:
-        import torch
-
-        torch.set_num_threads(settings.config.threads)
-    return ExplanationService(settings.config, settings.model_dir, select_device(settings.config.device))
+def load_service(settings: ModelSettings) -> Service[Any, Any]:
+    """The serving core of ``settings``'s checkpoint, by its task (torch threads from ``handler.threads``)."""
+    config = settings.config
+    return get_task(config.task).load(config, settings.model_dir, worker_device(config))
 
 
-def run_rows(service: ExplanationService, rows: list[DecodedRow | RowError]) -> tuple[list[RowOutcome], BatchTimings]:
-    """:meth:`ExplanationService.run` on rows that all answer in the door's own encoding."""
-    return service.run(rows, [Encoding.JSON] * len(rows))
+def run_rows(service: Service[Any, Any], rows: list[Any]) -> tuple[list[Any], BatchTimings]:
+    """The service's ``run`` on rows that all answer in the door's own encoding."""
+    outcomes, timings = service.run(rows, [Encoding.JSON] * len(rows))
+    return list(outcomes), timings
 
 
 class LocalBackend:
@@ -69,7 +68,7 @@ class LocalBackend:
     def __init__(self, settings: ModelSettings) -> None:
         """Remember the settings; :meth:`load` loads the model."""
         self.settings = settings
-        self._service: ExplanationService | None = None
+        self._service: Service[Any, Any] | None = None
         self._batcher: RowBatcher | None = None
 
     def load(self) -> str:
@@ -81,7 +80,7 @@ class LocalBackend:
         )
         return service.head_type
 
-    async def serve(self, rows: Sequence[DecodedRow | RowError]) -> Served:
+    async def serve(self, rows: Sequence[Any]) -> Served:
         """Serve the rows in the next batch."""
         if self._batcher is None:
             raise UnavailableError(f"model {self.settings.name} is not loaded")

@@ -14,15 +14,16 @@ import concurrent.futures
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from handlers.errors import RowError
-from handlers.schema import DecodedRow, RowOutcome
-from handlers.service import BatchTimings
+from serving_core.task import BatchTimings
 
 logger = logging.getLogger(__name__)
 
-Rows = Sequence[DecodedRow | RowError]
-RunBatch = Callable[[list[DecodedRow | RowError]], tuple[list[RowOutcome], BatchTimings]]
+#: One request's decoded rows (each the task's row, or the ``RowError`` it failed to decode with).
+Rows = Sequence[Any]
+#: Serves a batch of rows: one outcome per row, and the batch's shared timings.
+RunBatch = Callable[[list[Any]], tuple[list[Any], BatchTimings]]
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Served:
         first: whether this request was the first of its batch (so the batch is counted once in the metrics).
     """
 
-    outcomes: list[RowOutcome]
+    outcomes: list[Any]
     timings: BatchTimings
     batch_rows: int
     first: bool
@@ -67,7 +68,7 @@ class RowBatcher:
         """Create the batcher; it starts on the first :meth:`submit`.
 
         Args:
-            run: serves a list of rows (the serving core's ``ExplanationService.run`` without encodings).
+            run: serves a list of rows (the task service's ``run`` without encodings).
             max_rows: most rows per batch (a single larger request is still served whole).
             max_delay: seconds a batch waits for more requests after its first one.
         """

@@ -5,9 +5,11 @@ Thin by design: KServe's request types become :class:`~servers.oip.OipRequest` a
 (:mod:`servers.oip`) or the v1 functions (:mod:`servers.v1`) turn them into rows, the backend serves them, and the
 outcomes go back the same way. A request none of whose rows could be served raises :class:`RequestError`, which
 the server maps to the error table's HTTP status and gRPC code; a request with some good rows is answered, its
-failed rows named in the ``error_code``/``error_message`` outputs (v1: their ``error`` objects). The project's
-explanation metrics (``explain_stage_seconds`` and the others of :mod:`handlers.metrics`) are recorded here, in the
-door's process, for either backend, next to KServe's own ``request_*_seconds`` histograms on ``/metrics``.
+failed rows named in the ``error_code``/``error_message`` outputs (v1: their ``error`` objects). Every task is served
+the same way: the model's task (:data:`serving_core.registry.TASKS`) has an OIP codec and the v1 functions use its
+JSON decoder and answer. The project's explanation metrics (``explain_stage_seconds`` and the others of
+:mod:`serving_core.metrics`) are recorded here, in the door's process, for either backend, next to KServe's own
+``request_*_seconds`` histograms on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters
 
-from handlers import metrics
-from handlers.errors import RowError
-from handlers.schema import DecodedRow
+from serving_core import metrics
+from serving_core.errors import RowError
+from serving_core.task import get_task
 
 from . import oip, v1
 from .backends import Backend, UnavailableError
@@ -172,25 +174,25 @@ class ExplainModel(Model):
         served = await self._serve(rows)
         started = time.perf_counter()
         try:
-            return v1.encode_predictions(served.outcomes, config.labels, explain)
+            return v1.encode_predictions(served.outcomes, config, explain)
         except RowError as error:
             raise RequestError(error) from None
         finally:
             self._observe(rows, served, time.perf_counter() - started)
 
-    async def _serve(self, rows: list[DecodedRow | RowError]) -> Served:
+    async def _serve(self, rows: list[Any]) -> Served:
         try:
             served = await self.backend.serve(rows)
         except UnavailableError as error:
             raise RetryableError(str(error)) from None
         if served.first:
             metrics.observe_batch(self.name, served.batch_rows)
+            metrics.observe_generated_tokens(self.name, served.timings.tokens)
         return served
 
-    def _observe(self, rows: Sequence[DecodedRow | RowError], served: Served, encode: float) -> None:
+    def _observe(self, rows: Sequence[Any], served: Served, encode: float) -> None:
         """Record each row's error or stages (the encode time shared equally by the request's rows)."""
+        task = get_task(self.settings.config.task)
         share = encode / max(len(served.outcomes), 1)
         for row, outcome in zip(rows, served.outcomes, strict=True):
-            requested = row.request.method if isinstance(row, DecodedRow) else outcome.method
-            metrics.observe_outcome(self.name, requested, outcome, served.timings.forward, served.timings.backward,
-                                    share)  # fmt: skip
+            task.observe(self.name, row, outcome, served.timings, share)

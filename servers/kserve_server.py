@@ -89,7 +89,7 @@ class BodyLimit:
 
 
 def _too_large(limit: int) -> Any:
-    from handlers.errors import RowError
+    from serving_core.errors import RowError
 
     return RowError("request_too_large", f"the request body exceeds {limit} bytes; send fewer or smaller rows")
 

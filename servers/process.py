@@ -114,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     config = DoorConfig.read(Path(args[0]))
     settings = config.settings()
-    from handlers.protos import generate
+    from explain_client.protos import explain_messages
 
-    generate()
+    explain_messages()  # the explanation stubs, generated on first use if missing
     if config.server == "kserve":
         from .backends import LocalBackend
 

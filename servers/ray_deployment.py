@@ -1,7 +1,7 @@
 """The model as a Ray Serve deployment: replicas of the serving core, fed by Ray Serve's own ``@serve.batch``.
 
 Each replica loads the archive folder's checkpoint once (:func:`servers.backends.load_service`) and serves batches
-of requests' rows with one :func:`explainers.explain_batch` call (``ExplanationService.run``). The deployment's
+of requests' rows with one call of the task's service (``service.run``). The deployment's
 ``num_replicas`` comes from the model settings (``minWorkers``, or ``REPLICAS=``), each replica asks Ray for
 ``handler.threads`` CPUs (default 1) and a GPU when ``handler.device`` is ``cuda``; ``@serve.batch`` is set to the
 settings' ``batchSize`` rows and ``maxBatchDelay``.
@@ -23,9 +23,6 @@ from typing import Any
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle
-
-from handlers.errors import RowError
-from handlers.schema import DecodedRow
 
 from .backends import UnavailableError, load_service, run_rows
 from .batching import Served, serve_together
@@ -56,12 +53,12 @@ class ExplainReplica:
         logger.info("replica of %s ready (pid %d)", settings.name, os.getpid())
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002, batch_size_fn=_row_count)
-    async def serve_batch(self, requests: list[Sequence[DecodedRow | RowError]]) -> list[Served]:
+    async def serve_batch(self, requests: list[Sequence[Any]]) -> list[Served]:
         """Serve the batched requests' rows with one call of the serving core (in a thread: the replica keeps
         queueing the next batch meanwhile)."""
         return await asyncio.to_thread(serve_together, lambda rows: run_rows(self.service, rows), requests)
 
-    async def serve(self, rows: Sequence[DecodedRow | RowError]) -> Served:
+    async def serve(self, rows: Sequence[Any]) -> Served:
         """Serve one request's rows in the next batch."""
         result: Served = await self.serve_batch(list(rows))
         return result
@@ -128,7 +125,7 @@ class RayBackend:
         head: str = self._handle.head_type.remote().result(timeout_s=self.settings.response_timeout)
         return head
 
-    async def serve(self, rows: Sequence[DecodedRow | RowError]) -> Served:
+    async def serve(self, rows: Sequence[Any]) -> Served:
         """Serve the rows on a replica.
 
         Raises:

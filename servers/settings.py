@@ -2,7 +2,7 @@
 checkpoint in ``model/``): the default models' archives (``model_store/build/<name>/archive``) and the packages of
 ``MODELS=`` checkpoints (``model_store/build/packages/<name>``) alike.
 
-The ``handler:`` section is the typed :class:`~handlers.config.HandlerConfig` every door uses; the TorchServe keys
+The ``handler:`` section is the typed :class:`~serving_core.config.HandlerConfig` every door uses; the TorchServe keys
 are read for the same jobs on the other doors: ``batchSize`` and ``maxBatchDelay`` (ms) bound a batch, ``minWorkers``
 is the number of Ray Serve replicas, ``handler.threads`` the CPUs of each replica and ``handler.device`` whether it
 asks for a GPU.
@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from handlers.config import HandlerConfig
+from serving_core.config import HandlerConfig
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def read_settings(name: str, archive: Path, replicas: int | None = None) -> Mode
 
     Raises:
         FileNotFoundError: if the folder has no ``model-config.yaml``.
-        ValueError: if a setting is invalid (:class:`~handlers.config.ConfigError` for the ``handler:`` section).
+        ValueError: if a setting is invalid (:class:`~serving_core.config.ConfigError` for the ``handler:`` section).
     """
     path = archive / "model-config.yaml"
     if not path.is_file():

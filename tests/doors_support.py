@@ -1,7 +1,8 @@
 """The three doors for the contract tests: TorchServe, the KServe model server and Ray Serve (behind the KServe door),
 each serving the same archive folders (the tiny ``sentiment`` and ``digits`` archives and the packages of the tiny
-own checkpoints of :mod:`tests.checkpoints`), started once per test session on free loopback ports the first time a
-test asks for that door, and stopped by their pids when the session ends, also when tests fail.
+own checkpoints of :mod:`tests.checkpoints` — classifiers, a token classifier — and of
+:mod:`tests.generation_checkpoint`'s causal LM: every task), started once per test session on free loopback ports the
+first time a test asks for that door, and stopped by their pids when the session ends, also when tests fail.
 
 Each door is called through a :class:`DoorClient` for one transport that sends one row and returns an
 :class:`Answer` in one shape, so a test asserts the same thing on every door. The KServe and Ray doors need the
@@ -22,18 +23,21 @@ from typing import Any
 import grpc
 import pytest
 
-from handlers import protos
+from explain_client import protos
 from model_store.serving.config import Ports
 from model_store.serving.process import Server
 from model_store.serving.process import start as start_torchserve
 from model_store.serving.process import stop as stop_torchserve
 from tests import checkpoints
+from tests.generation_checkpoint import causal_lm
 from tests.serving_support import REPO_ROOT, http_post, tiny_archives
 
 DOORS = ("torchserve", "kserve", "ray")
 TRANSPORTS = ("rest", "grpc")
-#: The own checkpoints the doors serve besides sentiment and digits.
-OWN = ("pairs", "topics", "rating", "decoder")
+#: The own checkpoints the doors serve besides sentiment and digits (``entities``: a token classifier).
+OWN = ("pairs", "topics", "rating", "decoder", "entities")
+#: The causal LM the doors serve (the generation task).
+WRITER = "writer"
 EXTRAS_LOG = REPO_ROOT / "build" / "extras.log"
 
 
@@ -115,8 +119,9 @@ def _packaged_own(store: Path) -> dict[str, Path]:
 
     folders = store / "checkpoints"
     archives: dict[str, Path] = {}
-    for name in OWN:
-        folder = checkpoints.BUILDERS[name](folders / name)
+    builders = {**{name: checkpoints.BUILDERS[name] for name in OWN}, WRITER: causal_lm}
+    for name, build in builders.items():
+        folder = build(folders / name)
         result = package(folder, name, store / "packages", None, validate(folder, name))
         archives[name] = result.archive
     return archives
@@ -142,7 +147,7 @@ def _labels(models: Mapping[str, Path]) -> dict[str, tuple[str, ...]]:
     import yaml
 
     return {
-        name: tuple(yaml.safe_load((path / "model-config.yaml").read_text())["handler"]["labels"])
+        name: tuple(yaml.safe_load((path / "model-config.yaml").read_text())["handler"].get("labels", []))
         for name, path in models.items()
     }
 

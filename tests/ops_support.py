@@ -27,8 +27,8 @@ import grpc
 import psutil
 import pytest
 
+from explain_client import protos
 from explainers import available_methods
-from handlers import protos
 from model_store.serving.config import Ports
 from model_store.serving.process import Server, start, stop
 from tests.serving_support import b64, http_call, http_post, png_bytes, tiny_archives

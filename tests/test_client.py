@@ -374,7 +374,7 @@ def test_a_connection_broken_before_the_answer_is_sent_once_more_and_nothing_els
     client's policy, with its back-off)."""
     from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-    from explain_client.client import _RESEND
+    from explain_client.transport import _RESEND
 
     broken = ProtocolError("Connection aborted.", ConnectionResetError())
     again = _RESEND.increment("POST", "/predictions/m", error=broken)

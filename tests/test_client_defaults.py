@@ -12,7 +12,7 @@ import pytest
 
 from explain_client import SERVICE_DEFAULT, ExplainClient, Prediction, Request
 from explain_client.cli import main
-from explain_client.client import _GrpcBackend
+from explain_client.protos import explain_messages
 from explain_client.render import PIECES_RULE
 from model_store.serving.process import Server
 
@@ -27,16 +27,15 @@ def test_the_default_method_is_left_to_the_service_on_both_encodings() -> None:
     assert Request(text=TEXT).to_json()["explain"] is False, "method=None is still a prediction only"
     assert Request(text=TEXT, method="gae", below=0.8).to_json()["explain"] == {"method": "gae", "below": 0.8}
     assert Request(text=TEXT, method=SERVICE_DEFAULT, always=True).to_json()["explain"] == {"below": None}
-    backend = _GrpcBackend("127.0.0.1:9", None)
-    try:
-        message = backend._message(default)
-        assert message.HasField("explain") and message.explain.method == ""
-        assert message.explain.WhichOneof("condition") is None
-        assert backend._message(Request(text=TEXT, method="gae", below=0.8)).explain.below == pytest.approx(0.8)
-        assert backend._message(Request(text=TEXT, method=SERVICE_DEFAULT, always=True)).explain.always
-        assert not backend._message(Request(text=TEXT)).HasField("explain")
-    finally:
-        backend.close()
+    messages = explain_messages()
+    message = default.fill_message(messages.ExplainRequest())
+    assert message.HasField("explain") and message.explain.method == ""
+    assert message.explain.WhichOneof("condition") is None
+    gae = Request(text=TEXT, method="gae", below=0.8)
+    assert gae.fill_message(messages.ExplainRequest()).explain.below == pytest.approx(0.8)
+    always = Request(text=TEXT, method=SERVICE_DEFAULT, always=True)
+    assert always.fill_message(messages.ExplainRequest()).explain.always
+    assert not Request(text=TEXT).fill_message(messages.ExplainRequest()).HasField("explain")
     with pytest.raises(ValueError, match="not both"):
         Request(text=TEXT, method="gae", below=0.5, always=True)
     with pytest.raises(ValueError, match=r"probability in \(0, 1\]"):

@@ -14,10 +14,10 @@ from PIL import Image
 
 from explain_client import Entity, Prediction, TokenClassification
 from explain_client.cli import _write_entities
-from explain_client.client import _from_protobuf
 from explain_client.entities import marked_text, terminal_entities
 from explain_client.protos import explain_messages
 from explain_client.render import html_page, score_rgb
+from explain_client.wire import prediction_from_protobuf
 
 from .test_cli_html import BOX_SCRIPT, box_colour, close, render, run_chromium
 
@@ -100,7 +100,7 @@ def test_protobuf_answer_equals_the_json_one() -> None:
         answer.entities.add(**entity)
     answer.method = "attnlrp"
     answer.seconds = 0.01
-    parsed = _from_protobuf(explain_messages().ExplainResponse.FromString(response.SerializeToString()))
+    parsed = prediction_from_protobuf(explain_messages().ExplainResponse.FromString(response.SerializeToString()))
     expected = Prediction.from_dict(document)
     assert parsed.entities == expected.entities  # float32 on the wire: these scores are exact in float32
     assert parsed.token_classification is not None and parsed.token_classification.offsets == OFFSETS

@@ -208,6 +208,12 @@ def test_the_documented_plain_grpcio_program_works(server: Server, tmp_path: Pat
 # ------------------------------------------------------------------------------------------- fresh virtualenv
 
 
+def _client_only_environment() -> dict[str, str]:
+    """This process's environment without ``PYTHON*``/``VIRTUAL_ENV``: a ``PYTHONPATH`` naming the checkout would put
+    the server's packages and the checkout's ``explain_client`` before the virtualenv's own."""
+    return {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
+
+
 def _tree_bytes(path: Path) -> int:
     return sum(item.stat().st_size for item in path.rglob("*") if item.is_file() and not item.is_symlink())
 
@@ -222,7 +228,7 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.copytree(REPO / "explain_client", checkout / "explain_client", ignore=ignore)
     shutil.copytree(REPO / "proto", checkout / "proto", ignore=ignore)
     venv = root / "venv"
-    environment = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    environment = _client_only_environment()
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=environment)
     created = time.perf_counter()
@@ -251,7 +257,9 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def _probe(python: Path, command: str, config: dict[str, Any] | None = None, timeout: float = 600) -> Any:
     args = [str(python), str(PROBE), command] + ([json.dumps(config)] if config is not None else [])
-    completed = subprocess.run(args, cwd=python.parent, capture_output=True, text=True, timeout=timeout)
+    completed = subprocess.run(
+        args, cwd=python.parent, capture_output=True, text=True, timeout=timeout, env=_client_only_environment()
+    )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return json.loads(completed.stdout.splitlines()[-1])
 
@@ -274,6 +282,7 @@ def test_a_client_only_virtualenv_has_no_torch_and_imports_no_server_code(client
         found = subprocess.run(
             [python, "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec('{name}') is not None)"],
             cwd=client_venv.parent,
+            env=_client_only_environment(),
         )
         assert found.returncode == 0, f"{name} is importable in the client-only virtualenv"
     report = _probe(client_venv, "modules")
@@ -317,14 +326,14 @@ def test_a_client_only_virtualenv_calls_the_service_over_rest_and_grpc(
     explain = client_venv.parent / "explain"
     shown = subprocess.run(
         [str(explain), TEXT, "--url", server.inference_url, "--run-dir", str(server.run_dir), "--color", "never"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_client_only_environment(),
     )  # fmt: skip
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "label: " in shown.stdout and "word[+0.42]" in shown.stdout and "Colour" not in shown.stdout
     picture = subprocess.run(
         [str(explain), "--model", "digits", "--image", config["png"], "--run-dir", str(server.run_dir), "--png",
          str(tmp_path / "out.png")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_client_only_environment(),
     )  # fmt: skip
     assert picture.returncode == 2 and "explain_client[pictures]" in picture.stderr, picture.stderr
 
@@ -342,7 +351,10 @@ def test_a_client_only_virtualenv_retries_a_call_whose_worker_was_killed(
     args = [str(client_venv), str(PROBE), "retry", json.dumps(config)]
     os.kill(pid, signal.SIGSTOP)
     try:
-        probe = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        environment = _client_only_environment()
+        probe = subprocess.Popen(
+            args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+        )
         assert probe.stdout is not None
         assert probe.stdout.readline().strip() == "calling"
         time.sleep(1.0)  # the request reaches the frozen worker

@@ -30,8 +30,8 @@ import yaml
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from deploy.engine import docker_env
+from explain_client import protos
 from explainers import explain
-from handlers import protos
 from model_store.serving.archives import DEFAULT_MODELS
 from tests import container_support as support
 from tests.container_support import Stack, connects, container_ip, prometheus_get, prometheus_query, wait_until

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from handlers import metrics
 from model_store.serving.config import Ports
 from model_store.serving.process import Server
+from serving_core import metrics
 from tests.ops_support import ops_server, rest_call, worker_pids
 from tests.serving_support import REPO_ROOT, owned_popen
 

@@ -35,10 +35,10 @@ from explainers import (
     explain,
     explain_batch,
 )
-from explainers.attention_capture import FUSED_CAPTURE_IMPLEMENTATION, fused_implementation
-from explainers.attnlrp import attach_rules
+from explainers.architectures.attention import FUSED_CAPTURE_IMPLEMENTATION, fused_implementation
+from explainers.architectures.rule_hooks import attach_rules
+from explainers.architectures.support import refusal
 from explainers.memory import MemoryBudgetError, ModelSize, estimate_bytes
-from explainers.support import refusal
 
 from .arch_zoo import VARIANTS, Variant, batch_for, image_batch, perturb, row_alone, text_batch
 
@@ -353,10 +353,11 @@ def test_the_service_refuses_a_row_over_its_memory_budget_with_a_413_and_serves_
 
     import yaml
 
-    from handlers import protos
-    from handlers.config import HandlerConfig
-    from handlers.schema import decode_row, encode_outcome, row_encoding
-    from handlers.service import ExplanationService
+    from explain_client import protos
+    from serving_core.config import HandlerConfig
+    from serving_core.tasks.classify_schema import decode_row, encode_outcome
+    from serving_core.tasks.classify_service import ExplanationService
+    from serving_core.wire import row_encoding
     from tests.serving_support import tiny_archives
 
     archive = tiny_archives()["sentiment"]
@@ -395,9 +396,10 @@ def test_the_service_on_sdpa_serves_what_an_eager_model_explains_in_process() ->
     import yaml
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from handlers.config import HandlerConfig
-    from handlers.schema import decode_row, row_encoding
-    from handlers.service import ExplanationService
+    from serving_core.config import HandlerConfig
+    from serving_core.tasks.classify_schema import decode_row
+    from serving_core.tasks.classify_service import ExplanationService
+    from serving_core.wire import row_encoding
     from tests.serving_support import tiny_archives
 
     archive = tiny_archives()["sentiment"]
@@ -427,7 +429,7 @@ def test_the_service_on_sdpa_serves_what_an_eager_model_explains_in_process() ->
 
 
 def test_the_memory_budget_key_is_checked_when_the_model_loads() -> None:
-    from handlers.config import ConfigError, HandlerConfig
+    from serving_core.config import ConfigError, HandlerConfig
 
     section: dict[str, Any] = {"task": "text", "labels": ["a", "b"], "memory_budget_mib": 512}
     assert HandlerConfig.from_model_yaml({"handler": section}).memory_budget_mib == 512

@@ -2,8 +2,9 @@
 
 In-process (many cases, fast): every decoder input (JSON documents of any shape, raw bytes and text, PNG-looking
 bytes, protobuf bytes and well-formed ``ExplainRequest`` messages with fuzzed fields) either decodes or raises a
-:class:`~handlers.errors.RowError` with a 4xx status; decoded batches then go through the real
-:class:`~handlers.service.ExplanationService` on the tiny models and every row is answered, none with ``internal``.
+:class:`~serving_core.errors.RowError` with a 4xx status; decoded batches then go through the real
+:class:`~serving_core.tasks.classify_service.ExplanationService` on the tiny models and every row is answered, none
+with ``internal``.
 
 Against the real TorchServe (fewer cases): fuzzed REST bodies, content types and routes, and fuzzed gRPC input maps,
 get no 5xx and no failing gRPC status, and the workers are the same processes afterwards.
@@ -32,13 +33,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from explain_client import protos
 from explainers import available_methods
-from handlers import protos
-from handlers.config import HandlerConfig
-from handlers.errors import RowError
-from handlers.schema import DecodedRow, decode_row, encode_outcome, row_encoding
-from handlers.service import ExplanationService
 from model_store.serving.process import Server
+from serving_core.config import HandlerConfig
+from serving_core.errors import RowError
+from serving_core.tasks.classify_schema import DecodedRow, decode_row, encode_outcome
+from serving_core.tasks.classify_service import ExplanationService
+from serving_core.wire import row_encoding
 from tests.ops_support import GrpcCaller, log_figures, ops_server, worker_pids
 from tests.serving_support import REPO_ROOT, b64, http_post, png_bytes, tiny_archives
 

@@ -15,8 +15,8 @@ from PIL import Image
 from explain_client import Generation, GenerationCall, GenerationStep
 from explain_client.generation_cli import parse_steps
 from explain_client.generation_render import generation_png, html_generation_page, terminal_generation
+from explain_client.protos import explain_messages
 from explain_client.render import normalise, score_rgb
-from handlers.protos import explain_messages
 from tests.test_cli_html import run_chromium
 
 ANSWER = Generation(

@@ -12,13 +12,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from explain_client.protos import explain_messages
 from explainers import explain_generation
-from handlers.config import ConfigError, HandlerConfig
-from handlers.errors import RowError
-from handlers.generation_schema import decode_generation_row, encode_generation
-from handlers.generation_service import GenerationService
-from handlers.protos import explain_messages
-from handlers.schema import Encoding, row_encoding
+from serving_core.config import ConfigError, HandlerConfig
+from serving_core.errors import RowError
+from serving_core.tasks.generation_schema import decode_generation_row, encode_generation
+from serving_core.tasks.generation_service import GenerationService
+from serving_core.wire import Encoding, row_encoding
 from tests.generation_checkpoint import PROMPTS, causal_lm
 
 CONFIG = HandlerConfig.from_model_yaml(

@@ -13,12 +13,13 @@ import pytest
 import torch
 import yaml
 
+from explain_client import protos
 from explainers import available_methods
-from handlers import protos
-from handlers.config import ConfigError, HandlerConfig
-from handlers.errors import ERROR_TABLE, RowError
-from handlers.schema import DecodedRow, Encoding, decode_row, encode_outcome, row_encoding
-from handlers.service import ExplanationService
+from serving_core.config import ConfigError, HandlerConfig
+from serving_core.errors import ERROR_TABLE, RowError
+from serving_core.tasks.classify_schema import DecodedRow, decode_row, encode_outcome
+from serving_core.tasks.classify_service import ExplanationService
+from serving_core.wire import Encoding, row_encoding
 from tests.serving_support import b64, png_bytes, tiny_archives
 
 TEXT_CONFIG = HandlerConfig(task="text", labels=("negative", "neutral", "positive"), max_length=16)

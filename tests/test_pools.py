@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
-from handlers.config import HandlerConfig
-from handlers.errors import RowError
-from handlers.generation_schema import decode_generation_row
-from handlers.pools import asks_for_explanation, model_of, pool_name
-from handlers.protos import explain_messages, inference_stubs
-from handlers.schema import decode_row
+from explain_client.protos import explain_messages, inference_stubs
 from model_store.package.settings import PackageError, Settings
 from model_store.serving.config import POOL_KEY, Ports, link_store, load_profile, write_config
 from model_store.serving.router import PoolRouter
+from serving_core.config import HandlerConfig
+from serving_core.errors import RowError
+from serving_core.pools import asks_for_explanation, model_of, pool_name
+from serving_core.tasks.classify_schema import decode_row
+from serving_core.tasks.generation_schema import decode_generation_row
 
 TEXT = HandlerConfig(task="text", labels=("negative", "positive"), max_length=16)
 GENERATION = HandlerConfig(task="generation", labels=(), max_length=16)

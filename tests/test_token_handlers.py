@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from explain_client import Prediction
-from explain_client.client import _from_protobuf
+from explain_client.protos import explain_messages
+from explain_client.wire import prediction_from_protobuf
 from explainers import explain_tokens
-from handlers.config import HandlerConfig
-from handlers.errors import RowError
-from handlers.protos import explain_messages
-from handlers.schema import DecodedRow, Encoding, decode_row
-from handlers.token_service import TokenClassificationService, TokenOutcome, encode_token_outcome
+from serving_core.config import HandlerConfig
+from serving_core.errors import RowError
+from serving_core.tasks.classify_schema import DecodedRow, decode_row
+from serving_core.tasks.token_schema import TokenOutcome, encode_token_outcome
+from serving_core.tasks.token_service import TokenClassificationService
+from serving_core.wire import Encoding
 from tests import checkpoints
 
 CONFIG = HandlerConfig(task="token_classification", labels=tuple(checkpoints.ENTITY_TAGS), max_length=24)
@@ -150,7 +152,7 @@ def test_json_and_protobuf_answers_read_back_the_same(service: TokenClassificati
     for json_outcome, proto_outcome in zip(as_json, as_proto, strict=True):
         from_json = Prediction.from_dict(json.loads(encode_token_outcome(json_outcome, CONFIG.labels)))
         reply = explain_messages().ExplainResponse.FromString(encode_token_outcome(proto_outcome, CONFIG.labels))
-        from_proto = _from_protobuf(reply)
+        from_proto = prediction_from_protobuf(reply)
         assert from_json.head_type == from_proto.head_type == "token_classification"
         assert [entity.text for entity in from_json.entities] == [entity.text for entity in from_proto.entities]
         for left, right in zip(from_json.entities, from_proto.entities, strict=True):

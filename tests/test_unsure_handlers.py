@@ -13,12 +13,14 @@ import pytest
 import torch
 import yaml
 
-from handlers import metrics, protos
-from handlers.config import ConfigError, HandlerConfig
-from handlers.errors import RowError
-from handlers.schema import Encoding, decode_row, encode_outcome
-from handlers.service import ExplanationService
+from explain_client import protos
 from model_store.package import PackageError, Settings, package
+from serving_core import metrics
+from serving_core.config import ConfigError, HandlerConfig
+from serving_core.errors import RowError
+from serving_core.tasks.classify_schema import decode_row, encode_outcome
+from serving_core.tasks.classify_service import ExplanationService
+from serving_core.wire import Encoding
 from tests import checkpoints
 from tests.serving_support import tiny_archives
 

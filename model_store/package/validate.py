@@ -322,8 +322,8 @@ def _validate_staged(
     from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
     from explainers import ExplainError, describe, head_type, supported_methods
-    from handlers.config import DEFAULT_METHOD, DEFAULT_THRESHOLD
-    from handlers.service import classifier_class
+    from serving_core.config import DEFAULT_METHOD, DEFAULT_THRESHOLD
+    from serving_core.loading import classifier_class
 
     try:
         config = AutoConfig.from_pretrained(str(stage), local_files_only=True)

@@ -22,7 +22,7 @@ from transformers import (
 )
 
 from explainers import available_methods, explain
-from handlers.errors import ERROR_TABLE
+from serving_core.errors import ERROR_TABLE
 from tests.doors_support import DOORS, TRANSPORTS, DoorCallError, DoorClient, Row, door_models, door_param, start_door
 from tests.serving_support import png_bytes
 

@@ -22,8 +22,8 @@ import pytest
 import torch
 from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification, AutoTokenizer
 
+from explain_client import protos
 from explainers import explain
-from handlers import protos
 from model_store.serving.config import Ports
 from model_store.serving.process import Server, stop
 from tests import checkpoints

@@ -21,8 +21,8 @@ import torch
 import yaml
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from explain_client import protos
 from explainers import available_methods, explain
-from handlers import protos
 from model_store.serving.config import Ports
 from model_store.serving.process import Server
 from tests.serving_support import b64, http_post, owned_popen, png_bytes

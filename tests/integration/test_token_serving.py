@@ -13,9 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-from explain_client import ExplainClient, Prediction, ServiceError
+from explain_client import ExplainClient, Prediction, ServiceError, protos
 from explainers import explain_tokens
-from handlers import protos
 from model_store.serving.process import Server
 
 from .test_serving import grpc_call, rest

@@ -1,0 +1,218 @@
+"""The typed handler configuration, read once from the ``handler:`` section of an archive's ``model-config.yaml``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from explainers import available_methods
+
+from .registry import task_names
+
+#: Multi-label threshold when neither the user nor the checkpoint's config sets one.
+DEFAULT_THRESHOLD = 0.5
+#: The served default method (a request that asks for an explanation without naming one gets it): AttnLRP, the most
+#: faithful method measured here, at one forward and one gradient pass, on every supported architecture.
+DEFAULT_METHOD = "attnlrp"
+
+#: The handler tasks (:data:`serving_core.registry.TASKS`): ``text`` (sequence classifiers), ``image``,
+#: ``token_classification`` (NER, PII detection: a label per token, explained per entity) and ``generation`` (causal
+#: LMs). Every task but ``image`` takes text.
+TASKS = task_names()
+
+#: Keys the ``handler:`` section may hold.
+_KNOWN_KEYS = frozenset(
+    {
+        "task",
+        "model_dir",
+        "default_method",
+        "max_length",
+        "max_text_chars",
+        "labels",
+        "device",
+        "autocast_bf16",
+        "image_size",
+        "max_image_bytes",
+        "max_image_pixels",
+        "threads",
+        "threshold",
+        "pad_token_id",
+        "max_new_tokens",
+        "default_new_tokens",
+        "explain_below",
+        "memory_budget_mib",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """The ``handler:`` section of ``model-config.yaml`` is missing or invalid (the model fails to load)."""
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """Settings of one served model.
+
+    Attributes:
+        task: ``text``, ``image``, ``token_classification`` or ``generation`` (:data:`TASKS`).
+        model_dir: The Hugging Face checkpoint folder, relative to the archive.
+        default_method: Method used when a request asks for an explanation without naming one.
+        labels: Class names in index order.
+        max_length: Text: tokens per input (special tokens included); longer texts are truncated and the response
+            says ``truncated: true``.
+        max_text_chars: Text: longest accepted text in characters (a bound on tokenization work); longer is 413.
+        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        autocast_bf16: Run the forward under bfloat16 autocast.
+        image_size: Image: ``(height, width)`` of the model input.
+        max_image_bytes: Image: largest accepted encoded image in bytes; larger is 413.
+        max_image_pixels: Image: largest accepted decoded image (width × height); larger is 413.
+        threads: torch intra-op threads of the worker (``None``: torch's default, one per core). Set 1 when
+            several workers or other processes share few cores: oversubscribed OpenMP threads spin and stall.
+        threshold: Multi-label heads: probability at or above which a label is predicted (``None``: 0.5).
+        pad_token_id: Text: the token id batches are padded with, set on the tokenizer and ``config.pad_token_id``
+            at load (``None``: the checkpoint's own, unchanged). Written by ``model_store.package`` for checkpoints
+            without a pad token (it then pads with EOS).
+        max_new_tokens: Generation: the most new tokens a request may ask for (more is ``too_many_tokens``).
+        default_new_tokens: Generation: new tokens written when a request names none.
+
+    The ``generation`` task (causal LMs) has no labels; ``max_length`` bounds its prompts in tokens (a longer prompt
+    is ``too_many_tokens``: a truncated prompt would change what is generated).
+        explain_below: Explain when unsure, by default: a request that asks for an explanation without saying when
+            gets it only if the prediction's confidence is below this probability in (0, 1] (``None``: always).
+            A request overrides it (``"below": 0.9``, or ``"below": null`` for always).
+        memory_budget_mib: Per-request memory budget in MiB: a row whose explanation is estimated to need more (at its
+            own length; :mod:`explainers.memory`) is refused with ``over_memory_budget`` (413) before anything is
+            allocated, instead of taking the worker down (``None``: no budget). A batch needs at most the sum of its
+            rows' estimates: set it so that ``batchSize × memory_budget_mib`` fits beside the loaded model. Text and
+            image tasks only (a token classification or generation model with it fails to load).
+    """
+
+    task: str
+    labels: tuple[str, ...]
+    model_dir: str = "model"
+    default_method: str = DEFAULT_METHOD
+    max_length: int = 128
+    max_text_chars: int = 20_000
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    autocast_bf16: bool = False
+    image_size: tuple[int, int] | None = None
+    max_image_bytes: int = 2_000_000
+    max_image_pixels: int = 16_000_000
+    threads: int | None = None
+    threshold: float | None = None
+    pad_token_id: int | None = None
+    max_new_tokens: int = 64
+    default_new_tokens: int = 16
+    explain_below: float | None = None
+    memory_budget_mib: int | None = None
+
+    @classmethod
+    def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> HandlerConfig:
+        """Build the config from the parsed ``model-config.yaml`` (``context.model_yaml_config``).
+
+        Raises:
+            ConfigError: naming the key that is missing or wrong and what it should be.
+        """
+        section = (model_yaml or {}).get("handler")
+        if not isinstance(section, Mapping):
+            raise ConfigError("model-config.yaml has no `handler:` section (task, labels, ... ); rebuild the archive")
+        unknown = sorted(set(section) - _KNOWN_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown handler key(s) {unknown}; known: {sorted(_KNOWN_KEYS)}")
+        task = section.get("task")
+        if task not in TASKS:
+            raise ConfigError(f"handler.task must be one of {', '.join(TASKS)}, got {task!r}")
+        labels = section.get("labels", [] if task == "generation" else None)
+        if task == "generation" and labels:
+            raise ConfigError("handler.labels: a generation model has no labels (its outputs are the vocabulary)")
+        valid_labels = isinstance(labels, list) and all(isinstance(label, str) for label in labels)
+        if task != "generation" and not (valid_labels and labels):
+            raise ConfigError("handler.labels must be a non-empty list of class names")
+        assert isinstance(labels, list)
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"handler.labels must be distinct, got {labels}")
+        default_method = section.get("default_method", DEFAULT_METHOD)
+        if default_method not in available_methods():
+            raise ConfigError(f"handler.default_method {default_method!r} is not one of {available_methods()}")
+        device = section.get("device", "auto")
+        if device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"handler.device must be auto, cpu or cuda, got {device!r}")
+        image_size: tuple[int, int] | None = None
+        if task == "image":
+            size = section.get("image_size")
+            if not (isinstance(size, list) and len(size) == 2 and all(_positive_int(v) for v in size)):
+                raise ConfigError(f"handler.image_size must be [height, width] for an image model, got {size!r}")
+            image_size = (int(size[0]), int(size[1]))
+        config = cls(
+            task=task,
+            labels=tuple(labels),
+            model_dir=str(section.get("model_dir", "model")),
+            default_method=default_method,
+            max_length=_int_key(section, "max_length", 128),
+            max_text_chars=_int_key(section, "max_text_chars", 20_000),
+            device=device,
+            autocast_bf16=bool(section.get("autocast_bf16", False)),
+            image_size=image_size,
+            max_image_bytes=_int_key(section, "max_image_bytes", 2_000_000),
+            max_image_pixels=_int_key(section, "max_image_pixels", 16_000_000),
+            threads=_int_key(section, "threads", 1) if section.get("threads") is not None else None,
+            threshold=_threshold(section.get("threshold")),
+            pad_token_id=_pad_token_id(section.get("pad_token_id")),
+            max_new_tokens=_int_key(section, "max_new_tokens", 64),
+            default_new_tokens=_int_key(section, "default_new_tokens", 16),
+            explain_below=_explain_below(section.get("explain_below")),
+            memory_budget_mib=(
+                _int_key(section, "memory_budget_mib", 1) if section.get("memory_budget_mib") is not None else None
+            ),
+        )
+        if config.max_length < 3 and task != "generation":
+            raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")
+        if config.memory_budget_mib is not None and task not in ("text", "image"):
+            raise ConfigError(f"handler.memory_budget_mib applies to the text and image tasks only, not to {task!r}")
+        if config.default_new_tokens > config.max_new_tokens:
+            raise ConfigError(
+                f"handler.default_new_tokens ({config.default_new_tokens}) exceeds max_new_tokens "
+                f"({config.max_new_tokens})"
+            )
+        return config
+
+    @property
+    def input_kind(self) -> Literal["text", "image"]:
+        """What a request carries: ``image`` for the image task, ``text`` for every other task."""
+        return "image" if self.task == "image" else "text"
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _threshold(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ConfigError(f"handler.threshold must be a probability in (0, 1), got {value!r}")
+    return float(value)
+
+
+def _explain_below(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ConfigError(f"handler.explain_below must be a probability in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _pad_token_id(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"handler.pad_token_id must be a token id (an integer >= 0), got {value!r}")
+    return value
+
+
+def _int_key(section: Mapping[str, Any], key: str, default: int) -> int:
+    value = section.get(key, default)
+    if not _positive_int(value):
+        raise ConfigError(f"handler.{key} must be a positive integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,72 @@
+"""The classification tasks: ``text`` (sequence classifiers, sentence pairs included) and ``image`` (ViT-family image
+classifiers). A row is a text or an image with what it asks to explain; its answer is the prediction and, when asked
+(and, with ``below``, only when the prediction is unsure), the attribution over its tokens or patches.
+
+Decoding and the answer's fields are :mod:`~serving_core.tasks.classify_schema`'s, serving is
+:class:`~serving_core.tasks.classify_service.ExplanationService`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from explainers import RowRequest
+
+from .. import metrics
+from ..config import HandlerConfig
+from ..errors import RowError
+from ..task import BatchTimings, Task
+from .classify_schema import DecodedRow, RowOutcome, decode_row, fill_response, outcome_to_dict
+from .classify_service import ExplanationService
+
+
+class ClassificationTask(Task[DecodedRow, RowOutcome]):
+    """Sequence or image classification (one instance per task name: :data:`TEXT`, :data:`IMAGE`)."""
+
+    def __init__(self, name: str, main_input: str) -> None:
+        """Name the task and its input field."""
+        self.name = name
+        self.main_input = main_input
+
+    def load(self, config: HandlerConfig, model_dir: Path, device: torch.device) -> ExplanationService:
+        """The classifier and its tokenizer or image processor."""
+        return ExplanationService(config, model_dir, device)
+
+    def decode(self, row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
+        """A JSON/text/raw-image/protobuf row (:func:`~serving_core.tasks.classify_schema.decode_row`)."""
+        return decode_row(row, explain_header, config)
+
+    def requested_method(self, row: DecodedRow) -> str | None:
+        """The method the row asks for."""
+        return row.request.method
+
+    def with_explanation(self, row: DecodedRow, config: HandlerConfig) -> DecodedRow:
+        """The row, with the default method if it asks for none."""
+        if row.request.method is not None:
+            return row
+        return DecodedRow(row.encoding, RowRequest(method=config.default_method), row.text, row.image, row.text_pair)
+
+    def to_dict(self, outcome: RowOutcome, config: HandlerConfig) -> dict[str, Any]:
+        """The JSON answer (docs/SERVING.md, "Response")."""
+        return outcome_to_dict(outcome, config.labels)
+
+    def to_proto(self, outcome: RowOutcome, response: Any, config: HandlerConfig) -> None:
+        """The ``ExplainResponse`` answer."""
+        fill_response(outcome, response, config.labels)
+
+    def observe(
+        self, model: str, row: DecodedRow | RowError, outcome: RowOutcome, timings: BatchTimings, encode_seconds: float
+    ) -> None:
+        """The shared metrics, and whether a row that asked to be explained only when unsure was explained."""
+        super().observe(model, row, outcome, timings, encode_seconds)
+        if outcome.error is None and outcome.below is not None:
+            requested = outcome.method if isinstance(row, RowError) else self.requested_method(row)
+            metrics.observe_unsure(model, metrics.metric_method(requested), outcome.skipped is None)
+
+
+TEXT = ClassificationTask("text", "text")
+IMAGE = ClassificationTask("image", "image")

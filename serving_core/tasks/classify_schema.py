@@ -1,0 +1,403 @@
+"""Request and response schema of classifiers (tasks ``text`` and ``image``): decode one row into a typed request,
+write one result back (the envelope is :mod:`serving_core.wire`'s).
+
+A row arrives as a dict, as TorchServe hands it over (the other doors wrap a JSON document the same way):
+
+- REST: ``body``/``data`` holds a dict (``Content-Type: application/json``), a ``str`` (``text/*``) or bytes (JSON
+  without that content type, or a raw PNG/JPEG body for image models).
+- gRPC ``Predictions``: ``input["body"]`` = the same JSON as bytes, or ``input["request"]`` = a serialized
+  ``ExplainRequest`` (proto/explain.proto). The reply uses the encoding of the request.
+
+JSON request: ``{"text": "...", "explain": {"method": "relevance", "target": "negative", "start_layer": 0}}``
+(sentence-pair models also take ``"text_pair": "..."``);
+``explain`` absent (or ``false``) = prediction only, ``true`` or ``{}`` = the default method. Images:
+``{"image": "<base64 PNG/JPEG>", "explain": ...}``. On ``/explanations/{model}`` an absent ``explain`` means the
+default method. Explain when unsure: ``"explain": {"method": "attnlrp", "below": 0.8}`` explains only when the
+prediction's confidence is below 0.8 (``"below": null``: always; absent: the model's ``explain_below``); the answer
+then says ``explained`` and, when not, ``skipped`` (why).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from explainers import RowRequest, RowSkipped
+
+from .. import wire
+from ..config import HandlerConfig
+from ..errors import RowError
+from ..pools import IMAGE_MAGIC
+from ..wire import Encoding, parse_json, rounded, rounded_list
+
+_EXPLAIN_RESERVED = frozenset({"method", "target", "below"})
+
+
+@dataclass(frozen=True)
+class DecodedRow:
+    """A valid row: its input and what it asks for."""
+
+    encoding: Encoding
+    request: RowRequest
+    text: str | None = None
+    image: bytes | None = None
+    text_pair: str | None = None
+
+
+@dataclass
+class RowOutcome:
+    """What the service computed for one row (or its error), ready to encode."""
+
+    encoding: Encoding
+    error: RowError | None = None
+    head_type: str = "single_label"
+    label_id: int = -1
+    probabilities: list[float] = field(default_factory=list)
+    predicted: list[int] = field(default_factory=list)
+    threshold: float | None = None
+    value: float | None = None
+    truncated: bool = False
+    method: str | None = None
+    target: int = -1
+    options: Mapping[str, int] = field(default_factory=dict)
+    tokens: list[str] | None = None
+    special_tokens: list[bool] | None = None
+    segments: list[int] | None = None
+    scores: list[float] | None = None
+    grid: tuple[int, int] | None = None
+    pooled: str = "first"
+    attribution_seconds: float = 0.0
+    explain_requested: bool = False
+    below: float | None = None
+    confidence: float | None = None
+    skipped: RowSkipped | None = None
+
+
+def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
+    """Decode one TorchServe row.
+
+    Args:
+        row: the row dict TorchServe passes to ``handle``.
+        explain_header: whether the REST route was an explanations route (``explain: True`` header).
+        config: the model's handler config.
+
+    Raises:
+        RowError: with the code of :data:`serving_core.errors.ERROR_TABLE` that says what is wrong.
+    """
+    if "request" in row:
+        return _decode_protobuf(row["request"], config)
+    raw = row.get("body", row.get("data"))
+    if raw is None:
+        expected = "{'text': ...}" if config.input_kind == "text" else "{'image': '<base64>'} or a raw PNG/JPEG body"
+        raise RowError("invalid_request", f"empty request: send a JSON body {expected}")
+    if isinstance(raw, bytearray):
+        raw = bytes(raw)
+    if isinstance(raw, bytes):
+        if raw.startswith(IMAGE_MAGIC):
+            if config.task != "image":
+                raise RowError("unsupported_input", "this is a text model: send {'text': ...}, not an image")
+            _check_image_size(len(raw), config)
+            return DecodedRow(Encoding.JSON, _explain_request(None, explain_header, config), image=raw)
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
+        document = parse_json(raw)
+    elif isinstance(raw, str):
+        if config.input_kind == "text" and not raw.lstrip().startswith("{"):
+            # A text/plain body is the text itself.
+            request = _explain_request(None, explain_header, config)
+            return DecodedRow(Encoding.JSON, request, text=_check_text(raw, config))
+        document = parse_json(raw)
+    elif isinstance(raw, Mapping):
+        document = raw
+    else:
+        raise RowError("invalid_request", f"unsupported body type {type(raw).__name__}")
+    if not isinstance(document, Mapping):
+        raise RowError("invalid_request", f"the JSON body must be an object, got {type(document).__name__}")
+    return _decode_document(document, explain_header, config)
+
+
+def decode_fields(
+    config: HandlerConfig,
+    *,
+    text: str | None = None,
+    text_pair: str | None = None,
+    image: bytes | None = None,
+    method: str | None = None,
+    target: Any = None,
+    options: Mapping[str, Any] | None = None,
+) -> DecodedRow:
+    """Decode one row given as separate fields, as the KServe/Ray doors receive it (an OIP tensor element and the
+    request's explain parameters): the same checks and errors as a JSON row.
+
+    Args:
+        config: the model's handler config.
+        text: the text (text models).
+        text_pair: the second text of a sentence-pair model, if any.
+        image: the encoded PNG/JPEG bytes (image models).
+        method: the method (``None``: prediction only; resolve aliases such as ``default`` before).
+        target: a label name, a class index or ``None`` (the predicted class).
+        options: the method's options.
+
+    Raises:
+        RowError: with the code of :data:`serving_core.errors.ERROR_TABLE` that says what is wrong.
+    """
+    if method is None:
+        if target is not None or options:
+            raise RowError("invalid_request", "a target or option was given without a method: name the method too")
+        request = RowRequest()
+    else:
+        request = _row_request(method, target, dict(options or {}), config)
+    if config.input_kind == "text":
+        if image is not None:
+            raise RowError("unsupported_input", "this is a text model: send 'text', not 'image'")
+        if text is None:
+            raise RowError("missing_text", "missing 'text': send the text to classify")
+        text, text_pair = _check_pair(text, text_pair, config)
+        return DecodedRow(Encoding.JSON, request, text=text, text_pair=text_pair)
+    if text is not None or text_pair is not None:
+        raise RowError("unsupported_input", "this is an image model: send 'image', not 'text'")
+    if image is None:
+        raise RowError("missing_image", "missing 'image': send the PNG or JPEG file's bytes")
+    _check_image_size(len(image), config)
+    return DecodedRow(Encoding.JSON, request, image=image)
+
+
+def _decode_document(document: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
+    input_key = config.input_kind
+    allowed = {input_key, "explain"} | ({"text_pair"} if input_key == "text" else set())
+    unknown = sorted(set(document) - allowed)
+    if unknown:
+        other = "image" if input_key == "text" else "text"
+        if other in unknown or (config.task == "image" and "text_pair" in unknown):
+            raise RowError("unsupported_input", f"this is a {config.task} model: send {input_key!r}, not {other!r}")
+        raise RowError("invalid_request", f"unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+    request = _explain_request(document.get("explain"), explain_header, config)
+    if input_key == "text":
+        text = document.get("text")
+        if text is None:
+            raise RowError("missing_text", "missing 'text': send {'text': 'your sentence'}")
+        if not isinstance(text, str):
+            raise RowError("invalid_request", f"'text' must be a string, got {type(text).__name__}")
+        pair = document.get("text_pair")
+        if pair is not None and not isinstance(pair, str):
+            raise RowError("invalid_request", f"'text_pair' must be a string, got {type(pair).__name__}")
+        text, pair = _check_pair(text, pair, config)
+        return DecodedRow(Encoding.JSON, request, text=text, text_pair=pair)
+    encoded = document.get("image")
+    if encoded is None:
+        raise RowError("missing_image", "missing 'image': send {'image': '<base64 PNG or JPEG>'}")
+    if not isinstance(encoded, str):
+        raise RowError("invalid_request", f"'image' must be a base64 string, got {type(encoded).__name__}")
+    _check_image_size(len(encoded) * 3 // 4, config)
+    try:
+        image = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise RowError("invalid_image", "'image' is not valid base64") from None
+    _check_image_size(len(image), config)
+    return DecodedRow(Encoding.JSON, request, image=image)
+
+
+def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
+    message = wire.parse_request(payload)
+    kind = message.WhichOneof("input")
+    if kind is None:
+        missing = "missing_text" if config.input_kind == "text" else "missing_image"
+        raise RowError(missing, f"ExplainRequest.{config.input_kind} is not set")
+    if kind != config.input_kind:
+        raise RowError("unsupported_input", f"this is a {config.task} model: set ExplainRequest.{config.input_kind}")
+    request = RowRequest()
+    if message.HasField("explain"):
+        explain = message.explain
+        target_kind = explain.WhichOneof("target")
+        target: Any = None
+        if target_kind == "target_label":
+            target = explain.target_label
+        elif target_kind == "target_id":
+            target = int(explain.target_id)
+        condition = explain.WhichOneof("condition")
+        # float32 on the wire: 0.8 arrives as 0.800000011920929; read with float32's precision
+        below = float(f"{explain.below:.7g}") if condition == "below" else _MODEL
+        if condition == "always" and explain.always:
+            below = None
+        request = _row_request(explain.method or config.default_method, target, dict(explain.options), config, below)
+    if kind == "text":
+        text, pair = _check_pair(message.text, message.text_pair or None, config)
+        return DecodedRow(Encoding.PROTOBUF, request, text=text, text_pair=pair)
+    if message.text_pair:
+        raise RowError("unsupported_input", "this is an image model: ExplainRequest.text_pair is for text models")
+    _check_image_size(len(message.image), config)
+    return DecodedRow(Encoding.PROTOBUF, request, image=bytes(message.image))
+
+
+def _explain_request(explain: Any, explain_header: bool, config: HandlerConfig) -> RowRequest:
+    if explain is None:
+        if not explain_header:
+            return RowRequest()
+        return RowRequest(method=config.default_method, below=config.explain_below)
+    if explain is False:
+        return RowRequest()
+    if explain is True:
+        return RowRequest(method=config.default_method, below=config.explain_below)
+    if not isinstance(explain, Mapping):
+        raise RowError("invalid_request", "'explain' must be an object like {'method': 'relevance'}, true or false")
+    method = explain.get("method", config.default_method)
+    if not isinstance(method, str):
+        raise RowError("invalid_request", f"'explain.method' must be a string, got {type(method).__name__}")
+    below = explain.get("below", _MODEL)
+    if below is not None and below is not _MODEL and (isinstance(below, bool) or not isinstance(below, int | float)):
+        raise RowError(
+            "invalid_request",
+            f"'explain.below' must be a probability in (0, 1] or null (always explain), got {type(below).__name__}",
+        )
+    options = {key: value for key, value in explain.items() if key not in _EXPLAIN_RESERVED}
+    return _row_request(method, explain.get("target"), options, config, below)
+
+
+#: ``below`` not given by the request: the model's ``explain_below`` applies.
+_MODEL: Any = object()
+
+
+def _row_request(
+    method: str, target: Any, options: dict[str, Any], config: HandlerConfig, below: Any = _MODEL
+) -> RowRequest:
+    if isinstance(target, str):
+        if target not in config.labels:
+            raise RowError("invalid_target", f"unknown label {target!r}; labels: {', '.join(config.labels)}")
+        target = config.labels.index(target)
+    elif target is not None and (isinstance(target, bool) or not isinstance(target, int)):
+        raise RowError("invalid_target", f"'target' must be a label name ({', '.join(config.labels)}) or a class index")
+    below = config.explain_below if below is _MODEL else below
+    return RowRequest(method=method, target=target, options=options, below=below)
+
+
+def _check_text(text: str, config: HandlerConfig) -> str:
+    if not text.strip():
+        raise RowError("missing_text", "'text' is empty: send a non-blank text")
+    if len(text) > config.max_text_chars:
+        raise RowError(
+            "text_too_long",
+            f"text has {len(text)} characters, the limit is {config.max_text_chars} "
+            f"(texts over {config.max_length} tokens are truncated)",
+        )
+    return text
+
+
+def _check_pair(text: str, pair: str | None, config: HandlerConfig) -> tuple[str, str | None]:
+    """Check a text and its optional pair (each non-blank; together at most ``max_text_chars``)."""
+    if pair is None:
+        return _check_text(text, config), None
+    if not text.strip() or not pair.strip():
+        raise RowError("missing_text", "'text' and 'text_pair' must both be non-blank (omit 'text_pair' for one text)")
+    _check_text(text + pair, config)
+    return text, pair
+
+
+def _check_image_size(size: int, config: HandlerConfig) -> None:
+    if size > config.max_image_bytes:
+        raise RowError("image_too_large", f"image of ~{size} bytes exceeds the limit of {config.max_image_bytes} bytes")
+
+
+def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON document of one row's response (docs/SERVING.md, "Response")."""
+    if outcome.error is not None:
+        return wire.error_document(outcome.error)
+    document: dict[str, Any] = {"head_type": outcome.head_type}
+    if outcome.head_type == "regression":
+        document["value"] = rounded(outcome.value) if outcome.value is not None else None
+    else:
+        document["label"] = labels[outcome.label_id]
+        document["label_id"] = outcome.label_id
+        document["probabilities"] = dict(zip(labels, rounded_list(outcome.probabilities), strict=True))
+    if outcome.head_type == "multi_label":
+        document["labels"] = [labels[index] for index in outcome.predicted]
+        document["threshold"] = outcome.threshold
+    if outcome.tokens is not None:
+        document["truncated"] = outcome.truncated
+    if outcome.explain_requested:
+        document["explained"] = outcome.method is not None
+    if outcome.below is not None:
+        document["below"] = outcome.below
+        document["confidence"] = rounded(outcome.confidence) if outcome.confidence is not None else None
+    if outcome.skipped is not None:
+        skipped = outcome.skipped
+        document["skipped"] = {"reason": skipped.reason, "method": skipped.method, "message": skipped.message}
+    if outcome.method is not None:
+        explanation: dict[str, Any] = {
+            "method": outcome.method,
+            "target": outcome.target,
+            "target_label": labels[outcome.target],
+            "options": dict(outcome.options),
+        }
+        scores = rounded_list(outcome.scores or [])
+        if outcome.grid is not None:
+            height, width = outcome.grid
+            explanation["grid"] = [height, width]
+            explanation["scores"] = [scores[row * width : (row + 1) * width] for row in range(height)]
+        else:
+            explanation["tokens"] = outcome.tokens
+            explanation["special_tokens"] = outcome.special_tokens
+            if outcome.segments is not None:
+                explanation["segments"] = outcome.segments
+            explanation["scores"] = scores
+        if outcome.pooled != "first":
+            explanation["pooled"] = outcome.pooled
+        explanation["seconds"] = round(outcome.attribution_seconds, 6)
+        document["explanation"] = explanation
+    return document
+
+
+def encode_outcome(outcome: RowOutcome, labels: tuple[str, ...]) -> bytes:
+    """Encode one classifier row's answer in the encoding its request came in (:func:`serving_core.wire.encode`)."""
+    return wire.encode(
+        outcome,
+        lambda served: outcome_to_dict(served, labels),
+        lambda served, response: fill_response(served, response, labels),
+    )
+
+
+def fill_response(outcome: RowOutcome, response: Any, labels: tuple[str, ...]) -> None:
+    """Fill an ``ExplainResponse`` with a served classifier row's answer."""
+    response.head_type = outcome.head_type
+    if outcome.head_type == "regression":
+        if outcome.value is not None:
+            response.value = outcome.value
+    else:
+        response.label = labels[outcome.label_id]
+        response.label_id = outcome.label_id
+        for label, probability in zip(labels, outcome.probabilities, strict=True):
+            response.probabilities[label] = probability
+    if outcome.head_type == "multi_label":
+        response.labels.extend(labels[index] for index in outcome.predicted)
+        response.threshold = outcome.threshold or 0.0
+    response.truncated = outcome.truncated
+    if outcome.explain_requested:
+        response.explained = outcome.method is not None
+    if outcome.below is not None:
+        response.below = outcome.below
+        response.confidence = outcome.confidence or 0.0
+    if outcome.skipped is not None:
+        response.skipped.reason = outcome.skipped.reason
+        response.skipped.method = outcome.skipped.method
+        response.skipped.message = outcome.skipped.message
+    if outcome.method is not None:
+        explanation = response.explanation
+        explanation.method = outcome.method
+        explanation.target = outcome.target
+        explanation.target_label = labels[outcome.target]
+        for key, value in outcome.options.items():
+            explanation.options[key] = value
+        explanation.scores.extend(outcome.scores or [])
+        if outcome.grid is not None:
+            explanation.grid.extend(outcome.grid)
+        else:
+            explanation.tokens.extend(outcome.tokens or [])
+            explanation.special_tokens.extend(outcome.special_tokens or [])
+            explanation.segments.extend(outcome.segments or [])
+        if outcome.pooled != "first":
+            explanation.pooled = outcome.pooled
+        explanation.seconds = outcome.attribution_seconds

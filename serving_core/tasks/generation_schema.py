@@ -1,0 +1,359 @@
+"""Request and response schema of generation models (task ``generation``: causal LMs), row by row.
+
+JSON request (REST body, or gRPC ``input["body"]``)::
+
+    {"prompt": "the flight was", "max_new_tokens": 12,
+     "generation": {"do_sample": true, "temperature": 0.8, "top_k": 50, "top_p": 0.95, "seed": 7},
+     "explain": {"method": "attnlrp", "steps": [0, 3], "contrast": "late"}}
+
+``continuation`` (text) or ``continuation_ids`` (token ids) explain a continuation produced elsewhere instead of
+generating. ``explain`` absent or ``false``: the generation and each step's probability only; ``true`` or ``{}``: the
+default method. ``explain.steps``: a list of step indices (negative from the end), ``"sum"`` (the summed
+log-probability of the continuation in one backward) or ``{"sum": [start, stop]}`` (of a span); absent: every step.
+``explain.contrast``: a foil token (text of one vocabulary token, or a token id) for every step, or a list with one
+per step. Other ``explain`` keys are the method's options. On gRPC, ``input["request"]`` = an ``ExplainRequest``
+whose ``generation`` field (proto/explain.proto, ``GenerationRequest``) carries the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from explainers.tasks.generation import StepSum
+
+from .. import wire
+from ..config import HandlerConfig
+from ..errors import RowError
+from ..wire import Encoding, parse_json, rounded, rounded_list
+
+_DOCUMENT_KEYS = frozenset({"prompt", "max_new_tokens", "generation", "continuation", "continuation_ids", "explain"})
+_EXPLAIN_RESERVED = frozenset({"method", "steps", "contrast"})
+_SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", "seed")
+
+
+@dataclass(frozen=True)
+class GenerationAsk:
+    """What a row asks to explain: the method, its options, the steps and the foils (text pieces or token ids)."""
+
+    method: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    steps: tuple[int, ...] | StepSum | None = None
+    contrast: tuple[str | int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    """A decoded generation request."""
+
+    encoding: Encoding
+    prompt: str
+    max_new_tokens: int
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    continuation: str | None = None
+    continuation_ids: tuple[int, ...] | None = None
+    ask: GenerationAsk | None = None
+
+    @property
+    def given(self) -> bool:
+        """Whether the row explains a given continuation (no generation)."""
+        return self.continuation is not None or self.continuation_ids is not None
+
+
+@dataclass
+class GenerationStepOutcome:
+    """One generated token of a row's answer."""
+
+    token: str
+    token_id: int
+    probability: float
+    explained: bool = False
+    scores: list[float] | None = None
+    foil: str | None = None
+    foil_id: int | None = None
+    value: float | None = None
+
+
+@dataclass
+class GenerationOutcome:
+    """What the service computed for one generation row (or its error), ready to encode."""
+
+    encoding: Encoding
+    error: RowError | None = None
+    text: str = ""
+    stop_reason: str = ""
+    prompt_tokens: list[str] = field(default_factory=list)
+    prompt_special: list[bool] = field(default_factory=list)
+    steps: list[GenerationStepOutcome] = field(default_factory=list)
+    method: str | None = None
+    options: Mapping[str, int] = field(default_factory=dict)
+    summed: tuple[int, int] | None = None
+    sum_scores: list[float] | None = None
+    sum_value: float | None = None
+    attribution_seconds: float = 0.0
+
+
+def decode_generation_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> GenerationRow:
+    """Decode one TorchServe row of a generation model.
+
+    Raises:
+        RowError: with the error table's code for what is wrong.
+    """
+    if "request" in row:
+        return _decode_protobuf(row["request"], config)
+    raw = row.get("body", row.get("data"))
+    if raw is None:
+        raise RowError("invalid_request", "empty request: send a JSON body {'prompt': ...}")
+    if isinstance(raw, bytes | bytearray):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
+    if isinstance(raw, str):
+        document = parse_json(raw) if raw.lstrip().startswith("{") else {"prompt": raw}
+    elif isinstance(raw, Mapping):
+        document = raw
+    else:
+        raise RowError("invalid_request", f"unsupported body type {type(raw).__name__}")
+    if not isinstance(document, Mapping):
+        raise RowError("invalid_request", f"the JSON body must be an object, got {type(document).__name__}")
+    return _decode_document(document, explain_header, config)
+
+
+def _decode_document(document: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> GenerationRow:
+    unknown = sorted(set(document) - _DOCUMENT_KEYS)
+    if unknown:
+        if "text" in unknown or "image" in unknown:
+            raise RowError("unsupported_input", "this is a generation model: send {'prompt': ...}, not 'text'/'image'")
+        raise RowError("invalid_request", f"unknown field(s) {unknown}; allowed: {sorted(_DOCUMENT_KEYS)}")
+    prompt = document.get("prompt")
+    if prompt is None:
+        raise RowError("missing_prompt", "missing 'prompt': send {'prompt': 'your text'}")
+    if not isinstance(prompt, str):
+        raise RowError("invalid_request", f"'prompt' must be a string, got {type(prompt).__name__}")
+    sampling = document.get("generation") or {}
+    if not isinstance(sampling, Mapping):
+        raise RowError("invalid_request", "'generation' must be an object like {'do_sample': true, 'seed': 1}")
+    bad = sorted(set(sampling) - set(_SAMPLING_KEYS))
+    if bad:
+        raise RowError("invalid_option", f"unknown generation setting(s) {bad}; valid: {', '.join(_SAMPLING_KEYS)}")
+    continuation = document.get("continuation")
+    if continuation is not None and not isinstance(continuation, str):
+        raise RowError("invalid_request", "'continuation' must be a string (or send 'continuation_ids')")
+    ids = document.get("continuation_ids")
+    if ids is not None and (
+        not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    ):
+        raise RowError("invalid_request", "'continuation_ids' must be a list of token ids")
+    return _row(
+        Encoding.JSON,
+        prompt,
+        document.get("max_new_tokens"),
+        dict(sampling),
+        continuation,
+        None if ids is None else tuple(ids),
+        _ask(document.get("explain"), explain_header, config),
+        config,
+    )
+
+
+def _ask(explain: Any, explain_header: bool, config: HandlerConfig) -> GenerationAsk | None:
+    if explain is None:
+        return GenerationAsk(config.default_method) if explain_header else None
+    if explain is False:
+        return None
+    if explain is True:
+        return GenerationAsk(config.default_method)
+    if not isinstance(explain, Mapping):
+        raise RowError("invalid_request", "'explain' must be an object like {'method': 'attnlrp'}, true or false")
+    method = explain.get("method", config.default_method)
+    if not isinstance(method, str):
+        raise RowError("invalid_request", f"'explain.method' must be a string, got {type(method).__name__}")
+    options = {key: value for key, value in explain.items() if key not in _EXPLAIN_RESERVED}
+    return GenerationAsk(method, options, _steps(explain.get("steps")), _contrast(explain.get("contrast")))
+
+
+def _steps(value: Any) -> tuple[int, ...] | StepSum | None:
+    if value is None:
+        return None
+    if value == "sum":
+        return StepSum()
+    if isinstance(value, Mapping) and set(value) == {"sum"}:
+        span = value["sum"]
+        if (
+            isinstance(span, list)
+            and len(span) == 2
+            and isinstance(span[0], int)
+            and (span[1] is None or isinstance(span[1], int))
+        ):
+            return StepSum(span[0], span[1])
+    if isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        return tuple(value)
+    raise RowError(
+        "invalid_target",
+        f"'explain.steps' must be a non-empty list of step indices, 'sum' or {{'sum': [start, stop]}}, got {value!r}",
+    )
+
+
+def _contrast(value: Any) -> tuple[str | int, ...] | None:
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(item, str | int) and not isinstance(item, bool) for item in items):
+        raise RowError("invalid_target", "'explain.contrast' must be a foil token (text or id) or a list of them")
+    return tuple(items)
+
+
+def _row(
+    encoding: Encoding,
+    prompt: str,
+    max_new_tokens: Any,
+    sampling: dict[str, Any],
+    continuation: str | None,
+    continuation_ids: tuple[int, ...] | None,
+    ask: GenerationAsk | None,
+    config: HandlerConfig,
+) -> GenerationRow:
+    if not prompt.strip():
+        raise RowError("missing_prompt", "'prompt' is empty: send a non-blank prompt")
+    if len(prompt) > config.max_text_chars:
+        raise RowError("text_too_long", f"prompt has {len(prompt)} characters, the limit is {config.max_text_chars}")
+    if continuation is not None and continuation_ids is not None:
+        raise RowError("invalid_request", "send 'continuation' (text) or 'continuation_ids', not both")
+    given = continuation is not None or continuation_ids is not None
+    if given and (max_new_tokens or sampling):
+        raise RowError("invalid_request", "a given continuation is explained as it is: drop max_new_tokens/generation")
+    if given and not (continuation_ids or (continuation or "").strip()):
+        raise RowError("invalid_request", "the continuation is empty")
+    if max_new_tokens is None or max_new_tokens == 0:
+        budget = config.default_new_tokens
+    elif isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise RowError("invalid_request", f"'max_new_tokens' must be a positive integer, got {max_new_tokens!r}")
+    else:
+        budget = max_new_tokens
+    limit = config.max_new_tokens
+    if budget > limit or (continuation_ids is not None and len(continuation_ids) > limit):
+        asked = budget if continuation_ids is None else len(continuation_ids)
+        raise RowError(
+            "too_many_tokens", f"{asked} new tokens asked; this model writes at most {limit} (max_new_tokens)"
+        )
+    return GenerationRow(encoding, prompt, budget, sampling, continuation, continuation_ids, ask)
+
+
+def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
+    message = wire.parse_request(payload)
+    if message.WhichOneof("input") is not None:
+        raise RowError("unsupported_input", "this is a generation model: set ExplainRequest.generation, not text/image")
+    if not message.HasField("generation"):
+        raise RowError("missing_prompt", "ExplainRequest.generation is not set")
+    request = message.generation
+    sampling: dict[str, Any] = {}
+    if request.HasField("sampling"):
+        proto = request.sampling
+        sampling["do_sample"] = bool(proto.do_sample)
+        for name in ("temperature", "top_k", "top_p", "seed"):
+            if proto.HasField(name):
+                sampling[name] = getattr(proto, name)
+    ask = None
+    if request.HasField("explain"):
+        proto_ask = request.explain
+        steps: tuple[int, ...] | StepSum | None = None
+        if proto_ask.sum:
+            steps = StepSum(
+                int(proto_ask.sum_start), int(proto_ask.sum_stop) if proto_ask.HasField("sum_stop") else None
+            )
+        elif proto_ask.steps:
+            steps = tuple(int(step) for step in proto_ask.steps)
+        if proto_ask.contrast and proto_ask.contrast_ids:
+            raise RowError("invalid_target", "set GenerationExplain.contrast or contrast_ids, not both")
+        foils: tuple[str | int, ...] | None = None
+        if proto_ask.contrast:
+            foils = tuple(str(foil) for foil in proto_ask.contrast)
+        elif proto_ask.contrast_ids:
+            foils = tuple(int(foil) for foil in proto_ask.contrast_ids)
+        ask = GenerationAsk(proto_ask.method or config.default_method, dict(proto_ask.options), steps, foils)
+    continuation = request.continuation or None
+    ids = tuple(int(token) for token in request.continuation_ids) or None
+    return _row(
+        Encoding.PROTOBUF, request.prompt, int(request.max_new_tokens), sampling, continuation, ids, ask, config
+    )
+
+
+def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
+    """The JSON document of one generation row's response (docs/SERVING.md, "Generation models")."""
+    if outcome.error is not None:
+        return wire.error_document(outcome.error)
+    document: dict[str, Any] = {
+        "task": "generation",
+        "text": outcome.text,
+        "stop_reason": outcome.stop_reason,
+        "prompt_tokens": outcome.prompt_tokens,
+        "prompt_special_tokens": outcome.prompt_special,
+    }
+    steps = []
+    for step in outcome.steps:
+        entry: dict[str, Any] = {
+            "token": step.token,
+            "token_id": step.token_id,
+            "probability": rounded(step.probability),
+        }
+        if step.explained:
+            entry["scores"] = rounded_list(step.scores or [])
+            entry["value"] = rounded(step.value or 0.0)
+        if step.foil_id is not None:
+            entry["foil"] = step.foil
+            entry["foil_id"] = step.foil_id
+        steps.append(entry)
+    document["steps"] = steps
+    if outcome.method is not None:
+        explanation: dict[str, Any] = {"method": outcome.method, "options": dict(outcome.options)}
+        if outcome.summed is not None:
+            explanation["sum"] = {
+                "start": outcome.summed[0],
+                "stop": outcome.summed[1],
+                "scores": rounded_list(outcome.sum_scores or []),
+                "value": rounded(outcome.sum_value or 0.0),
+            }
+        else:
+            explanation["steps"] = [index for index, step in enumerate(outcome.steps) if step.explained]
+        explanation["seconds"] = round(outcome.attribution_seconds, 6)
+        document["explanation"] = explanation
+    return document
+
+
+def encode_generation(outcome: GenerationOutcome) -> bytes:
+    """Encode one generation row's response in the encoding its request came in (:func:`serving_core.wire.encode`)."""
+    return wire.encode(outcome, generation_to_dict, fill_generation_response)
+
+
+def fill_generation_response(outcome: GenerationOutcome, response: Any) -> None:
+    """Fill an ``ExplainResponse`` with a served generation row's answer (its ``generation`` field)."""
+    result = response.generation
+    result.text = outcome.text
+    result.stop_reason = outcome.stop_reason
+    result.prompt_tokens.extend(outcome.prompt_tokens)
+    result.prompt_special_tokens.extend(outcome.prompt_special)
+    for step in outcome.steps:
+        proto = result.steps.add()
+        proto.token = step.token
+        proto.token_id = step.token_id
+        proto.probability = step.probability
+        proto.explained = step.explained
+        if step.scores is not None:
+            proto.scores.extend(step.scores)
+        if step.value is not None:
+            proto.value = step.value
+        if step.foil_id is not None:
+            proto.foil = step.foil or ""
+            proto.foil_id = step.foil_id
+    if outcome.method is not None:
+        result.method = outcome.method
+        for key, value in outcome.options.items():
+            result.options[key] = int(value)
+        result.seconds = outcome.attribution_seconds
+        if outcome.summed is not None:
+            result.summed = True
+            result.sum_start, result.sum_stop = outcome.summed
+            result.sum_scores.extend(outcome.sum_scores or [])
+            result.sum_value = outcome.sum_value or 0.0

@@ -1,0 +1,218 @@
+"""The serving core of token classifiers (handler task ``token_classification``): entities with character offsets
+and, when a row asks, each entity's attribution.
+
+The service loads the checkpoint as every task does (:mod:`serving_core.loading`: local safetensors, the library's
+default attention, the tokenizer, the labels checked against ``handler.labels``) and serves a batch row by row: each
+valid row is tokenized with character offsets, the rows are grouped by what they ask (prediction only, or a method
+with its options) and each group is one call of :func:`explainers.explain_tokens` (or
+:func:`explainers.predict_tokens`): one forward for the group's rows, the gradient methods' products batched over its
+entities. A row whose request is invalid (method, option, an input a token classifier does not take) gets its own
+error; the others are served.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from explainers import (
+    ExplainError,
+    TokenExplanation,
+    TokenPrediction,
+    available_methods,
+    describe,
+    explain_tokens,
+    get_method,
+    predict_tokens,
+)
+from explainers.architectures.support import check_method
+from explainers.tasks.tagging import label_scheme
+
+from ..config import HandlerConfig
+from ..errors import RowError, from_explain_error
+from ..loading import autocast, load_classifier, load_tokenizer
+from ..task import BatchTimings
+from ..wire import Encoding
+from .classify_schema import DecodedRow
+from .token_schema import EntityOutcome, TokenOutcome
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """One tokenized row: model inputs (unpadded), character offsets, special-token flags and truncation."""
+
+    inputs: dict[str, list[int]]
+    offsets: list[tuple[int, int]]
+    special: list[bool]
+    truncated: bool
+
+
+class TokenClassificationService:
+    """One loaded token classifier and its tokenizer."""
+
+    head_type = "token_classification"
+
+    def __init__(self, config: HandlerConfig, model_dir: Path, device: torch.device) -> None:
+        """Load the checkpoint (:mod:`serving_core.loading`) with the library's default attention.
+
+        Raises:
+            ValueError: if the checkpoint's labels disagree with ``config.labels`` or its tokenizer gives no
+                character offsets (a "fast" tokenizer, ``tokenizer.json``, is needed).
+        """
+        self.config = config
+        self.device = device
+        self.model = load_classifier(config, model_dir, device)
+        self.tokenizer = load_tokenizer(model_dir, self.model, config.pad_token_id)
+        accepted = inspect.signature(self.model.forward).parameters
+        self.input_names = tuple(name for name in ("input_ids", "attention_mask", "token_type_ids") if name in accepted)
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ValueError(
+                f"the tokenizer in {model_dir} is not a fast tokenizer (no tokenizer.json): a token classifier's "
+                "entities are answered with character offsets, which only fast tokenizers give"
+            )
+        self.scheme = label_scheme(config.labels)
+        self.arch = describe(self.model)
+
+    def _encode(self, text: str) -> _Encoded:
+        encoded = self.tokenizer(
+            text,
+            truncation=True,
+            max_length=self.config.max_length,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+        offsets = [(int(start), int(end)) for start, end in encoded["offset_mapping"]]
+        special = [bool(flag) for flag in encoded["special_tokens_mask"]]
+        offsets = [(0, 0) if flag else offset for offset, flag in zip(offsets, special, strict=True)]
+        inputs = {name: list(encoded[name]) for name in self.input_names if name in encoded}
+        inputs["special_tokens_mask"] = [int(flag) for flag in special]
+        return _Encoded(inputs, offsets, special, bool(encoded.encodings[0].overflowing))
+
+    def _request_key(self, row: DecodedRow) -> tuple[str, tuple[tuple[str, int], ...]] | None:
+        """The group of a row: ``None`` for a prediction, else its method and resolved options.
+
+        Raises:
+            RowError: for an input or a request a token classifier does not take.
+            ExplainError: for an unknown or refused method or a bad option.
+        """
+        if row.text_pair is not None:
+            raise RowError("invalid_request", "a token classifier tags one text: send 'text' alone (no 'text_pair')")
+        request = row.request
+        if request.target is not None:
+            raise RowError(
+                "invalid_target",
+                "a token classifier explains each entity it finds for the entity's own label: 'target' is for "
+                "sequence classifiers; leave it out",
+            )
+        if request.below is not None:
+            raise RowError(
+                "invalid_request",
+                "explain when unsure ('below') is for sequence classifiers: a token classifier explains every entity "
+                "it finds (leave 'below' out, or set it to null)",
+            )
+        if request.method is None:
+            return None
+        method = get_method(request.method)
+        check_method(self.arch.model_type, method.name, available_methods(), self.arch.task)
+        options = method.resolve_options(request.options, self.arch)
+        return method.name, tuple(sorted(options.items()))
+
+    def run(
+        self, rows: Sequence[DecodedRow | RowError], encodings: Sequence[Encoding]
+    ) -> tuple[list[TokenOutcome], BatchTimings]:
+        """Serve a batch: one :class:`TokenOutcome` per row, in order, and the summed stage timings of its groups."""
+        outcomes = [TokenOutcome(encoding=encoding) for encoding in encodings]
+        groups: dict[tuple[str, tuple[tuple[str, int], ...]] | None, list[int]] = {}
+        encoded: dict[int, _Encoded] = {}
+        for index, row in enumerate(rows):
+            outcome = outcomes[index]
+            if isinstance(row, RowError):
+                outcome.error = row
+                continue
+            try:
+                key = self._request_key(row)
+            except RowError as error:
+                outcome.error = error
+                continue
+            except ExplainError as error:
+                outcome.error = from_explain_error(error)
+                outcome.method = row.request.method
+                continue
+            encoded[index] = self._encode(row.text or "")
+            groups.setdefault(key, []).append(index)
+        forward = backward = 0.0
+        for key, indices in groups.items():
+            batch = self.tokenizer.pad([encoded[index].inputs for index in indices], padding=True, return_tensors="pt")
+            inputs = {name: batch[name] for name in (*self.input_names, "special_tokens_mask") if name in batch}
+            try:
+                with autocast(self.config, self.device):
+                    if key is None:
+                        result: TokenPrediction = predict_tokens(self.model, inputs)
+                    else:
+                        options: dict[str, Any] = dict(key[1])
+                        result = explain_tokens(self.model, inputs, method=key[0], **options)
+            except Exception:
+                logger.exception("group of %d rows failed", len(indices))
+                for index in indices:
+                    outcomes[index].error = RowError("internal", "the batch failed on the server; see the server log")
+                continue
+            if isinstance(result, TokenExplanation):
+                forward += float(result.seconds.get("forward", 0.0))
+                backward += float(result.seconds.get("backward", 0.0))
+            for position, index in enumerate(indices):
+                row = rows[index]
+                assert isinstance(row, DecodedRow)
+                self._fill(outcomes[index], row.text or "", encoded[index], result, position)
+        return outcomes, BatchTimings(forward, backward)
+
+    def _fill(
+        self, outcome: TokenOutcome, text: str, encoded: _Encoded, result: TokenPrediction, position: int
+    ) -> None:
+        length = len(encoded.offsets)
+        ids = encoded.inputs["input_ids"]
+        outcome.scheme = result.scheme
+        outcome.tokens = self.tokenizer.convert_ids_to_tokens(ids)
+        outcome.special_tokens = encoded.special
+        outcome.offsets = encoded.offsets
+        outcome.truncated = encoded.truncated
+        explained = isinstance(result, TokenExplanation)
+        row_scores: torch.Tensor | None = None
+        if isinstance(result, TokenExplanation):
+            row_scores = result.scores[position, :, :length].float().cpu()
+            if not bool(torch.isfinite(row_scores).all()):
+                outcome.error = RowError(
+                    "attribution_failed",
+                    f"method {result.method!r} gave NaN or infinite scores for this input (a numerical breakdown of "
+                    "the attribution; the other rows are unaffected); another method may still explain it",
+                )
+                outcome.method = result.method
+                return
+            outcome.method = result.method
+            outcome.options = dict(result.options)
+            outcome.attribution_seconds = float(result.seconds.get("attribution", 0.0))
+        for number, (span, score) in enumerate(zip(result.spans[position], result.span_scores[position], strict=True)):
+            start, end, label = span
+            first, last = encoded.offsets[start][0], encoded.offsets[end - 1][1]
+            tag = self.scheme.tags[label]
+            outcome.entities.append(
+                EntityOutcome(
+                    text=text[first:last],
+                    label=tag.type or tag.name,
+                    tag=tag.name,
+                    label_id=label,
+                    start=first,
+                    end=last,
+                    token_start=start,
+                    token_end=end,
+                    score=score,
+                    scores=row_scores[number].tolist() if explained and row_scores is not None else None,
+                )
+            )
