@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +38,13 @@ logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).with_name("wheel_probe.py")
-PACKAGES = ("explainers", "handlers", "servers", "model_store", "bench", "explain_eval")
+#: The top-level packages the wheel carries (pyproject.toml's find patterns, ``name*``).
+PACKAGES = tuple(
+    pattern.rstrip("*")
+    for pattern in tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+)
 TEXT = "the crew was rude and the flight late"
 WORDS = ("the", "crew", "was", "rude", "and", "flight", "late", "lovely", "staff")
 #: What the fresh virtualenv must not get from the core wheel.
