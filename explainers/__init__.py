@@ -19,6 +19,7 @@ maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/``
 >>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True), method="attnlrp")
 """
 
+from ._version import __version__
 from .api import Attribution, BatchExplanation, RowExplanation, RowRequest, explain, explain_batch
 from .architectures.attention import (
     CAPTURE_IMPLEMENTATION,
@@ -95,6 +96,7 @@ __all__ = [
     "UnknownMethodError",
     "UnsupportedMethodError",
     "UnsupportedModelError",
+    "__version__",
     "attention_implementation",
     "available_methods",
     "capturing_attention",
