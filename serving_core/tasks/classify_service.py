@@ -13,6 +13,7 @@ import io
 import logging
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from explainers import (
     head_type,
     pooled_position,
     prediction_confidence,
+    unit_scores,
 )
 
 from ..config import DEFAULT_THRESHOLD, HandlerConfig
@@ -36,8 +38,29 @@ from ..loading import autocast, load_classifier, load_tokenizer
 from ..task import BatchTimings
 from ..wire import Encoding
 from .classify_schema import DecodedRow, RowOutcome
+from .text_units import text_units
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Characters:
+    """A tokenized row's characters: each token's offsets in its own text (``None``: a special token) and its text
+    (0, 1 for a pair's second text, ``None`` for a special token)."""
+
+    offsets: list[tuple[int, int] | None]
+    sequences: list[int | None]
+
+
+def _characters(encoded: Any) -> _Characters:
+    """The offsets of a fast tokenizer's encoding (``return_offsets_mapping``, ``return_special_tokens_mask``)."""
+    special = [bool(flag) for flag in encoded["special_tokens_mask"]]
+    offsets: list[tuple[int, int] | None] = [
+        None if flag or end <= start else (int(start), int(end))
+        for (start, end), flag in zip(encoded["offset_mapping"], special, strict=True)
+    ]
+    sequences = [None if flag else sequence for sequence, flag in zip(encoded.sequence_ids(0), special, strict=True)]
+    return _Characters(offsets, sequences)
 
 
 class ExplanationService:
@@ -71,23 +94,29 @@ class ExplanationService:
         logger.info("loaded %s model (%s head) from %s on %s", config.task, self.head_type, model_dir, device)
 
     def _text_inputs(
-        self, texts: Sequence[str], pairs: Sequence[str | None]
-    ) -> tuple[dict[str, torch.Tensor], list[bool], list[list[int] | None]]:
+        self, texts: Sequence[str], pairs: Sequence[str | None], with_offsets: bool = False
+    ) -> tuple[dict[str, torch.Tensor], list[bool], list[list[int] | None], list[_Characters | None]]:
         """Tokenize each row (a text, or a text and its pair), then pad them into one batch on the tokenizer's
         padding side.
 
         Returns:
-            The model inputs, whether each row was truncated, and each pair row's segment per token
-            (0 text, 1 text_pair, -1 special token; ``None`` for a single text).
+            The model inputs, whether each row was truncated, each pair row's segment per token (0 text, 1 text_pair,
+            -1 special token; ``None`` for a single text) and, with ``with_offsets`` (a fast tokenizer), each token's
+            characters.
         """
         rows: list[dict[str, list[int]]] = []
         truncated: list[bool] = []
         segments: list[list[int] | None] = []
+        characters: list[_Characters | None] = []
         limit = self.config.max_length
         for text, pair in zip(texts, pairs, strict=True):
-            encoded = self.tokenizer(text, pair, truncation=True, max_length=limit)
+            encoded = self.tokenizer(
+                text, pair, truncation=True, max_length=limit, return_offsets_mapping=with_offsets,
+                return_special_tokens_mask=with_offsets,
+            )  # fmt: skip
             ids = encoded["input_ids"]
             encodings = getattr(encoded, "encodings", None)
+            characters.append(_characters(encoded) if with_offsets else None)
             if encodings:
                 truncated.append(bool(encodings[0].overflowing))
             else:  # a tokenizer without a Rust backend: tokenize again untruncated only when it may have cut
@@ -99,7 +128,8 @@ class ExplanationService:
                 segments.append([-1 if sequence is None else int(sequence) for sequence in sequence_ids])
             rows.append({name: encoded[name] for name in self.input_names if name in encoded})
         batch = self.tokenizer.pad(rows, padding=True, return_tensors="pt")
-        return {name: batch[name] for name in self.input_names if name in batch}, truncated, segments
+        inputs = {name: batch[name] for name in self.input_names if name in batch}
+        return inputs, truncated, segments, characters
 
     def decode_image(self, data: bytes) -> Image.Image:
         """Decode PNG/JPEG bytes to RGB, bounded in pixels.
@@ -157,16 +187,25 @@ class ExplanationService:
                 except RowError as error:
                     outcomes[index].error = error
                     continue
+            if row.granularity != "token" and not getattr(self.tokenizer, "is_fast", False):
+                outcomes[index].error = RowError(
+                    "invalid_option",
+                    "words and sentences need a fast tokenizer's character offsets; this model's tokenizer is not "
+                    "one (no tokenizer.json): ask for tokens",
+                )
+                continue
             valid.append(index)
         if not valid:
             return outcomes, BatchTimings(0.0, 0.0)
         decoded = [rows[index] for index in valid]
         truncated = [False] * len(valid)
         segments: list[list[int] | None] = [None] * len(valid)
+        characters: list[_Characters | None] = [None] * len(valid)
         if self.config.input_kind == "text":
             texts = [row.text or "" for row in decoded]  # type: ignore[union-attr]
             pairs = [row.text_pair for row in decoded]  # type: ignore[union-attr]
-            inputs, truncated, segments = self._text_inputs(texts, pairs)
+            units = any(row.granularity != "token" for row in decoded)  # type: ignore[union-attr]
+            inputs, truncated, segments, characters = self._text_inputs(texts, pairs, units)
         else:
             inputs = self._image_inputs(images)
         requests = [row.request for row in decoded]  # type: ignore[union-attr]
@@ -200,6 +239,10 @@ class ExplanationService:
                 outcome.method = request.method
             elif isinstance(row_result, RowExplanation):
                 self._fill_explanation(outcome, row_result)
+                row = rows[index]
+                found = characters[position]
+                if isinstance(row, DecodedRow) and row.granularity != "token" and found is not None:
+                    self._fill_units(outcome, row, found)
             elif isinstance(row_result, RowSkipped):
                 outcome.skipped = row_result
             if request.method is not None and request.below is not None and outcome.error is None:
@@ -207,6 +250,15 @@ class ExplanationService:
                 outcome.confidence = float(confidences[position])
         seconds = result.seconds
         return outcomes, BatchTimings(float(seconds.get("forward", 0.0)), float(seconds.get("backward", 0.0)))
+
+    def _fill_units(self, outcome: RowOutcome, row: DecodedRow, found: _Characters) -> None:
+        """The explanation in the row's words or sentences: its units and each one's summed score."""
+        units, described = text_units(
+            row.text or "", row.text_pair, found.offsets, found.sequences, outcome.tokens or [], row.granularity
+        )
+        outcome.granularity = row.granularity
+        outcome.context = described
+        outcome.scores = [float(value) for value in unit_scores(torch.tensor(outcome.scores or []), units)]
 
     def _fill_prediction(self, outcome: RowOutcome, values: torch.Tensor) -> None:
         """The row's answer from its ``(num_labels,)`` probabilities (or regression values)."""
