@@ -164,7 +164,7 @@ def test_chats_with_documents_words_sentences_and_spans(served: tuple[str, Path,
     assert summed["explanation"]["sum"]["scores"] == pytest.approx(
         span["explanation"]["span"]["scores"], abs=1e-6 * scale
     )
-    assert generated["explanation"]["context"][-1]["generated"] or len(generated["steps"]) == 1
+    assert generated["explanation"]["context"][-1]["generated"] and generated["explanation"]["granularity"] == "word"
 
 
 def test_bad_rows_get_their_codes_and_the_good_rows_are_served(qwen2: tuple[str, Path, Any]) -> None:
