@@ -6,7 +6,6 @@ protobuf answers agree, and every bad row gets its error-table code while the go
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,10 @@ from explain_client.protos import explain_messages
 from explainers import decoded_offsets, explain_spans, render_chat, span_steps, token_units
 from explainers.continuation import given_continuation
 from serving_core.config import ConfigError, HandlerConfig
-from serving_core.errors import RowError
-from serving_core.tasks.generation_schema import decode_generation_row, encode_generation
 from serving_core.tasks.generation_service import GenerationService
-from serving_core.wire import Encoding, row_encoding
 
 from .chat_zoo import CHAT_FAMILIES, DOCUMENTS, QUESTION, STYLES, SYSTEM, save_chat_model
+from .generation_checkpoint import serve_rows
 
 ANSWER = "It was finished in 1889. It stands in Paris!"
 
@@ -35,24 +32,7 @@ def _config(**extra: Any) -> HandlerConfig:
 
 
 def _serve(service: GenerationService, config: HandlerConfig, requests: list[Any]) -> list[dict[str, Any]]:
-    rows: list[Any] = []
-    encodings = []
-    for request in requests:
-        raw = {"body": json.dumps(request).encode()} if isinstance(request, dict) else {"request": request}
-        encodings.append(row_encoding(raw))
-        try:
-            rows.append(decode_generation_row(raw, False, config))
-        except RowError as error:
-            rows.append(error)
-    outcomes, _ = service.run(rows, encodings)
-    answers = []
-    for outcome in outcomes:
-        body = encode_generation(outcome)
-        if outcome.encoding is Encoding.JSON:
-            answers.append(json.loads(body))
-        else:
-            answers.append({"protobuf": explain_messages().ExplainResponse.FromString(body)})
-    return answers
+    return serve_rows(service, config, requests)
 
 
 def _turns(family: str) -> list[dict[str, str]]:
