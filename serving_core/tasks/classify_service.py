@@ -13,7 +13,6 @@ import io
 import logging
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,26 +40,6 @@ from .classify_schema import DecodedRow, RowOutcome
 from .text_units import text_units
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Characters:
-    """A tokenized row's characters: each token's offsets in its own text (``None``: a special token) and its text
-    (0, 1 for a pair's second text, ``None`` for a special token)."""
-
-    offsets: list[tuple[int, int] | None]
-    sequences: list[int | None]
-
-
-def _characters(encoded: Any) -> _Characters:
-    """The offsets of a fast tokenizer's encoding (``return_offsets_mapping``, ``return_special_tokens_mask``)."""
-    special = [bool(flag) for flag in encoded["special_tokens_mask"]]
-    offsets: list[tuple[int, int] | None] = [
-        None if flag or end <= start else (int(start), int(end))
-        for (start, end), flag in zip(encoded["offset_mapping"], special, strict=True)
-    ]
-    sequences = [None if flag else sequence for sequence, flag in zip(encoded.sequence_ids(0), special, strict=True)]
-    return _Characters(offsets, sequences)
 
 
 class ExplanationService:
@@ -94,29 +73,23 @@ class ExplanationService:
         logger.info("loaded %s model (%s head) from %s on %s", config.task, self.head_type, model_dir, device)
 
     def _text_inputs(
-        self, texts: Sequence[str], pairs: Sequence[str | None], with_offsets: bool = False
-    ) -> tuple[dict[str, torch.Tensor], list[bool], list[list[int] | None], list[_Characters | None]]:
+        self, texts: Sequence[str], pairs: Sequence[str | None]
+    ) -> tuple[dict[str, torch.Tensor], list[bool], list[list[int] | None]]:
         """Tokenize each row (a text, or a text and its pair), then pad them into one batch on the tokenizer's
         padding side.
 
         Returns:
-            The model inputs, whether each row was truncated, each pair row's segment per token (0 text, 1 text_pair,
-            -1 special token; ``None`` for a single text) and, with ``with_offsets`` (a fast tokenizer), each token's
-            characters.
+            The model inputs, whether each row was truncated, and each pair row's segment per token
+            (0 text, 1 text_pair, -1 special token; ``None`` for a single text).
         """
         rows: list[dict[str, list[int]]] = []
         truncated: list[bool] = []
         segments: list[list[int] | None] = []
-        characters: list[_Characters | None] = []
         limit = self.config.max_length
         for text, pair in zip(texts, pairs, strict=True):
-            encoded = self.tokenizer(
-                text, pair, truncation=True, max_length=limit, return_offsets_mapping=with_offsets,
-                return_special_tokens_mask=with_offsets,
-            )  # fmt: skip
+            encoded = self.tokenizer(text, pair, truncation=True, max_length=limit)
             ids = encoded["input_ids"]
             encodings = getattr(encoded, "encodings", None)
-            characters.append(_characters(encoded) if with_offsets else None)
             if encodings:
                 truncated.append(bool(encodings[0].overflowing))
             else:  # a tokenizer without a Rust backend: tokenize again untruncated only when it may have cut
@@ -128,8 +101,7 @@ class ExplanationService:
                 segments.append([-1 if sequence is None else int(sequence) for sequence in sequence_ids])
             rows.append({name: encoded[name] for name in self.input_names if name in encoded})
         batch = self.tokenizer.pad(rows, padding=True, return_tensors="pt")
-        inputs = {name: batch[name] for name in self.input_names if name in batch}
-        return inputs, truncated, segments, characters
+        return {name: batch[name] for name in self.input_names if name in batch}, truncated, segments
 
     def decode_image(self, data: bytes) -> Image.Image:
         """Decode PNG/JPEG bytes to RGB, bounded in pixels.
@@ -200,12 +172,10 @@ class ExplanationService:
         decoded = [rows[index] for index in valid]
         truncated = [False] * len(valid)
         segments: list[list[int] | None] = [None] * len(valid)
-        characters: list[_Characters | None] = [None] * len(valid)
         if self.config.input_kind == "text":
             texts = [row.text or "" for row in decoded]  # type: ignore[union-attr]
             pairs = [row.text_pair for row in decoded]  # type: ignore[union-attr]
-            units = any(row.granularity != "token" for row in decoded)  # type: ignore[union-attr]
-            inputs, truncated, segments, characters = self._text_inputs(texts, pairs, units)
+            inputs, truncated, segments = self._text_inputs(texts, pairs)
         else:
             inputs = self._image_inputs(images)
         requests = [row.request for row in decoded]  # type: ignore[union-attr]
@@ -240,9 +210,8 @@ class ExplanationService:
             elif isinstance(row_result, RowExplanation):
                 self._fill_explanation(outcome, row_result)
                 row = rows[index]
-                found = characters[position]
-                if isinstance(row, DecodedRow) and row.granularity != "token" and found is not None:
-                    self._fill_units(outcome, row, found)
+                if isinstance(row, DecodedRow) and row.granularity != "token":
+                    self._fill_units(outcome, row)
             elif isinstance(row_result, RowSkipped):
                 outcome.skipped = row_result
             if request.method is not None and request.below is not None and outcome.error is None:
@@ -251,10 +220,23 @@ class ExplanationService:
         seconds = result.seconds
         return outcomes, BatchTimings(float(seconds.get("forward", 0.0)), float(seconds.get("backward", 0.0)))
 
-    def _fill_units(self, outcome: RowOutcome, row: DecodedRow, found: _Characters) -> None:
-        """The explanation in the row's words or sentences: its units and each one's summed score."""
+    def _fill_units(self, outcome: RowOutcome, row: DecodedRow) -> None:
+        """The explanation in the row's words or sentences: its units and each one's summed score. The row is
+        tokenized again as :meth:`_text_inputs` did, with the fast tokenizer's character offsets."""
+        encoded = self.tokenizer(
+            row.text or "", row.text_pair, truncation=True, max_length=self.config.max_length,
+            return_offsets_mapping=True, return_special_tokens_mask=True,
+        )  # fmt: skip
+        special = [bool(flag) for flag in encoded["special_tokens_mask"]]
+        offsets: list[tuple[int, int] | None] = [
+            None if flag or end <= start else (int(start), int(end))
+            for (start, end), flag in zip(encoded["offset_mapping"], special, strict=True)
+        ]
+        sequences = [
+            None if flag else sequence for sequence, flag in zip(encoded.sequence_ids(0), special, strict=True)
+        ]
         units, described = text_units(
-            row.text or "", row.text_pair, found.offsets, found.sequences, outcome.tokens or [], row.granularity
+            row.text or "", row.text_pair, offsets, sequences, outcome.tokens or [], row.granularity
         )
         outcome.granularity = row.granularity
         outcome.context = described
