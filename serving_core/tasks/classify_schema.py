@@ -1,6 +1,7 @@
-"""Request and response schema: decode one TorchServe row into a typed request, encode one result back.
+"""Request and response schema of classifiers (tasks ``text`` and ``image``): decode one row into a typed request,
+write one result back (the envelope is :mod:`serving_core.wire`'s).
 
-A row arrives as a dict from TorchServe:
+A row arrives as a dict, as TorchServe hands it over (the other doors wrap a JSON document the same way):
 
 - REST: ``body``/``data`` holds a dict (``Content-Type: application/json``), a ``str`` (``text/*``) or bytes (JSON
   without that content type, or a raw PNG/JPEG body for image models).

@@ -1,4 +1,5 @@
-"""The serving core below the handlers: one model, a batch of decoded rows in, one outcome per row out.
+"""The classification service (tasks ``text`` and ``image``): one loaded classifier, a batch of decoded rows in, one
+outcome per row out.
 
 The valid rows of a batch are tokenized (or image-processed) together, then :func:`explainers.explain_batch` runs
 one forward for all of them (grad-enabled only for the rows whose method needs it) and each row's method. Rows
