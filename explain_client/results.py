@@ -342,10 +342,10 @@ class TokenClassification:
             raise ValueError(
                 f"{len(self.tokens)} tokens, {len(self.special_tokens)} flags, {len(self.offsets)} offsets"
             )
-        over = len(self.tokens) if self.context is None else len(self.context)
+        over, what = (len(self.tokens), "tokens") if self.context is None else (len(self.context), "units")
         for entity in self.entities:
             if entity.scores is not None and len(entity.scores) != over:
-                raise ValueError(f"entity {entity.text!r} has {len(entity.scores)} scores for {over} units")
+                raise ValueError(f"entity {entity.text!r} has {len(entity.scores)} scores for {over} {what}")
 
     def explanation(self, entity: int | Entity) -> Explanation:
         """One entity's attribution as a text :class:`Explanation` (its tokens and scores), for the renderers.
