@@ -283,7 +283,8 @@ class PromptPart:
 @dataclass(frozen=True)
 class GenerationStep:
     """One generated token: its piece, id, probability and, when explained, its scores over the context tokens
-    (the prompt's tokens, then the tokens generated before it)."""
+    (the prompt's tokens, then the tokens generated before it), or over the first units of
+    :attr:`Generation.context` when words or sentences were asked for."""
 
     token: str
     token_id: int

@@ -92,6 +92,10 @@ def test_chats_with_documents_words_sentences_and_spans(served: tuple[str, Path,
         )
     token_context = tokens["explanation"]["context"]
     assert len(token_context) == len(rendered.input_ids) + len(tokens["steps"])
+    assert not any(mark in unit["text"] for unit in token_context + words["explanation"]["context"] for mark in "Ġ▁")
+    for unit in token_context:  # a token's text is its characters: in the rendered prompt, or in the answer
+        source = ANSWER if unit["generated"] else rendered.text
+        assert unit["start"] is None or unit["text"] == source[unit["start"] : unit["end"]]
     assert [unit["template"] for unit in token_context[: len(rendered.input_ids)]] == [
         label is None for label in rendered.token_labels()
     ]

@@ -347,10 +347,10 @@ class GenerationService:
         answer, offsets = decoded_offsets(self.tokenizer, ids)
         context = row_context(
             item.rendered,
-            self.tokenizer.convert_ids_to_tokens(item.prompt_ids),
+            self._texts(item.prompt_ids),
             answer,
             offsets,
-            self.tokenizer.convert_ids_to_tokens(ids),
+            self._texts(ids),
             ask.granularity,
             len(item.row.documents),
         )
@@ -367,6 +367,11 @@ class GenerationService:
                 f"contrast has {len(foils)} foils for {row_steps} steps: give one for every step or one each"
             )
         return _Member(position, resolved, foils, context)
+
+    def _texts(self, ids: Sequence[int]) -> list[str]:
+        """Each token decoded on its own (a unit's text where the token has no character offsets: a BOS, an EOS, or
+        every token of a slow tokenizer), never a ``Ġ``/``▁`` piece."""
+        return [str(self.tokenizer.decode([token])) for token in ids]
 
     def _explain_spans(
         self, subset: Continuation, members: Sequence[_Member], method: str, options: dict[str, Any]
