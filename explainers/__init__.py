@@ -50,7 +50,16 @@ from .chat import (  # isort: skip
     render_chat,
     render_prompt,
 )
-from .citations import Sentence, SpanExplanation, answer_sentences, cite, explain_spans, span_steps  # isort: skip
+from .citations import (  # isort: skip
+    Citations,
+    Sentence,
+    SpanExplanation,
+    answer_sentences,
+    cite,
+    explain_citations,
+    explain_spans,
+    span_steps,
+)
 
 
 def supported_methods(model_type: str, task: str = "sequence_classification") -> list[str]:
@@ -76,6 +85,7 @@ __all__ = [
     "Attribution",
     "BatchExplanation",
     "ChatTemplateError",
+    "Citations",
     "Document",
     "ExplainError",
     "Family",
@@ -118,6 +128,7 @@ __all__ = [
     "estimate_bytes",
     "explain",
     "explain_batch",
+    "explain_citations",
     "explain_generation",
     "explain_spans",
     "explain_targets",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from . import InvalidTargetError, Targets, explain_targets
+from . import InvalidTargetError, RenderedPrompt, Targets, explain_targets
 from .units import token_units
 
 if TYPE_CHECKING:
@@ -236,3 +236,88 @@ def cite(scores: Tensor | Sequence[float], labels: Sequence[Hashable], documents
         if isinstance(label, tuple) and len(label) == 2 and label[0] == "document":
             totals[int(label[1])] += float(value)
     return sorted(enumerate(totals), key=lambda item: (-item[1], item[0]))
+
+
+@dataclass(frozen=True)
+class Citations:
+    """The result of :func:`explain_citations`: an answer's sentences and the documents each one rests on.
+
+    Attributes:
+        rendered: the rendered prompt (its text, tokens, offsets, and where each message and document landed).
+        answer: the answer text.
+        answer_ids: the answer's token ids.
+        sentences: the answer's sentences (characters and steps).
+        documents: per sentence, ``(document, score)`` ranked by score, highest first (:func:`cite`).
+        explanation: the sentences' explanation (its scores over prompt + answer tokens, values, seconds).
+    """
+
+    rendered: RenderedPrompt
+    answer: str
+    answer_ids: tuple[int, ...]
+    sentences: tuple[Sentence, ...]
+    documents: tuple[tuple[tuple[int, float], ...], ...]
+    explanation: SpanExplanation | None
+
+
+def explain_citations(
+    model: nn.Module,
+    tokenizer: Any,
+    messages: Sequence[Any] | None = None,
+    documents: Sequence[Any] = (),
+    *,
+    prompt: str | None = None,
+    answer: str | Sequence[int] | None = None,
+    max_new_tokens: int = 64,
+    method: str = "attnlrp",
+    chat_template: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Citations:
+    """Which documents each sentence of an answer rests on: the chat (or prompt) rendered with its documents
+    (:func:`explainers.render_chat` / :func:`explainers.render_prompt`), the answer given or generated greedily, split
+    into sentences, every sentence's summed log-probability explained from one forward (:func:`explain_spans`) and the
+    documents ranked by the sum of each sentence's scores over their tokens (:func:`cite`).
+
+    Args:
+        model: the causal LM.
+        tokenizer: its fast tokenizer.
+        messages: chat messages (or give ``prompt``).
+        documents: strings or ``{"title", "text"}``.
+        prompt: a plain prompt instead of messages.
+        answer: the answer, as text (tokenized without special tokens) or token ids; ``None``: generated (greedy,
+            at most ``max_new_tokens``).
+        max_new_tokens: the generation's budget when no answer is given.
+        method: the attribution method.
+        chat_template: a chat template instead of the tokenizer's.
+        options: the method's options.
+
+    Raises:
+        ExplainError: for bad messages, documents, method or options (see :func:`explainers.render_chat`).
+    """
+    from .chat import decoded_offsets, render_chat, render_prompt
+    from .continuation import generate_continuation, given_continuation
+
+    if (messages is None) == (prompt is None):
+        raise InvalidTargetError("give messages or a prompt, not both")
+    if messages is not None:
+        rendered = render_chat(tokenizer, messages, documents, chat_template=chat_template)
+    else:
+        rendered = render_prompt(tokenizer, prompt or "", documents)
+    ids = torch.tensor([list(rendered.input_ids)])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if answer is None:
+        made = generate_continuation(model, inputs, max_new_tokens)
+    else:
+        given = tokenizer(answer, add_special_tokens=False)["input_ids"] if isinstance(answer, str) else list(answer)
+        made = given_continuation(model, inputs, torch.tensor([given]))
+    answer_ids = tuple(made.tokens[0][made.token_mask[0]].tolist())
+    text, offsets = decoded_offsets(tokenizer, answer_ids)
+    sentences = tuple(answer_sentences(text, offsets))
+    explanation = None
+    ranked: list[tuple[tuple[int, float], ...]] = []
+    if sentences:
+        explanation = explain_spans(model, made, [[s.steps for s in sentences]], method=method, options=options)
+        labels = rendered.token_labels()
+        count = len({field.index for field in rendered.fields if field.kind == "document"})
+        for index in range(len(sentences)):
+            ranked.append(tuple(cite(explanation.context_scores(0, index), labels, count)))
+    return Citations(rendered, text, answer_ids, sentences, tuple(ranked), explanation)

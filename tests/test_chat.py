@@ -19,6 +19,7 @@ from explainers import (
     answer_sentences,
     cite,
     decoded_offsets,
+    explain_citations,
     explain_spans,
     explain_units,
     render_chat,
@@ -216,3 +217,23 @@ def test_a_span_of_the_answer_is_its_steps_summed() -> None:
     for bad in ((-1, 3), (5, 5), (0, len(text) + 1)):
         with pytest.raises(Exception, match="0 <= start < end"):
             span_steps(text, offsets, *bad)
+
+
+def test_explain_citations_is_the_pipeline_in_one_call() -> None:
+    model, made = chat_model("gemma2")
+    messages = [{"role": "user", "content": QUESTION}]
+    cited = explain_citations(model, made, messages, DOCUMENTS, answer=ANSWER, method="grad_x_input")
+    assert cited.answer == made.decode(made(ANSWER, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
+    assert [cited.answer[s.start : s.end] for s in cited.sentences] == [
+        "It was finished in 1889.", "It stands in Paris!", "Big Ben is in London."
+    ]  # fmt: skip
+    assert cited.rendered.placement == "user" and cited.explanation is not None
+    labels = cited.rendered.token_labels()
+    for index, ranked in enumerate(cited.documents):
+        scores = cited.explanation.context_scores(0, index)
+        for document, score in ranked:
+            inside = [float(v) for v, label in zip(scores, labels, strict=False) if label == ("document", document)]
+            assert score == pytest.approx(sum(inside), rel=1e-9, abs=1e-12)
+        assert len(ranked) == len(DOCUMENTS)
+    generated = explain_citations(model, made, prompt=QUESTION, documents=DOCUMENTS[:1], max_new_tokens=3)
+    assert len(generated.answer_ids) <= 3 and generated.rendered.placement == "prompt"
