@@ -85,7 +85,7 @@ class Document:
 
 
 @dataclass(frozen=True)
-class Field:
+class PromptField:
     """Where one piece of the caller's input landed in the rendered prompt.
 
     Attributes:
@@ -129,7 +129,7 @@ class RenderedPrompt:
     text: str
     input_ids: tuple[int, ...]
     offsets: tuple[tuple[int, int] | None, ...]
-    fields: tuple[Field, ...]
+    fields: tuple[PromptField, ...]
     placement: Placement | None = None
 
     def segments(self) -> tuple[Segment, ...]:
@@ -281,11 +281,11 @@ def render_chat(
     docs = check_documents(documents)
     _render(tokenizer, template, _message_dicts(chat, _identity), None, add_generation_prompt)
     placement = _placement(tokenizer, template, chat, docs, add_generation_prompt) if docs else None
-    fields = [Field("message", index, "content") for index in range(len(chat))]
+    fields = [PromptField("message", index, "content") for index in range(len(chat))]
     for index, document in enumerate(docs):
         if document.title:
-            fields.append(Field("document", index, "title"))
-        fields.append(Field("document", index, "text"))
+            fields.append(PromptField("document", index, "title"))
+        fields.append(PromptField("document", index, "text"))
     markers = {(field.kind, field.index, field.part): _marker(position) for position, field in enumerate(fields)}
 
     def build(value: Callable[[str, int, str, str], str]) -> tuple[list[dict[str, str]], list[dict[str, str]] | None]:
@@ -313,13 +313,15 @@ def render_prompt(tokenizer: Any, prompt: str, documents: Sequence[Any] = ()) ->
     """
     _require_fast(tokenizer)
     docs = check_documents(documents)
-    fields: list[Field] = []
+    fields: list[PromptField] = []
     text = prompt
     if docs:
         block, spans = documents_block(docs)
-        fields = [Field("document", index, part, start, end, "exact") for (index, part), (start, end) in spans.items()]
+        fields = [
+            PromptField("document", index, part, start, end, "exact") for (index, part), (start, end) in spans.items()
+        ]
         text = block + "\n\n" + prompt
-    fields.insert(0, Field("prompt", 0, "prompt", len(text) - len(prompt), len(text), "exact"))
+    fields.insert(0, PromptField("prompt", 0, "prompt", len(text) - len(prompt), len(text), "exact"))
     encoded = tokenizer(text, return_offsets_mapping=True)
     offsets = _offsets(encoded["offset_mapping"])
     return RenderedPrompt(text, tuple(encoded["input_ids"]), offsets, tuple(fields), "prompt" if docs else None)
@@ -443,15 +445,15 @@ def _render(
 def _locate(
     text: str,
     probe: str | None,
-    fields: Sequence[Field],
+    fields: Sequence[PromptField],
     markers: Mapping[tuple[str, int, str], str],
     chat: Sequence[Message],
     docs: Sequence[Document],
-) -> list[Field]:
+) -> list[PromptField]:
     """Each field's span in ``text``, searched in the order the probe rendering writes them (see the module
     docstring); fields are returned in their own order."""
 
-    def original(field: Field) -> str:
+    def original(field: PromptField) -> str:
         if field.kind == "message":
             return chat[field.index].content
         document = docs[field.index]
@@ -479,7 +481,7 @@ def _locate(
             start, end, found = span
             if any(other.start is not None and other.start < end and start < (other.end or 0) for other in located):
                 continue  # overlaps a field found before (the no-probe search): leave it unlocated
-            located[position] = Field(field.kind, field.index, field.part, start, end, found)
+            located[position] = PromptField(field.kind, field.index, field.part, start, end, found)
             cursor = end
     return located
 

@@ -236,8 +236,7 @@ def _chat_template(tokenizer: Any, template: str | None) -> list[str]:
     Raises:
         PackageError: for a template that does not render a user message.
     """
-    from explainers import ExplainError, render_chat
-    from explainers.chat import chat_template_of
+    from explainers import ExplainError, chat_template_of, render_chat
 
     if chat_template_of(tokenizer, template) is None:
         return [

@@ -26,8 +26,9 @@ from explainers import (
     ExplainError,
     Message,
     UnknownRoleError,
+    check_documents,
+    check_messages,
 )
-from explainers.chat import check_documents, check_messages
 
 from ..config import HandlerConfig
 from ..errors import RowError

@@ -29,6 +29,7 @@ from explainers import (
     ExplainError,
     InvalidOptionError,
     InvalidTargetError,
+    PromptField,
     RenderedPrompt,
     SpanExplanation,
     StepSum,
@@ -38,7 +39,6 @@ from explainers import (
     render_prompt,
     span_steps,
 )
-from explainers.chat import Field
 from explainers.continuation import (
     Continuation,
     GenerationSettings,
@@ -142,7 +142,7 @@ class GenerationService:
             raise from_explain_error(error) from None
         prompt = row.prompt or ""
         ids = self.tokenizer(prompt)["input_ids"]
-        return RenderedPrompt(prompt, tuple(ids), (None,) * len(ids), (Field("prompt", 0, "prompt"),))
+        return RenderedPrompt(prompt, tuple(ids), (None,) * len(ids), (PromptField("prompt", 0, "prompt"),))
 
     def _prepare(self, index: int, row: GenerationRow) -> _Prepared:
         rendered = self._render(row)
