@@ -72,6 +72,8 @@ COPY explainers ./explainers
 COPY serving_core ./serving_core
 COPY handlers ./handlers
 COPY servers ./servers
+COPY supervise ./supervise
+COPY forwarding ./forwarding
 COPY proto ./proto
 COPY explain_client ./explain_client
 COPY explain_eval ./explain_eval

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"mib": _peak_child(args, model, what, int(length))}))
         return
     from explainers import describe
-    from explainers.support import refusal
+    from explainers.architectures.support import refusal
 
     model_type = describe(model).model_type
     autocast = torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16)

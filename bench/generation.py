@@ -3,7 +3,7 @@
 On a random causal LM built from a config (``--arch``, default a 4-layer Llama of width 256 with a 2,000-word
 vocabulary and a word-level tokenizer built here), for every prompt length × new tokens × batch size:
 
-- ``generate``: the median wall time of :func:`explainers.continuation.generate_continuation` (greedy, no EOS, so
+- ``generate``: the median wall time of :func:`explainers.tasks.continuation.generate_continuation` (greedy, no EOS, so
   every row writes exactly ``T`` tokens); every other time is given as a ratio to it, timed just before it;
 - each method: :func:`explainers.explain_generation` on that continuation (``continuation=``, so the ratio is the
   explanation's own cost: ``1 + ratio`` with the generation), every step explained (``T`` targets), and
@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from explainers import StepSum, explain_generation
-from explainers.continuation import Continuation, generate_continuation
+from explainers.tasks.continuation import Continuation, generate_continuation
 
 log = logging.getLogger("bench.generation")
 METHODS = ("attention", "rollout", "gae", "grad_x_input", "attnlrp", "cp_lrp", "integrated_gradients")

@@ -29,9 +29,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.explainers import ARCHITECTURES, build_model, default_checkpoint, load_model, make_inputs
 from explainers import describe, get_method
-from explainers.api import _readout
-from explainers.attention_capture import fused_implementation
+from explainers.architectures.attention import fused_implementation
 from explainers.capture import bind_rules, prepared_model, run_capture
+from explainers.execution import Readout
 from explainers.inputs import token_mask, validate_inputs
 from explainers.methods import MethodInputs
 
@@ -43,7 +43,7 @@ def staged(model: nn.Module, inputs: dict[str, torch.Tensor], method: str) -> di
     chosen = get_method(method)
     validated = validate_inputs(arch, model, inputs)
     mask = token_mask(arch, validated, model)
-    readout = _readout(arch, model, validated, mask)
+    readout = Readout.of(arch, model, validated, mask)
     fused = fused_implementation(model)
     with prepared_model(model):
         rules = bind_rules(chosen.rules, model, arch)

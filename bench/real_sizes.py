@@ -164,7 +164,7 @@ def measure(
 ) -> Row:
     """Time and memory of each method on one random batch (refused methods: ``None``)."""
     from explainers import describe, explain
-    from explainers.support import refusal
+    from explainers.architectures.support import refusal
 
     model_type = describe(model).model_type
     autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")

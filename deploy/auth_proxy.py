@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from model_store.serving.forwarding import Forwarder, Policy, RefusedError, serve_until_signalled
+from forwarding import Forwarder, Policy, RefusedError, serve_until_signalled
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class _AuthPolicy(Policy):
 
 
 class AuthProxy(Forwarder):
-    """The REST and gRPC listeners of one pod: a :class:`~model_store.serving.forwarding.Forwarder` (same arguments
+    """The REST and gRPC listeners of one pod: a :class:`~forwarding.Forwarder` (same arguments
     after ``credentials``: listen address, REST and gRPC ports, upstream ports, ``max_body``) with the shared-secret
     policy."""
 

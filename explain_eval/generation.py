@@ -1,9 +1,9 @@
 """``explain-eval --generation``: which explanation method is faithful for generated text?
 
 On a causal LM folder and a list of prompts: generate ``T`` greedy tokens once (the service's own loop,
-:func:`explainers.continuation.generate_continuation`), explain every step with each method
-(:func:`explainers.generation.explain_continuation` on that same continuation), then for each step remove the ``k``
-prompt tokens that the method scores highest for that step and measure how much **that step's token's
+:func:`explainers.tasks.continuation.generate_continuation`), explain every step with each method
+(:func:`explainers.tasks.generation.explain_continuation` on that same continuation), then for each step remove the
+``k`` prompt tokens that the method scores highest for that step and measure how much **that step's token's
 log-probability** falls, teacher-forced on the same continuation. A faithful method picks the tokens the step
 depends on, so its drop is large; a seeded ``random`` ranking of the same prompt tokens is the reference.
 
@@ -192,9 +192,9 @@ def step_log_probabilities(
 ) -> list[float]:
     """Each query's step-token log-probability after its perturbed context (see :func:`perturbed_inputs`), in
     batches of ``batch_size`` contexts of similar lengths. The model runs as in generation
-    (:func:`explainers.continuation.evaluating`: eval mode, and an eager model's attention with finite float64
+    (:func:`explainers.tasks.continuation.evaluating`: eval mode, and an eager model's attention with finite float64
     masks), so an unperturbed query gives the generation loop's number."""
-    from explainers.continuation import evaluating
+    from explainers.tasks.continuation import evaluating
 
     lengths = [int((prompt_mask[row].bool() & ~removed).sum()) + step for row, step, removed in queries]
     order = sorted(range(len(queries)), key=lengths.__getitem__)
@@ -276,7 +276,7 @@ def evaluate_generation(
         seed: seed of the random ranking.
         batch_size: contexts per forward of the perturbed steps.
         progress: show a bar over the methods.
-        explain: the explanation function (default :func:`explainers.generation.explain_continuation`).
+        explain: the explanation function (default :func:`explainers.tasks.generation.explain_continuation`).
         options: each method's options (``{"integrated_gradients": {"n_steps": 16}}``); others take their defaults.
         on_method: called with the result so far after each method (``random`` runs first: every partial result
             has its paired differences), so a long run that is cut short still leaves what it measured.
@@ -284,8 +284,8 @@ def evaluate_generation(
     Raises:
         ValueError: for no prompts, a ``k`` below 1, or a method the model refuses (the explainer's message).
     """
-    from explainers.continuation import generate_continuation, pad_token
-    from explainers.generation import explain_continuation
+    from explainers.tasks.continuation import generate_continuation, pad_token
+    from explainers.tasks.generation import explain_continuation
 
     if not prompts:
         raise ValueError("no prompts to evaluate")

@@ -1,13 +1,31 @@
-"""Attributions for Hugging Face Transformer classifiers, batched: raw attention, rollout, Chefer et al.'s
-relevance, GAE and two saliency baselines.
+"""Attributions for Hugging Face Transformers, batched: AttnLRP (the served default) and CP-LRP, Chefer et al.'s
+relevance, GAE, attention rollout, raw attention, and two saliency baselines (gradient × input, integrated gradients).
+
+This module is the public surface; the names below are all a caller needs.
+
+- Sequence classifiers (text encoders, decoder classifiers, vision Transformers): :func:`explain` (a batch, one method)
+  and :func:`explain_batch` (a served batch whose rows each ask for their own method, one shared forward).
+- Token classifiers (NER, PII): :func:`explain_tokens` explains every entity; :func:`predict_tokens` finds them.
+- Causal language models: :func:`explain_generation` explains every generated token; :func:`explain_spans` many spans
+  of an answer (its sentences) from one forward, :func:`explain_citations` the documents each sentence rests on.
+- Chats and units a reader thinks in: :func:`render_chat` (messages and documents through the chat template, each
+  located in the prompt), :func:`explain_units` (any explanation's tokens grouped into words or sentences, scores
+  summed).
+- Any token-level head: :func:`explain_targets`, many :class:`Targets` from one forward.
+- The registry: :func:`available_methods`, :func:`get_method`, :func:`supported_methods`; the support matrix:
+  :data:`FAMILIES`, :func:`support_table`.
+
+Behind it: ``api``, ``plan`` and ``execution`` (the classifier path), ``methods`` (the registry and what each method
+declares), ``capture`` (the pass), ``inputs``, ``memory`` and ``confidence`` (the guards); ``rules/`` (pure tensor
+maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/`` (the token-level heads); ``units`` and
+``chat`` (text: words, sentences, rendered chats).
 
 >>> from explainers import explain, available_methods
->>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True), method="relevance")
+>>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True), method="attnlrp")
 """
 
 from .api import Attribution, BatchExplanation, RowExplanation, RowRequest, explain, explain_batch
-from .architectures import Architecture, describe
-from .attention_capture import (
+from .architectures.attention import (
     CAPTURE_IMPLEMENTATION,
     FUSED_CAPTURE_IMPLEMENTATION,
     AttentionCall,
@@ -17,29 +35,10 @@ from .attention_capture import (
     capturing_attention,
     fused_implementation,
 )
-from .confidence import RowSkipped, prediction_confidence
-from .errors import (
-    ExplainError,
-    InvalidInputError,
-    InvalidOptionError,
-    InvalidTargetError,
-    NonFiniteScoresError,
-    UnknownMethodError,
-    UnsupportedMethodError,
-    UnsupportedModelError,
-)
-from .generation import GenerationExplanation, StepSum, explain_generation
-from .heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
-from .memory import MemoryBudgetError, estimate_bytes
-from .methods import Method, available_methods, get_method
-from .support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
-from .targets import TargetExplanation, Targets, explain_targets
-from .token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
-from .token_labels import LabelScheme, label_scheme
-
-# Units, chats and citations read the names above: imported last.
-from .units import GRANULARITIES, Segment, Unit, UnitExplanation, explain_units, token_units, unit_scores  # isort: skip
-from .chat import (  # isort: skip
+from .architectures.description import Architecture, describe
+from .architectures.heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
+from .architectures.support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
+from .chat import (
     ChatTemplateError,
     Document,
     Message,
@@ -54,7 +53,20 @@ from .chat import (  # isort: skip
     render_chat,
     render_prompt,
 )
-from .citations import (  # isort: skip
+from .confidence import RowSkipped, prediction_confidence
+from .errors import (
+    ExplainError,
+    InvalidInputError,
+    InvalidOptionError,
+    InvalidTargetError,
+    NonFiniteScoresError,
+    UnknownMethodError,
+    UnsupportedMethodError,
+    UnsupportedModelError,
+)
+from .memory import MemoryBudgetError, estimate_bytes
+from .methods import Method, available_methods, get_method
+from .tasks.citations import (
     Citations,
     Sentence,
     SpanExplanation,
@@ -64,12 +76,17 @@ from .citations import (  # isort: skip
     explain_spans,
     span_steps,
 )
+from .tasks.generation import GenerationExplanation, StepSum, explain_generation
+from .tasks.tagging import LabelScheme, label_scheme
+from .tasks.targets import TargetExplanation, Targets, explain_targets
+from .tasks.token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
+from .units import GRANULARITIES, Segment, Unit, UnitExplanation, explain_units, token_units, unit_scores
 
 
 def supported_methods(model_type: str, task: str = "sequence_classification") -> list[str]:
     """The registered methods that work on ``model_type``'s models of ``task`` (the others raise
     :class:`UnsupportedMethodError`)."""
-    from .support import supported_methods as _supported
+    from .architectures.support import supported_methods as _supported
 
     return _supported(model_type, available_methods(), task)
 

@@ -1,30 +1,25 @@
-"""Public entry points: :func:`explain` for a batch with one method, :func:`explain_batch` for a served batch
-whose rows each ask for their own method, target and options (one forward for all of them)."""
+"""Public entry points for sequence classifiers: :func:`explain` for a batch with one method, :func:`explain_batch` for
+a served batch whose rows each ask for their own method, target and options (one shared forward for all of them).
+
+:func:`explain_batch` validates each row's request, plans which rows share which pass (:mod:`explainers.plan`), runs
+the plan (:mod:`explainers.execution`) and packages each row's answer.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from .architectures import Architecture, describe, model_config
-from .attention_capture import AttentionObserver, fused_implementation
-from .capture import (
-    ACTIVATIONS,
-    ATTENTION_GRADIENTS,
-    ATTENTIONS,
-    GRADIENT_NEEDS,
-    Capture,
-    bind_rules,
-    prepared_model,
-    run_capture,
-)
-from .confidence import RowSkipped, check_below, prediction_confidence
+from .architectures.attention import fused_implementation
+from .architectures.description import Architecture, describe, model_config
+from .architectures.heads import head_probabilities
+from .architectures.support import TASKS, check_method, supported_methods
+from .capture import bind_rules, prepared_model, run_capture
+from .confidence import RowSkipped, check_below
 from .errors import (
     ExplainError,
     InvalidInputError,
@@ -33,11 +28,11 @@ from .errors import (
     NonFiniteScoresError,
     UnsupportedModelError,
 )
-from .heads import head_probabilities, last_positions, readout_tokens, readout_weights
-from .inputs import batch_size, full_precision, input_grid, token_mask, validate_inputs
+from .execution import GroupScores, Readout, execute, finish
+from .inputs import batch_size, full_precision, token_mask, validate_inputs
 from .memory import ModelSize, check_budget
 from .methods import Method, MethodInputs, available_methods, get_method
-from .support import TASKS, check_method, supported_methods
+from .plan import Ask, plan_batch
 
 
 @dataclass(frozen=True)
@@ -160,34 +155,6 @@ def _validate_target(target: Any, batch: int, num_labels: int, head: str = "sing
     return targets
 
 
-def _finish(arch: Architecture, scores: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
-    """Token-aligned scores → the public shape: text as is, images on the patch grid without the prefix tokens."""
-    if arch.modality == "text":
-        return scores
-    return scores[:, arch.prefix_tokens :].reshape(scores.shape[0], *input_grid(arch, inputs))
-
-
-@dataclass(frozen=True)
-class _Readout:
-    """The rows the head reads: ``weights (batch, n)`` and the single tokens read (``tokens``, bool)."""
-
-    weights: Tensor
-    tokens: Tensor
-
-    def rows(self, index: Tensor) -> _Readout:
-        return _Readout(self.weights[index], self.tokens[index])
-
-
-def _readout(arch: Architecture, model: nn.Module, inputs: Mapping[str, Tensor], mask: Tensor) -> _Readout:
-    last = None
-    if arch.pooled == "last":
-        config = model_config(model)
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        last = last_positions(inputs["input_ids"], mask, getattr(text_config, "pad_token_id", None))
-    weights = readout_weights(arch.pooled, mask, arch.prefix_tokens, last)
-    return _Readout(weights, readout_tokens(arch.pooled, weights))
-
-
 def _describe_classifier(model: nn.Module) -> Architecture:
     """:func:`describe` for the entry points of this module, which explain sequence classifiers only.
 
@@ -208,19 +175,6 @@ def _check_method(arch: Architecture, method: Method) -> None:
     check_method(arch.model_type, method.name, available_methods())
 
 
-Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
-RulesKey = Rules | None
-#: Rows share a gradient pass only if their gradients come from the same rules on the same attention: (rules,
-#: the fused attention implementation or ``None`` for eager).
-PassKind = tuple[RulesKey, str | None]
-MAP_NEEDS = frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
-
-
-def _pass_kind(method: Method, fused: str | None) -> PassKind:
-    """The gradient pass ``method``'s rows need: its rules, on the fused attention unless it reads the maps."""
-    return method.rules, None if method.needs & MAP_NEEDS else fused
-
-
 def _budget_check(
     model: nn.Module, arch: Architecture, budget_mib: int | None
 ) -> Callable[[str, int, int, Mapping[str, int]], None]:
@@ -238,21 +192,6 @@ def _budget_check(
     return check
 
 
-def _stage_seconds(shared: Capture, own: Sequence[Capture]) -> dict[str, float]:
-    """The batch's ``forward`` (the shared forward) and ``backward`` (all its gradient work) seconds."""
-    seconds = dict(shared.seconds)
-    passes = {id(capture): capture for capture in own}.values()
-    gradient = seconds.get("backward", 0.0) + sum(sum(capture.seconds.values()) for capture in passes)
-    if gradient:
-        seconds["backward"] = gradient
-    return seconds
-
-
-def _fixed_targets(targets: Tensor) -> Callable[[Tensor], Tensor]:
-    """A target resolver that ignores the logits (a row's target was resolved by the shared forward)."""
-    return lambda logits: targets
-
-
 def explain(
     model: nn.Module,
     inputs: Mapping[str, Any],
@@ -266,8 +205,8 @@ def explain(
 
     Args:
         model: a Hugging Face classifier of one of :func:`supported_model_types` (text encoders, decoder
-            classifiers, vision Transformers; :mod:`explainers.support`). It is used in eval mode for the call and
-            left exactly as it was found. The methods that read attention maps run the architecture's eager
+            classifiers, vision Transformers; :mod:`explainers.architectures.support`). It is used in eval mode for
+            the call and left exactly as it was found. The methods that read attention maps run the architecture's eager
             attention; ``grad_x_input``, ``integrated_gradients``, ``attnlrp`` and ``cp_lrp`` run on the attention
             the model was loaded with (``sdpa``; a model loaded with ``eager`` stays eager), so that their memory
             grows with the length, not its square.
@@ -303,7 +242,7 @@ def explain(
 
     mask = token_mask(arch, validated, model)
     _budget_check(model, arch, memory_budget_mib)(chosen.name, batch, int(mask.shape[-1]), resolved)
-    readout = _readout(arch, model, validated, mask)
+    readout = Readout.of(arch, model, validated, mask)
     fused = fused_implementation(model)  # read before prepared_model switches the model
     with prepared_model(model):
         rules = bind_rules(chosen.rules, model, arch)
@@ -319,7 +258,7 @@ def explain(
         method=chosen.name,
         target=capture.targets,
         logits=capture.logits,
-        scores=_finish(arch, scores, validated),
+        scores=finish(arch, scores, validated),
         options=resolved,
         modality=arch.modality,
         attention_mask=text_mask,
@@ -375,159 +314,80 @@ def explain_batch(
     batch = batch_size(arch, validated)
     if len(rows) != batch:
         raise InvalidInputError(f"got {len(rows)} row requests for a batch of {batch}")
-    num_labels = int(model_config(model).num_labels)
     mask = token_mask(arch, validated, model)
+    results: list[RowExplanation | RowSkipped | ExplainError | None] = [None] * batch
+    asks: dict[int, Ask] = {}
+    explicit = torch.full((batch,), -1, dtype=torch.long)
     lengths = mask.sum(dim=-1).tolist()
     within_budget = _budget_check(model, arch, memory_budget_mib)
-    fused = fused_implementation(model)  # read before prepared_model switches the model
-    results: list[RowExplanation | RowSkipped | ExplainError | None] = [None] * batch
-    # (method, options, whether the rows are explained only when unsure) -> rows
-    groups: dict[tuple[str, tuple[tuple[str, int], ...], bool], list[int]] = {}
-    conditional: dict[int, float] = {}  # row -> its ``below``
-    methods: dict[str, Method] = {}
-    explicit = torch.full((batch,), -1, dtype=torch.long)
+    num_labels = int(model_config(model).num_labels)
     for index, row in enumerate(rows):
         if row.method is None:
             continue
         try:
-            method = get_method(row.method)
-            _check_method(arch, method)
-            options = method.resolve_options(row.options, arch)
-            target = _validate_target(row.target, 1, num_labels, arch.head_type)
-            below = check_below(row.below)
-            if below is not None and arch.head_type == "regression":
-                raise InvalidOptionError("'below' needs class probabilities, and a regression head has none")
-            within_budget(method.name, 1, int(lengths[index]), options)
+            ask, target = _ask(row, arch, num_labels)
+            within_budget(ask.method.name, 1, int(lengths[index]), ask.options)
         except ExplainError as error:
             results[index] = error
             continue
+        asks[index] = ask
         if target is not None:
-            explicit[index] = target[0]
-        if below is not None:
-            conditional[index] = below
-        methods[method.name] = method
-        groups.setdefault((method.name, tuple(sorted(options.items())), below is not None), []).append(index)
-
-    def deferred(name: str, when_unsure: bool) -> bool:  # decided after the shared forward, gradients on their own
-        return when_unsure and bool(methods[name].needs & GRADIENT_NEEDS)
-
-    # Gradient rows by the pass they need. If they all need one kind and no other row is in the batch, the shared
-    # forward is that kind's pass (one forward, one backward). Otherwise the shared forward needs no gradients: it
-    # gives every row's logits and the maps of the rows that read maps without gradients, and each kind of gradient
-    # rows gets a pass of its own over its rows.
-    kinds: dict[PassKind, list[int]] = {}
-    others = any(row.method is None for row in rows)  # prediction-only rows
-    for (name, _, when_unsure), indices in groups.items():
-        if methods[name].needs & GRADIENT_NEEDS and not when_unsure:
-            kinds.setdefault(_pass_kind(methods[name], fused), []).extend(indices)
-        else:
-            others = True
-    shared_kind: PassKind | None = next(iter(kinds)) if len(kinds) == 1 and not others else None
-    needs: frozenset[str] = frozenset().union(
-        *(
-            methods[name].needs
-            for name, _, when_unsure in groups
-            if not deferred(name, when_unsure) and (shared_kind is not None or not methods[name].needs & GRADIENT_NEEDS)
-        )
-    )
-    gradient_rows = torch.zeros(batch, dtype=torch.bool)
-    if shared_kind is not None:
-        gradient_rows[kinds[shared_kind]] = True
+            explicit[index] = target
 
     def resolve(logits: Tensor) -> Tensor:
         chosen = explicit.to(logits.device)
         return torch.where(chosen >= 0, chosen, logits.argmax(dim=-1))
 
-    readout = _readout(arch, model, validated, mask)
-    with prepared_model(model):
-        shared_rules, shared_fused = (None, fused) if shared_kind is None else shared_kind
-        capture = run_capture(
-            model,
-            arch,
-            validated,
-            needs,
-            resolve,
-            gradient_rows.to(mask.device),
-            bind_rules(shared_rules, model, arch),
-            fused=shared_fused,
-        )
-        own: dict[int, tuple[Capture, int]] = {}  # row -> (its kind's own capture, its position in it)
-        passes = {kind: kind_rows for kind, kind_rows in kinds.items() if kind != shared_kind}
-        if conditional:  # the decision, from the shared forward: skip the confident rows, pass the unsure ones on
-            confidence = prediction_confidence(capture.logits, arch.head_type).tolist()
-            for key in [key for key in groups if key[2]]:
-                unsure = [index for index in groups[key] if confidence[index] < conditional[index]]
-                for index in set(groups[key]) - set(unsure):
-                    results[index] = RowSkipped(key[0], float(confidence[index]), conditional[index])
-                if unsure:
-                    groups[key] = unsure
-                else:
-                    del groups[key]
-                if unsure and deferred(key[0], True):
-                    passes.setdefault(_pass_kind(methods[key[0]], fused), []).extend(unsure)
-        for kind, kind_rows in passes.items():
-            ordered = sorted(kind_rows)
-            picked = torch.tensor(ordered, device=mask.device)
-            kind_needs = frozenset().union(
-                *(methods[name].needs for (name, _, _), indices in groups.items() if set(indices) & set(ordered))
-            )
-            kind_capture = run_capture(
-                model,
-                arch,
-                {key: value[picked] for key, value in validated.items()},
-                kind_needs,
-                _fixed_targets(capture.targets[picked]),
-                rules=bind_rules(kind[0], model, arch),
-                fused=kind[1],
-            )
-            kind_capture = replace(kind_capture, logits=capture.logits[picked])
-            own.update({row: (kind_capture, position) for position, row in enumerate(ordered)})
-        for (name, options_key, _), indices in groups.items():
-            started = time.perf_counter()
-            selected = torch.tensor(indices, device=mask.device)
-            whole = len(indices) == batch
-            if indices[0] in own:  # rows with their own gradient pass (its time counts in the batch's backward)
-                kind_capture = own[indices[0]][0]
-                positions = torch.tensor([own[index][1] for index in indices], device=mask.device)
-                sub_capture = kind_capture.rows(positions)
-            else:
-                sub_capture = capture if whole else capture.rows(selected)
-            sub_inputs = validated if whole else {key: value[selected] for key, value in validated.items()}
-            sub_readout = readout if whole else readout.rows(selected)
-            with full_precision(mask.device):
-                scores = methods[name].compute(
-                    MethodInputs(
-                        sub_capture,
-                        arch,
-                        model,
-                        sub_inputs,
-                        mask[selected],
-                        dict(options_key),
-                        sub_readout.weights,
-                        sub_readout.tokens,
-                        fused=fused,
-                    )
-                )
-            scores = _finish(arch, scores, validated).detach()
-            seconds = time.perf_counter() - started
-            finite = torch.isfinite(scores.flatten(1)).all(dim=1).tolist()
-            for position, row_index in enumerate(indices):
-                if not finite[position]:
-                    results[row_index] = NonFiniteScoresError(
-                        f"method {name!r} gave NaN or infinite scores for this input (a numerical breakdown of the "
-                        "attribution; the other rows are unaffected); another method may still explain it"
-                    )
-                    continue
-                row_scores = scores[position]
-                if arch.modality == "text":
-                    row_scores = row_scores[mask[row_index].bool()]
-                results[row_index] = RowExplanation(
-                    name, int(capture.targets[row_index]), dict(options_key), row_scores, seconds, arch.pooled
-                )
+    fused = fused_implementation(model)  # read before prepared_model switches the model
+    plan = plan_batch(asks, fused, predictions=any(row.method is None for row in rows))
+    done = execute(model, arch, validated, mask, plan, resolve)
+    for index, skipped in done.skipped.items():
+        results[index] = skipped
+    for scored in done.groups:
+        _package(scored, done.targets, mask, arch, results)
     return BatchExplanation(
-        logits=capture.logits,
-        rows=results,
-        seconds=_stage_seconds(capture, [kind_capture for kind_capture, _ in own.values()]),
-        pooled=arch.pooled,
-        head_type=arch.head_type,
+        logits=done.logits, rows=results, seconds=done.seconds, pooled=arch.pooled, head_type=arch.head_type
     )
+
+
+def _ask(row: RowRequest, arch: Architecture, num_labels: int) -> tuple[Ask, int | None]:
+    """``row``'s request checked against the model: the :class:`~explainers.plan.Ask` and its explicit target.
+
+    Raises:
+        ExplainError: for an unknown or refused method, a bad option, target or ``below``.
+    """
+    assert row.method is not None
+    method = get_method(row.method)
+    _check_method(arch, method)
+    options = method.resolve_options(row.options, arch)
+    target = _validate_target(row.target, 1, num_labels, arch.head_type)
+    below = check_below(row.below)
+    if below is not None and arch.head_type == "regression":
+        raise InvalidOptionError("'below' needs class probabilities, and a regression head has none")
+    return Ask(method, options, below), None if target is None else int(target[0])
+
+
+def _package(
+    scored: GroupScores,
+    targets: Tensor,
+    mask: Tensor,
+    arch: Architecture,
+    results: list[RowExplanation | RowSkipped | ExplainError | None],
+) -> None:
+    """Put each row of a scored group in ``results``: its :class:`RowExplanation` (text trimmed to its real tokens), or
+    a :class:`NonFiniteScoresError` if its scores came out NaN or infinite."""
+    name = scored.group.method.name
+    finite = torch.isfinite(scored.scores.flatten(1)).all(dim=1).tolist()
+    for position, row_index in enumerate(scored.group.rows):
+        if not finite[position]:
+            results[row_index] = NonFiniteScoresError(
+                f"method {name!r} gave NaN or infinite scores for this input (a numerical breakdown of the "
+                "attribution; the other rows are unaffected); another method may still explain it"
+            )
+            continue
+        row_scores = scored.scores[position]
+        if arch.modality == "text":
+            row_scores = row_scores[mask[row_index].bool()]
+        results[row_index] = RowExplanation(
+            name, int(targets[row_index]), dict(scored.group.options), row_scores, scored.seconds, arch.pooled
+        )

@@ -1,20 +1,21 @@
-"""One forward pass (and at most one gradient pass) that captures what the requested methods need.
+"""The pass: one forward (and at most one gradient call) that captures what the requested methods need.
 
 Everything that touches the model lives here: switching the attention implementation, hooks on stock modules, the
-forward, and ``torch.autograd.grad`` with respect to the attention probabilities and input embeddings. The
+forward, and ``torch.autograd.grad`` with respect to the attention probabilities and input embeddings (one backward
+of a classifier's target logits, or batched vector-Jacobian products for many targets: :func:`batched_gradients`). The
 :func:`prepared_model` context manager undoes every change, also when an exception escapes.
 
 Which attention a pass runs: a pass whose needs ask for attention maps (``attentions``, ``attention_gradients``,
 ``activations``) runs the architecture's eager attention (the generic capture of
-:mod:`explainers.attention_capture`); a pass that needs none runs on the model's own fused attention when the caller
-gives it (``fused``, from :func:`~explainers.attention_capture.fused_implementation`), through the fused capture, so
-that its memory grows with ``n`` and not ``n²``.
+:mod:`explainers.architectures.attention`); a pass that needs none runs on the model's own fused attention when the
+caller gives it (``fused``, from :func:`~explainers.architectures.attention.fused_implementation`), through the fused
+capture, so that its memory grows with ``n`` and not ``n²``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,29 +24,35 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from .architectures import Architecture
-from .attention_capture import AttentionObserver, Keep, attention_implementation, capturing_attention
+from .architectures.attention import AttentionObserver, Keep, attention_implementation, capturing_attention
+from .architectures.description import Architecture
 from .errors import UnsupportedModelError
-from .lrp import BlockActivations
+from .rules.lrp import BlockActivations
 
 ATTENTIONS = "attentions"
 ATTENTION_GRADIENTS = "attention_gradients"
 ACTIVATIONS = "activations"
 EMBEDDING_GRADIENTS = "embedding_gradients"
 NEEDS = frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS, EMBEDDING_GRADIENTS})
+#: The needs that differentiate the target logit (a grad-enabled forward and a backward).
 GRADIENT_NEEDS = frozenset({ATTENTION_GRADIENTS, EMBEDDING_GRADIENTS})
+#: The needs that read attention maps (the architecture's eager attention, whatever the model was loaded with).
+MAP_NEEDS = frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
+
+CHUNK_BYTES = 512 * 2**20
+"""Default bound on the gradients one batched vector-Jacobian call returns (a chunk of rounds)."""
 
 
 @contextmanager
 def prepared_model(model: nn.Module) -> Iterator[ExitStack]:
     """Put ``model`` in the state the explainers need and restore it afterwards, whatever happens.
 
-    Inside the block the model runs the capture attention (:data:`~explainers.attention_capture.CAPTURE_IMPLEMENTATION`:
-    the architecture's own eager attention, recorded only inside :func:`run_capture`), on every config and
-    sub-config, and every submodule is in eval mode. On exit each config's attention implementation (``sdpa``,
-    ``eager``, anything) and each submodule's ``training`` flag are restored, and every hook registered on the
-    yielded ``ExitStack`` is removed. Parameters, ``requires_grad`` flags and ``.grad`` are never touched. Not
-    thread-safe: explain one batch at a time per model.
+    Inside the block the model runs the capture attention
+    (:data:`~explainers.architectures.attention.CAPTURE_IMPLEMENTATION`: the architecture's own eager attention,
+    recorded only inside :func:`run_capture`), on every config and sub-config, and every submodule is in eval mode.
+    On exit each config's attention implementation (``sdpa``, ``eager``, anything) and each submodule's ``training``
+    flag are restored, and every hook registered on the yielded ``ExitStack`` is removed. Parameters,
+    ``requires_grad`` flags and ``.grad`` are never touched. Not thread-safe: explain one batch at a time per model.
     """
     training = [(module, module.training) for module in model.modules()]
     with ExitStack() as hooks:
@@ -206,22 +213,29 @@ class _Recorder:
         return [self.inputs[id(linear)][0] for linear in arch.head]
 
 
+EmbeddingMap = Callable[[Tensor], Tensor]
+"""A function of the input embeddings ``(rows, n, hidden)`` applied in a forward: integrated gradients' path scaling,
+a perturbation method's occluded or noisy copies."""
+
+
 class _EmbeddingLeaf:
-    """Forward hook that turns the input embeddings into a leaf that requires grad (optionally scaled per row).
+    """Forward hook that turns the input embeddings (through ``change``, when given) into the graph's leaf, requiring
+    grad when ``gradients``.
 
     Making the embeddings the graph's leaf lets ``autograd.grad`` work even when the user froze every parameter,
     and keeps the backward pass out of the embedding tables.
     """
 
-    def __init__(self, scale: Tensor | None = None) -> None:
-        self.scale = scale
+    def __init__(self, change: EmbeddingMap | None = None, gradients: bool = True) -> None:
+        self.change = change
+        self.gradients = gradients
         self.original: Tensor | None = None
         self.leaf: Tensor | None = None
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
         self.original = output.detach()
-        value = self.original if self.scale is None else self.original * self.scale.view(-1, 1, 1)
-        self.leaf = value.requires_grad_(True)
+        value = self.original if self.change is None else self.change(self.original)
+        self.leaf = value.requires_grad_(True) if self.gradients else value
         return self.leaf
 
 
@@ -233,7 +247,7 @@ class Forward:
         logits: the model's logits (in the graph of a grad-enabled pass).
         attentions: per attention call the probabilities as the capture kept them (``None`` if not asked): per head
             ``(batch, heads, n, n)`` in the graph, or head means ``(batch, n, n)`` detached.
-        leaf: the input embeddings made a leaf that requires grad (``None`` if no gradient was asked).
+        leaf: the input embeddings made the graph's leaf (``None`` if no gradient or embedding map was asked).
         recorder: the activations LRP reads (``None`` if not asked).
         needs: what the pass was asked to capture.
         seconds: ``forward`` wall time.
@@ -290,7 +304,7 @@ def forward_pass(
     inputs: Mapping[str, Tensor],
     needs: frozenset[str],
     rules: Callable[[ExitStack], AttentionObserver | None] | None = None,
-    embedding_scale: Tensor | None = None,
+    embeddings: EmbeddingMap | None = None,
     fused: str | None = None,
 ) -> Forward:
     """Run the model once, recording what ``needs`` lists, and keep the graph for the gradients to come.
@@ -304,8 +318,8 @@ def forward_pass(
         inputs: validated model inputs on the model's device.
         needs: a subset of :data:`NEEDS`.
         rules: optional modified-gradient rules (see :func:`run_capture`).
-        embedding_scale: optional ``(batch,)`` factor each row's input embeddings are multiplied by (integrated
-            gradients' path); the leaf is the scaled embedding.
+        embeddings: optional function of the input embeddings the forward runs on (integrated gradients' scaling
+            along its path, a perturbation); the leaf is its result.
         fused: the model's fused attention implementation (``None``: eager), used when ``needs`` ask for no
             attention maps (a pass that needs maps runs eager attention whatever ``fused`` says).
 
@@ -319,12 +333,12 @@ def forward_pass(
     if unknown:
         raise ValueError(f"unknown capture needs {sorted(unknown)}; valid: {sorted(NEEDS)}")
     wants_gradients = bool(needs & GRADIENT_NEEDS)
-    wants_attentions = bool(needs & {ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS})
+    wants_attentions = bool(needs & MAP_NEEDS)
     per_head = bool(needs & {ATTENTION_GRADIENTS, ACTIVATIONS})
     keep: Keep = "heads" if per_head else "mean" if wants_attentions else "none"
     with ExitStack() as hooks:
         recorder = _Recorder(arch, hooks) if ACTIVATIONS in needs else None
-        leaf = _EmbeddingLeaf(embedding_scale) if wants_gradients else None
+        leaf = _EmbeddingLeaf(embeddings, wants_gradients) if wants_gradients or embeddings is not None else None
         if leaf is not None:
             _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
         observer = None if rules is None else rules(hooks)
@@ -401,30 +415,23 @@ def run_capture(
     return forward.capture(arch, targets, gradients).upcast()
 
 
-def scaled_embedding_gradients(
-    model: nn.Module,
-    arch: Architecture,
-    inputs: Mapping[str, Tensor],
-    scale: Tensor,
-    targets: Tensor,
-    fused: str | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Gradient of the target logit w.r.t. input embeddings multiplied row-wise by ``scale``.
-
-    Used by integrated gradients: ``inputs`` already holds each example repeated once per step, and
-    ``scale`` (one value per row) moves each copy along the straight path from the zero embedding. The forward
-    runs on ``fused`` attention (the model's own) when given, else on eager attention.
-
-    Returns:
-        The unscaled embeddings ``(rows, n, hidden)`` and the gradients at the scaled point.
+def rounds_per_call(wrt: Sequence[Tensor], rounds: int, chunk_bytes: int, maps: bool) -> int:
+    """Rounds of targets per batched vector-Jacobian call whose gradients fit ``chunk_bytes``: the gradients of one
+    round are the size of ``wrt`` (twice that with the per-head maps, which the virtual rows of ``gae`` copy as well).
     """
-    leaf = _EmbeddingLeaf(scale)
-    with ExitStack() as hooks:
-        _remember(hooks, arch.input_embeddings.register_forward_hook(leaf))
-        hooks.enter_context(capturing_attention(model, keep="none", fused=fused))
-        with torch.enable_grad():
-            logits = model(**inputs, return_dict=True).logits
-    assert leaf.leaf is not None and leaf.original is not None
-    selected = logits.gather(1, targets.view(-1, 1)).sum()
-    (gradient,) = torch.autograd.grad(selected, [leaf.leaf])
-    return leaf.original, gradient
+    per_round = sum(tensor.numel() * tensor.element_size() for tensor in wrt) * (2 if maps else 1)
+    return max(1, min(rounds, chunk_bytes // max(per_round, 1)))
+
+
+def batched_gradients(outputs: Tensor, wrt: Sequence[Tensor], retain: bool) -> tuple[Tensor, ...]:
+    """``(c,)`` scalar outputs → per input in ``wrt`` its ``(c, *shape)`` gradients, in one batched backward
+    (``torch.autograd.grad(..., is_grads_batched=True)``, a vmap over the backward); ``retain`` keeps the graph for
+    another call."""
+    grad_outputs = torch.eye(outputs.shape[0], dtype=outputs.dtype, device=outputs.device)
+    found = torch.autograd.grad(
+        outputs, list(wrt), grad_outputs=grad_outputs, is_grads_batched=True, retain_graph=retain, allow_unused=True
+    )
+    return tuple(
+        torch.zeros((outputs.shape[0], *tensor.shape), dtype=tensor.dtype, device=tensor.device) if g is None else g
+        for g, tensor in zip(found, wrt, strict=True)
+    )

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from .architectures.heads import head_probabilities
 from .errors import InvalidOptionError
-from .heads import head_probabilities
 
 #: The one reason a row is not explained (so far): its confidence was not below the threshold.
 CONFIDENT = "confident"

@@ -39,4 +39,4 @@ class NonFiniteScoresError(ExplainError):
 
 class UnsupportedMethodError(ExplainError):
     """The method is undefined on this model's architecture (the message names the model type, the reason and the
-    methods that do work); see :mod:`explainers.support`."""
+    methods that do work); see :mod:`explainers.architectures.support`."""

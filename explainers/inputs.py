@@ -1,7 +1,7 @@
 """Validation of the model inputs every entry point shares: keys, shapes, padding side, the device.
 
 :func:`validate_inputs` is called once per call by :func:`explainers.explain`, :func:`explainers.explain_batch`
-and :func:`explainers.targets.explain_targets`, so the three accept and refuse the same batches.
+and :func:`explainers.tasks.targets.explain_targets`, so the three accept and refuse the same batches.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .architectures import Architecture, model_config
+from .architectures.description import Architecture, model_config
 from .errors import InvalidInputError
 
 

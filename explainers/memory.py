@@ -4,16 +4,19 @@ The methods that read attention maps (``attention``, ``rollout``, ``gae``, ``rel
 materialises ``heads × n × n`` probabilities in every layer; ``gae`` and ``relevance`` keep them (and more maps of
 the same size) for every layer until their kernels ran, so their memory grows with ``n²``. The gradient methods
 (``grad_x_input``, ``integrated_gradients``, ``attnlrp``, ``cp_lrp``) run on the model's fused attention when it
-has one (:func:`~explainers.attention_capture.fused_implementation`) and need only activations, which grow with
+has one (:func:`~explainers.architectures.attention.fused_implementation`) and need only activations, which grow with
 ``n``; on a model loaded with eager attention (or DeBERTa, which has no fused attention) they keep the maps too.
 
 :func:`estimate_bytes` models a method's peak above the loaded model as
 
-    element bytes × rows × (layers × (maps × heads × n² + activations × n × (hidden + intermediate))
+    element bytes × rows × (layers × ((maps × heads + head_means) × n² + activations × n × (hidden + intermediate))
                             + transient × heads × n² + forward × n × (hidden + intermediate))
 
-with per-method counts (:data:`FOOTPRINTS`) fitted to peaks measured with ``bench/explainers.py --memory`` (the
-figures and the fit are in the closing note of issue 19); it errs on the high side. A *budget* (``memory_budget_mib``
+with the counts each method declares at its registration (:class:`~explainers.methods.Footprint`, on eager and on
+fused attention: :attr:`~explainers.methods.Method.memory`), fitted to peaks measured with ``bench/explainers.py
+--memory`` (the figures and the fit are in the closing note of issue 19); it errs on the high side. A method that runs
+forwards of its own (integrated gradients) is estimated for the rows of one of its passes
+(:attr:`~explainers.methods.Forwards.rows_per_pass`). A *budget* (``memory_budget_mib``
 of :func:`explainers.explain` / :func:`explainers.explain_batch`, ``handler.memory_budget_mib`` when served) refuses,
 before anything is allocated, every request whose estimate exceeds it, with a :class:`MemoryBudgetError` that gives
 the estimate and the methods that fit.
@@ -28,59 +31,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .architectures import Architecture, model_config
-from .attention_capture import fused_implementation
+from .architectures.attention import fused_implementation
+from .architectures.description import Architecture, model_config
 from .errors import ExplainError
+from .methods import Footprint, Method, get_method
 
 
 class MemoryBudgetError(ExplainError):
     """The explanation would need more memory than the per-request budget allows (refused before it ran)."""
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """A method's memory, in elements (see the module docstring).
-
-    Attributes:
-        maps: ``heads × n × n`` maps per layer alive at the peak (kept for the backward or for the kernels).
-        transient: ``heads × n × n`` maps alive at once in the layer being computed.
-        activations: elements per token and layer, in units of ``hidden + intermediate``, kept for the backward.
-        forward: elements per token, in the same units, alive at once in the layer being computed.
-    """
-
-    maps: float
-    transient: float
-    activations: float
-    forward: float = 6.0
-
-
-#: On eager attention. Fitted to ``bench/explainers.py --memory`` on an 8-layer Llama-shaped classifier (hidden 1024,
-#: 16 heads, 4 key/value heads, intermediate 2816) at 512 and 2048 tokens, where each is at or above the measured
-#: peak, and checked on BERT-base shapes (the closing note of issue 19 has both tables). ``rollout`` and
-#: ``attention`` keep one head mean per layer (counted apart); ``gae`` keeps the probabilities and their gradients
-#: (part of the activations are freed by then); ``relevance`` also their relevances and what its rules read; a
-#: gradient method keeps the probabilities its backward needs.
-EAGER_FOOTPRINTS: dict[str, Footprint] = {
-    "attention": Footprint(maps=0.0, transient=2.0, activations=0.0),
-    "rollout": Footprint(maps=0.0, transient=2.0, activations=0.0),
-    "gae": Footprint(maps=1.35, transient=2.0, activations=5.7),
-    "relevance": Footprint(maps=4.0, transient=3.0, activations=8.0),
-    "grad_x_input": Footprint(maps=1.0, transient=2.0, activations=5.7),
-    "integrated_gradients": Footprint(maps=1.0, transient=2.0, activations=5.7),
-    "attnlrp": Footprint(maps=1.0, transient=2.0, activations=5.2),
-    "cp_lrp": Footprint(maps=1.0, transient=2.0, activations=3.7),
-}
-
-#: On the model's fused attention: no maps at all (the same fit).
-FUSED_FOOTPRINTS: dict[str, Footprint] = {
-    "grad_x_input": Footprint(maps=0.0, transient=0.0, activations=5.7),
-    "integrated_gradients": Footprint(maps=0.0, transient=0.0, activations=5.7),
-    "attnlrp": Footprint(maps=0.0, transient=0.0, activations=5.2),
-    "cp_lrp": Footprint(maps=0.0, transient=0.0, activations=3.7),
-}
-
-#: Rows of a head mean kept per layer by rollout and attention: ``n × n`` per row (not per head).
-_HEAD_MEAN_MAPS = 1.0
 
 
 @dataclass(frozen=True)
@@ -116,27 +74,29 @@ class ModelSize:
         )
 
 
-def footprint(method: str, fused: bool) -> Footprint:
-    """The footprint of ``method`` on a model with (``fused``) or without a fused attention."""
-    if fused and method in FUSED_FOOTPRINTS:
-        return FUSED_FOOTPRINTS[method]
-    return EAGER_FOOTPRINTS[method]
+def footprint(method: Method, fused: bool) -> Footprint:
+    """The footprint ``method`` declares for a model with (``fused``) or without a fused attention."""
+    if fused and method.memory.fused is not None:
+        return method.memory.fused
+    return method.memory.eager
 
 
 def estimate_bytes(size: ModelSize, method: str, rows: int, length: int, options: Mapping[str, int]) -> int:
     """Estimated peak bytes above the loaded model of explaining ``rows`` inputs of ``length`` tokens with ``method``.
 
-    Integrated gradients runs ``rows × steps`` rows per pass (``internal_batch_size`` bounds it), so its rows are
-    those of one pass.
+    A method that runs forwards of its own is estimated for the rows of one of its passes (integrated gradients runs
+    ``rows × steps`` rows per pass, bounded by ``internal_batch_size``).
+
+    Raises:
+        UnknownMethodError: for a name that is not registered.
     """
-    if method == "integrated_gradients":
-        steps = max(1, int(options.get("internal_batch_size", 64)) // rows)
-        rows = rows * min(steps, int(options.get("n_steps", 50)))
-    shape = footprint(method, size.fused)
+    chosen = get_method(method)
+    if chosen.forwards is not None:
+        rows = chosen.forwards.rows_per_pass(rows, options)
+    shape = footprint(chosen, size.fused)
     squared = float(length) * float(length)
     width = float(length) * (size.hidden + size.intermediate)
-    kept_maps = shape.maps * size.heads + (_HEAD_MEAN_MAPS if method in ("attention", "rollout") else 0.0)
-    per_layer = kept_maps * squared + shape.activations * width
+    per_layer = (shape.maps * size.heads + shape.head_means) * squared + shape.activations * width
     at_once = shape.transient * size.heads * squared + shape.forward * width
     return int(size.element_bytes * rows * (size.layers * per_layer + at_once))
 
@@ -171,7 +131,7 @@ def check_budget(
     )
     why = (
         "its attention maps grow with the square of the length"
-        if footprint(method, size.fused).maps or method in ("attention", "rollout")
+        if footprint(get_method(method), size.fused).quadratic
         else "its activations grow with the length"
     )
     choices = f"methods that fit: {', '.join(fitting)}; " if fitting else ""

@@ -1,13 +1,25 @@
-"""The registry of attribution methods.
+"""The registry of attribution methods, and what each method declares it needs.
 
-A method is a name, the capture it needs (so that a batch mixing methods still costs one forward), its options
-with their ranges, and a function from the capture to token-aligned scores ``(batch, n)``, where for images
-``n`` counts the class token first. Registering a method with :func:`register` makes it available everywhere:
-request validation, the serving layer, metrics labels and the generated tests.
+A method is a name, its options with their ranges, a function from what was captured to token-aligned scores
+``(batch, n)`` (for images ``n`` counts the class token first), and its *capabilities*, declared once at its
+registration and read by everything else (nothing outside this module looks at a method's name):
+
+* ``needs``: what the capture pass records for it (:data:`~explainers.capture.NEEDS`), so that a batch mixing methods
+  still costs one forward. A method whose needs include attention maps (:data:`~explainers.capture.MAP_NEEDS`) runs on
+  the architecture's eager attention; any other runs on the model's fused attention where it has one.
+* ``rules``: the modified-gradient rules (AttnLRP's, CP-LRP's) its gradient pass runs under; ``None``: true gradients.
+* ``forwards``: for a method that runs forwards of its own over copies of the inputs (integrated gradients' path
+  points; a perturbation method's perturbed copies), how it runs them (:class:`Forwards`): its implementation serves the
+  classifier path (:func:`explainers.explain`) and the many-target path (:func:`explainers.explain_targets`) alike.
+* ``memory``: its memory shape (:class:`Memory`), which :mod:`explainers.memory` turns into bytes.
+
+Registering a method with :func:`register` (or :func:`register_forwards`) makes it available everywhere: request
+validation, the serving layer, metrics labels, the memory budget and the generated tests.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -17,22 +29,31 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import kernels
-from .architectures import Architecture
-from .attention_capture import AttentionObserver
-from .attnlrp import attach_rules
+from .architectures.attention import AttentionObserver
+from .architectures.description import Architecture
+from .architectures.rule_hooks import attach_rules
 from .capture import (
     ACTIVATIONS,
     ATTENTION_GRADIENTS,
     ATTENTIONS,
+    CHUNK_BYTES,
     EMBEDDING_GRADIENTS,
+    GRADIENT_NEEDS,
+    MAP_NEEDS,
     Capture,
-    scaled_embedding_gradients,
+    batched_gradients,
+    forward_pass,
+    rounds_per_call,
 )
 from .errors import InvalidOptionError, UnknownMethodError
-from .lrp import Affine, BlockWeights, attention_relevances
-from .lrp import safe_divide as lrp_safe_divide
-from .token_relevance import token_relevance_scores
+from .inputs import batch_size, full_precision, model_device
+from .rules import maps
+from .rules.lrp import Affine, BlockWeights, attention_relevances
+from .rules.lrp import safe_divide as lrp_safe_divide
+from .tasks.token_relevance import token_relevance_scores
+
+Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
+"""Modified-gradient rules: attach hooks to the model on the pass's hook stack, return the attention observer."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +98,115 @@ class MethodInputs:
 
 
 @dataclass(frozen=True)
+class Footprint:
+    """A method's memory at its peak, in elements (the formula is in :mod:`explainers.memory`).
+
+    Attributes:
+        maps: ``heads × n × n`` maps per layer alive at the peak (kept for the backward or for the kernels).
+        transient: ``heads × n × n`` maps alive at once in the layer being computed.
+        activations: elements per token and layer, in units of ``hidden + intermediate``, kept for the backward.
+        forward: elements per token, in the same units, alive at once in the layer being computed.
+        head_means: ``n × n`` head-mean maps per layer kept for the kernels (``attention`` and ``rollout`` keep one).
+    """
+
+    maps: float
+    transient: float
+    activations: float
+    forward: float = 6.0
+    head_means: float = 0.0
+
+    @property
+    def quadratic(self) -> bool:
+        """Whether the method keeps maps that grow with the square of the length."""
+        return bool(self.maps or self.head_means)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A method's memory shape: its :class:`Footprint` on eager attention, and on the model's fused attention for a
+    method that reads no maps (``None`` for one that does: it always runs eager attention)."""
+
+    eager: Footprint
+    fused: Footprint | None = None
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a method with forwards of its own explains: ``rounds`` scalar objectives per row, read from the logits.
+
+    Attributes:
+        rounds: ``K``.
+        values: logits of ``s·B`` rows (the batch of ``B`` rows repeated ``s`` times, copy-major) → ``(K, s·B)`` each
+            copy's objective in each round (0 where a row has no target in a round).
+    """
+
+    rounds: int
+    values: Callable[[Tensor], Tensor]
+
+    @classmethod
+    def target_logits(cls, targets: Tensor) -> Objective:
+        """A classifier's objective: one round, each row's logit of its class ``targets (B,)``."""
+
+        def values(logits: Tensor) -> Tensor:
+            copies = logits.shape[0] // targets.shape[0]
+            return logits.gather(1, targets.repeat(copies).view(-1, 1)).view(1, -1)
+
+        return cls(1, values)
+
+
+@dataclass(frozen=True)
+class ForwardInputs:
+    """Everything a method that runs its own forwards may read.
+
+    Attributes:
+        model: the model, inside :func:`~explainers.capture.prepared_model`.
+        arch: its description.
+        inputs: the validated inputs of the ``B`` rows explained.
+        objective: what to explain (:class:`Objective`).
+        options: the method's options, resolved.
+        dtype: the dtype of the scores (float32 at least).
+        fused: the model's fused attention (``None``: eager), which the forwards run on (they read no maps).
+        chunk_bytes: bound on the gradients of one batched vector-Jacobian call.
+    """
+
+    model: nn.Module
+    arch: Architecture
+    inputs: Mapping[str, Tensor]
+    objective: Objective
+    options: Mapping[str, int]
+    dtype: torch.dtype
+    fused: str | None = None
+    chunk_bytes: int = CHUNK_BYTES
+
+
+@dataclass(frozen=True)
+class ForwardScores:
+    """What a method with forwards of its own returns: ``scores (K, B, n)`` per round, row and input embedding (an
+    image's patches, without its prefix tokens), and the seconds its gradient calls took (``backward``)."""
+
+    scores: Tensor
+    backward: float = 0.0
+
+
+@dataclass(frozen=True)
+class Forwards:
+    """How a method runs forwards of its own, over copies of the inputs, besides the shared forward.
+
+    Attributes:
+        run: the implementation, for every round of an :class:`Objective` (one round on the classifier path).
+        gradients: whether those forwards are differentiated (integrated gradients) or only read (a perturbation).
+        rows_per_pass: ``(rows, options) → rows`` of one of its forwards for ``rows`` input rows (its memory is that
+            of a pass over those rows); ``options`` may lack some options (their defaults apply).
+    """
+
+    run: Callable[[ForwardInputs], ForwardScores]
+    gradients: bool
+    rows_per_pass: Callable[[int, Mapping[str, int]], int]
+
+
+@dataclass(frozen=True)
 class Method:
-    """A registered attribution method."""
+    """A registered attribution method and its capabilities (see the module docstring)."""
 
     name: str
     summary: str
@@ -86,14 +214,22 @@ class Method:
     needs: frozenset[str]
     options: tuple[Option, ...]
     compute: Callable[[MethodInputs], Tensor]
+    memory: Memory
     #: Modified-gradient rules attached to the model for the pass that computes this method's gradients
     #: (``None``: true gradients). Rows of methods with different rules never share a gradient pass.
-    rules: Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None] | None = None
+    rules: Rules | None = None
+    #: Forwards of its own (``None``: the method reads only what the capture pass recorded).
+    forwards: Forwards | None = None
+
+    @property
+    def reads_maps(self) -> bool:
+        """Whether the method reads attention maps (so its pass runs the architecture's eager attention)."""
+        return bool(self.needs & MAP_NEEDS)
 
     @property
     def needs_gradients(self) -> bool:
-        """Whether the method differentiates the target logit (and so needs a grad-enabled forward)."""
-        return bool(self.needs & {ATTENTION_GRADIENTS, EMBEDDING_GRADIENTS}) or self.name == "integrated_gradients"
+        """Whether the method differentiates the target logit (in the capture pass, or in forwards of its own)."""
+        return bool(self.needs & GRADIENT_NEEDS) or (self.forwards is not None and self.forwards.gradients)
 
     def resolve_options(self, options: Mapping[str, Any], arch: Architecture) -> dict[str, int]:
         """Validate ``options`` against this method and the model; fill in defaults.
@@ -112,24 +248,93 @@ class Method:
 _REGISTRY: dict[str, Method] = {}
 
 
+def _add(method: Method) -> None:
+    if method.name in _REGISTRY:
+        raise ValueError(f"method {method.name!r} is already registered")
+    if (method.memory.fused is None) != method.reads_maps:
+        raise ValueError(
+            f"method {method.name!r}: a method that reads attention maps runs eager attention and declares no fused "
+            "footprint; any other declares one"
+        )
+    _REGISTRY[method.name] = method
+
+
 def register(
     name: str,
     *,
     summary: str,
     class_specific: bool,
     needs: frozenset[str],
+    memory: Memory,
     options: tuple[Option, ...] = (),
-    rules: Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None] | None = None,
+    rules: Rules | None = None,
 ) -> Callable[[Callable[[MethodInputs], Tensor]], Callable[[MethodInputs], Tensor]]:
-    """Register a compute function under ``name`` (a decorator)."""
+    """Register a method computed from the capture pass under ``name`` (a decorator of its compute function).
+
+    Args:
+        name: the registry name.
+        summary: one line for the docs.
+        class_specific: whether the scores depend on the explained class.
+        needs: what the capture pass records for it (a subset of :data:`~explainers.capture.NEEDS`).
+        memory: its memory shape.
+        options: its options.
+        rules: modified-gradient rules for its gradient pass (``None``: true gradients).
+
+    Raises:
+        ValueError: for a name already registered, or a memory shape that does not fit ``needs``.
+    """
 
     def decorate(compute: Callable[[MethodInputs], Tensor]) -> Callable[[MethodInputs], Tensor]:
-        if name in _REGISTRY:
-            raise ValueError(f"method {name!r} is already registered")
-        _REGISTRY[name] = Method(name, summary, class_specific, needs, options, compute, rules)
+        _add(Method(name, summary, class_specific, needs, options, compute, memory, rules))
         return compute
 
     return decorate
+
+
+def register_forwards(
+    name: str,
+    *,
+    summary: str,
+    class_specific: bool,
+    memory: Memory,
+    gradients: bool,
+    rows_per_pass: Callable[[int, Mapping[str, int]], int],
+    options: tuple[Option, ...] = (),
+) -> Callable[[Callable[[ForwardInputs], ForwardScores]], Callable[[ForwardInputs], ForwardScores]]:
+    """Register a method that runs forwards of its own under ``name`` (a decorator of its :attr:`Forwards.run`).
+
+    It needs nothing of the shared forward but the logits (its rows' targets); on the classifier path its scores are
+    ``run``'s one round, aligned with the model's tokens (an image's prefix tokens get 0).
+
+    Args:
+        name: the registry name.
+        summary: one line for the docs.
+        class_specific: whether the scores depend on the explained class.
+        memory: its memory shape (of one of its passes).
+        gradients: whether its forwards are differentiated.
+        rows_per_pass: see :class:`Forwards`.
+        options: its options.
+    """
+
+    def decorate(run: Callable[[ForwardInputs], ForwardScores]) -> Callable[[ForwardInputs], ForwardScores]:
+        forwards = Forwards(run, gradients, rows_per_pass)
+        _add(Method(name, summary, class_specific, frozenset(), options, _on_classifier(run), memory, None, forwards))
+        return run
+
+    return decorate
+
+
+def _on_classifier(run: Callable[[ForwardInputs], ForwardScores]) -> Callable[[MethodInputs], Tensor]:
+    """The classifier path's compute of a method with forwards of its own: one round, each row's target logit."""
+
+    def compute(ctx: MethodInputs) -> Tensor:
+        objective = Objective.target_logits(ctx.capture.targets)
+        inputs = ForwardInputs(
+            ctx.model, ctx.arch, ctx.inputs, objective, ctx.options, ctx.capture.logits.dtype, ctx.fused
+        )
+        return _align(run(inputs).scores[0], ctx)
+
+    return compute
 
 
 def available_methods() -> list[str]:
@@ -148,8 +353,21 @@ def get_method(name: str) -> Method:
     return _REGISTRY[name]
 
 
-def _num_layers(arch: Architecture) -> int:
-    return arch.num_layers
+# The memory shapes are fitted to peaks measured with ``bench/explainers.py --memory`` on an 8-layer Llama-shaped
+# classifier (hidden 1024, 16 heads, 4 key/value heads, intermediate 2816) at 512 and 2048 tokens, where each is at or
+# above the measured peak, and checked on BERT-base shapes (the closing note of issue 19 has both tables).
+# ``rollout`` and ``attention`` keep one head mean per layer; ``gae`` keeps the probabilities and their gradients
+# (part of the activations are freed by then); ``relevance`` also their relevances and what its rules read; a
+# gradient method keeps on eager attention the probabilities its backward needs, and on fused attention no maps.
+_HEAD_MEAN = Memory(Footprint(maps=0.0, transient=2.0, activations=0.0, head_means=1.0))
+
+
+def _gradient_memory(activations: float) -> Memory:
+    """The memory shape of a gradient method that reads no maps and keeps ``activations`` for its backward."""
+    return Memory(
+        eager=Footprint(maps=1.0, transient=2.0, activations=activations),
+        fused=Footprint(maps=0.0, transient=0.0, activations=activations),
+    )
 
 
 START_LAYER = Option(
@@ -166,6 +384,7 @@ START_LAYER = Option(
     summary="attention of the explained row in one layer, mean over heads (cheap, class-agnostic, not faithful)",
     class_specific=False,
     needs=frozenset({ATTENTIONS}),
+    memory=_HEAD_MEAN,
     options=(
         Option(
             "layer",
@@ -178,7 +397,7 @@ START_LAYER = Option(
 )
 def _attention(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return kernels.raw_attention(ctx.capture.attentions[ctx.options["layer"]], ctx.readout) * ctx.mask
+    return maps.raw_attention(ctx.capture.attentions[ctx.options["layer"]], ctx.readout) * ctx.mask
 
 
 @register(
@@ -186,11 +405,12 @@ def _attention(ctx: MethodInputs) -> Tensor:
     summary="attention rollout (Abnar & Zuidema 2020), class-agnostic",
     class_specific=False,
     needs=frozenset({ATTENTIONS}),
+    memory=_HEAD_MEAN,
     options=(START_LAYER,),
 )
 def _rollout(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return kernels.rollout_scores(ctx.capture.attentions, ctx.options["start_layer"], ctx.readout) * ctx.mask
+    return maps.rollout_scores(ctx.capture.attentions, ctx.options["start_layer"], ctx.readout) * ctx.mask
 
 
 def _block_weights(arch: Architecture, dtype: torch.dtype) -> list[BlockWeights]:
@@ -216,6 +436,7 @@ def _block_weights(arch: Architecture, dtype: torch.dtype) -> list[BlockWeights]
     summary="LRP relevance x attention gradients, rolled out (Chefer, Gur & Wolf, CVPR 2021)",
     class_specific=True,
     needs=frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS}),
+    memory=Memory(Footprint(maps=4.0, transient=3.0, activations=8.0)),
     options=(START_LAYER,),
 )
 def _relevance(ctx: MethodInputs) -> Tensor:
@@ -224,7 +445,7 @@ def _relevance(ctx: MethodInputs) -> Tensor:
     assert capture.attention_gradients is not None
     start_layer = ctx.options["start_layer"]
     dtype = capture.activations[0].hidden.dtype
-    if ctx.terms is not None:  # a token classifier's target: LRP seeded at its tokens (explainers.token_relevance)
+    if ctx.terms is not None:  # a token classifier's target: LRP seeded at its tokens (tasks.token_relevance)
         assert ctx.readout is not None and ctx.read_tokens is not None
         weights = _block_weights(ctx.arch, dtype)
         return token_relevance_scores(
@@ -244,7 +465,7 @@ def _relevance(ctx: MethodInputs) -> Tensor:
         head_paths=ctx.arch.head_paths,
         head_shares=_head_shares(ctx, dtype),
     )
-    return kernels.relevance_scores(
+    return maps.relevance_scores(
         relevances, capture.attention_gradients, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
     )
 
@@ -274,11 +495,12 @@ def _head_shares(ctx: MethodInputs, dtype: torch.dtype) -> list[Tensor] | None:
     summary="gradient-weighted attention rollout (Chefer, Gur & Wolf, ICCV 2021)",
     class_specific=True,
     needs=frozenset({ATTENTIONS, ATTENTION_GRADIENTS}),
+    memory=Memory(Footprint(maps=1.35, transient=2.0, activations=5.7)),
     options=(START_LAYER,),
 )
 def _gae(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None and ctx.capture.attention_gradients is not None
-    return kernels.gae_scores(
+    return maps.gae_scores(
         ctx.capture.attentions,
         ctx.capture.attention_gradients,
         ctx.mask,
@@ -301,6 +523,7 @@ def _align(per_embedding: Tensor, ctx: MethodInputs) -> Tensor:
     summary="gradient x input embedding, summed over the hidden dimension (saliency baseline)",
     class_specific=True,
     needs=frozenset({EMBEDDING_GRADIENTS}),
+    memory=_gradient_memory(activations=5.7),
 )
 def _grad_x_input(ctx: MethodInputs) -> Tensor:
     capture = ctx.capture
@@ -313,6 +536,7 @@ def _grad_x_input(ctx: MethodInputs) -> Tensor:
     summary="AttnLRP (Achtibat et al., ICML 2024): LRP for attention as a modified gradient x input embedding",
     class_specific=True,
     needs=frozenset({EMBEDDING_GRADIENTS}),
+    memory=_gradient_memory(activations=5.2),
     rules=partial(attach_rules, variant="attnlrp"),
 )
 def _attnlrp(ctx: MethodInputs) -> Tensor:
@@ -325,6 +549,7 @@ def _attnlrp(ctx: MethodInputs) -> Tensor:
     summary="CP-LRP (Ali et al. 2022): AttnLRP's rules with no relevance through the attention weights (conserves)",
     class_specific=True,
     needs=frozenset({EMBEDDING_GRADIENTS}),
+    memory=_gradient_memory(activations=3.7),
     rules=partial(attach_rules, variant="cp_lrp"),
 )
 def _cp_lrp(ctx: MethodInputs) -> Tensor:
@@ -332,47 +557,92 @@ def _cp_lrp(ctx: MethodInputs) -> Tensor:
     return _grad_x_input(ctx)
 
 
-@register(
+#: Integrated gradients' defaults: points on the path, and rows per forward while integrating.
+IG_STEPS = 50
+IG_INTERNAL_BATCH = 64
+
+
+def _path_rows(rows: int, options: Mapping[str, int]) -> int:
+    """Rows of one integrated-gradients forward: ``rows`` times the path points one forward holds."""
+    steps = max(1, int(options.get("internal_batch_size", IG_INTERNAL_BATCH)) // rows)
+    return rows * min(steps, int(options.get("n_steps", IG_STEPS)))
+
+
+def _scaled(scale: Tensor) -> Callable[[Tensor], Tensor]:
+    """Each row's input embeddings multiplied by its ``scale`` (a point on the straight path from zero)."""
+    return lambda embeddings: embeddings * scale.view(-1, 1, 1)
+
+
+@register_forwards(
     "integrated_gradients",
     summary="integrated gradients on the input embeddings from a zero baseline, midpoint rule (saliency baseline)",
     class_specific=True,
-    needs=frozenset(),
+    memory=_gradient_memory(activations=5.7),
+    gradients=True,
+    rows_per_pass=_path_rows,
     options=(
         Option(
-            "n_steps", "points on the path", default=lambda arch: 50, minimum=lambda arch: 1, maximum=lambda arch: 1024
+            "n_steps",
+            "points on the path",
+            default=lambda arch: IG_STEPS,
+            minimum=lambda arch: 1,
+            maximum=lambda arch: 1024,
         ),
         Option(
             "internal_batch_size",
             "rows per forward pass while integrating (bounds memory)",
-            default=lambda arch: 64,
+            default=lambda arch: IG_INTERNAL_BATCH,
             minimum=lambda arch: 1,
             maximum=lambda arch: 4096,
         ),
     ),
 )
-def _integrated_gradients(ctx: MethodInputs) -> Tensor:
-    """Integrated gradients (Sundararajan et al. 2017) along ``t·x``, ``t`` at the midpoints of ``n_steps`` bins.
+def _integrated_gradients(run: ForwardInputs) -> ForwardScores:
+    """Integrated gradients (Sundararajan et al. 2017) along ``t·x``, ``t`` at the midpoints of ``n_steps`` bins, for
+    every round of the objective.
 
-    The baseline is the zero input embedding (word embedding for text, with position and segment embeddings
-    still added by the model; patch embedding for images). Steps are batched ``internal_batch_size`` rows at a
-    time, so memory stays bounded whatever ``n_steps`` is.
+    The baseline is the zero input embedding (word embedding for text, with position and segment embeddings still
+    added by the model; patch embedding for images). Each chunk of path points is one forward of the repeated batch
+    (``internal_batch_size`` rows at a time, so memory stays bounded whatever ``n_steps`` is), on the model's fused
+    attention when it has one, followed by one batched vector-Jacobian product per chunk of rounds. The score is
+    linear in the gradient, so each chunk adds its share to the scores directly (the per-round gradients are never
+    all kept).
     """
-    n_steps = ctx.options["n_steps"]
-    batch = ctx.capture.targets.shape[0]
-    steps_per_pass = max(1, ctx.options["internal_batch_size"] // batch)
-    dtype = ctx.capture.logits.dtype
-    points = (torch.arange(n_steps, dtype=dtype, device=ctx.capture.logits.device) + 0.5) / n_steps
-    embeddings: Tensor | None = None
-    summed: Tensor | None = None
+    n_steps = run.options["n_steps"]
+    rounds = run.objective.rounds
+    batch = batch_size(run.arch, run.inputs)
+    device = model_device(run.model)
+    steps_per_pass = max(1, run.options["internal_batch_size"] // batch)
+    scores: Tensor | None = None
+    backward = 0.0
     for start in range(0, n_steps, steps_per_pass):
-        chunk = points[start : start + steps_per_pass]
-        steps = chunk.shape[0]
-        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in ctx.inputs.items()}
-        original, gradient = scaled_embedding_gradients(
-            ctx.model, ctx.arch, repeated, chunk.repeat_interleave(batch), ctx.capture.targets.repeat(steps), ctx.fused
+        points = torch.arange(start, min(start + steps_per_pass, n_steps), dtype=run.dtype, device=device) + 0.5
+        points = points / n_steps
+        steps = points.shape[0]
+        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
+        forward = forward_pass(
+            run.model,
+            run.arch,
+            repeated,
+            frozenset({EMBEDDING_GRADIENTS}),
+            embeddings=_scaled(points.repeat_interleave(batch)),
+            fused=run.fused,
         )
-        gradient = gradient.view(steps, batch, *gradient.shape[1:]).sum(dim=0)
-        summed = gradient if summed is None else summed + gradient
-        embeddings = original[:batch]
-    assert embeddings is not None and summed is not None
-    return _align((embeddings * summed / n_steps).sum(dim=-1), ctx)
+        assert forward.leaf is not None and forward.leaf.original is not None
+        original = forward.leaf.original[:batch]  # (B, n, hidden): the same for every step
+        if scores is None:
+            scores = torch.zeros((rounds, batch, original.shape[1]), dtype=run.dtype, device=device)
+        sums = run.objective.values(forward.logits).sum(dim=1)  # (K,): rows do not interact
+        wrt = forward.gradient_inputs
+        chunk = rounds_per_call(wrt, rounds, run.chunk_bytes, maps=False)
+        for first in range(0, rounds, chunk):
+            last = min(first + chunk, rounds)
+            began = time.perf_counter()
+            (gradient,) = batched_gradients(sums[first:last], wrt, retain=last < rounds)
+            backward += time.perf_counter() - began
+            per_step = gradient.view(last - first, steps, batch, *gradient.shape[2:])
+            with full_precision(device):
+                contribution = (per_step.sum(dim=1) * original.unsqueeze(0)).sum(dim=-1)
+            scores[first:last] += contribution.to(scores.dtype)
+    assert scores is not None
+    return ForwardScores(scores / n_steps, backward)

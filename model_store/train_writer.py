@@ -148,8 +148,8 @@ def language_model_metrics(
 
 def greedy_samples(model: torch.nn.Module, tokenizer: Any, prompts: tuple[str, ...], tokens: int) -> list[dict]:
     """Each prompt's greedy continuation of ``tokens`` new tokens, through the service's own generation loop
-    (:func:`explainers.continuation.generate_continuation`: left-padded batch, stops at EOS)."""
-    from explainers.continuation import generate_continuation
+    (:func:`explainers.tasks.continuation.generate_continuation`: left-padded batch, stops at EOS)."""
+    from explainers.tasks.continuation import generate_continuation
 
     encoded = tokenizer(list(prompts), padding=True, return_tensors="pt")
     made = generate_continuation(model, dict(encoded), tokens)

@@ -3,8 +3,13 @@
 The door runs as one process (:mod:`servers.process`) in its own session, its pid in ``RUN_DIR/doors.pid``; for
 ``ray`` that process also starts (and stops) a local Ray, or joins ``RAY_ADDRESS``. REST listens on
 ``INFERENCE_PORT`` and gRPC on ``GRPC_INFERENCE_PORT`` (8080 and 7070 as on TorchServe), on 127.0.0.1 unless
-``INFERENCE_ADDRESS`` is set (containers, pods). The models are the same archive folders TorchServe serves: the
-default models, or the packages of ``MODELS=``/``MODELS_FILE=`` checkpoints.
+``INFERENCE_ADDRESS`` is set (containers, pods). The models are archive folders (``--archive name=folder``): the
+default models, or the packages of ``MODELS=``/``MODELS_FILE=`` checkpoints. Given none, ``python -m servers`` has
+``python -m model_store.serving`` (which builds and packages them) resolve them first and hand them back.
+
+``serve`` supervises the server process until it is stopped (``stop``, SIGTERM, Ctrl-C: exit status 0) or ends by
+itself (reported with its exit status or signal and its log: exit status 1); ``start`` runs that same ``serve`` in
+the background (:mod:`supervise.supervisor`). The process mechanics are :mod:`supervise.processes`'.
 """
 
 from __future__ import annotations
@@ -13,19 +18,29 @@ import argparse
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from supervise.environment import bind_address, env_port, name_value, run_dir_from_env
+from supervise.processes import (
+    REPO_ROOT,
+    Launch,
+    http_get,
+    loopback,
+    python_env,
+    refuse_if_running,
+    spawn,
+    stop_pid_file,
+    wait_until,
+)
+from supervise.supervisor import Child, Supervisor, claimed, start_in_background, stop_supervisor, write_status
+from supervise.watchdog import owner_pid, watch
 
 from .process import DOORS, DoorConfig
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 logger = logging.getLogger(__name__)
 PID_FILE = "doors.pid"
 CONFIG_FILE = "doors.json"
@@ -44,6 +59,9 @@ class Door:
     grpc_port: int
     pid: int
     models: tuple[str, ...]
+    #: How the server process was started and the process itself (a child of the process that started it).
+    launch: Launch | None = field(default=None, repr=False, compare=False)
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
     def url(self) -> str:
@@ -54,16 +72,6 @@ class Door:
     def grpc_target(self) -> str:
         """``host:port`` of the gRPC API."""
         return f"{self.address}:{self.grpc_port}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def start(
@@ -105,9 +113,7 @@ def start(
     models = servable(models)
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    pid_file = run_dir / PID_FILE
-    if pid_file.is_file() and pid_file.read_text().strip().isdigit() and _alive(int(pid_file.read_text())):
-        raise RuntimeError(f"a door already runs from {run_dir} (pid file {pid_file}); stop it first")
+    refuse_if_running([run_dir / PID_FILE], f"the {server} door")
     per_model = dict(replicas) if isinstance(replicas, Mapping) else {}
     config = DoorConfig(
         server, {name: str(Path(path).resolve()) for name, path in models.items()}, address, http_port, grpc_port,
@@ -116,27 +122,31 @@ def start(
     )  # fmt: skip
     config_path = run_dir / CONFIG_FILE
     config_path.write_text(json.dumps(asdict(config), indent=2), encoding="utf-8")
-    process_env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        **(env or {}),
-    }
+    process_env = python_env({"RAY_USAGE_STATS_ENABLED": "0", **(env or {})})
     process_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the door's metrics live in its own process
-    with (run_dir / LOG_FILE).open("ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "servers.process", str(config_path)],
-            cwd=REPO_ROOT, env=process_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    pid_file.write_text(str(process.pid))
-    from model_store.serving.watchdog import owner_pid, watch
-
+    launch = Launch(
+        f"the {server} door", (sys.executable, "-m", "servers.process", str(config_path)), REPO_ROOT, process_env,
+        run_dir / LOG_FILE, run_dir / PID_FILE,
+    )  # fmt: skip
+    process = spawn(launch)
     owner = owner_pid()
     if owner is not None:  # EXPLAIN_OWNER_PID (the test suite): the door ends with that process, however it ends
         (run_dir / WATCHDOG_FILE).write_text(str(watch(owner, groups=[process.pid], env=process_env).pid))
-    door = Door(server, run_dir, address, http_port, grpc_port, process.pid, tuple(models))
+    door = Door(server, run_dir, address, http_port, grpc_port, process.pid, tuple(models), launch, process)
+    pending = set(door.models)
+
+    def ready() -> bool:
+        for name in sorted(pending):
+            if http_get(f"http://{loopback(address)}:{http_port}/v2/models/{name}/ready")[0] == 200:
+                pending.discard(name)
+        return not pending
+
     try:
-        _wait_ready(door, process, timeout)
+        if not wait_until(ready, timeout, [(process, launch)]):
+            raise RuntimeError(
+                f"the {server} door is not ready after {timeout:.0f} s (waiting for {sorted(pending)}); "
+                f"see {launch.log}"
+            )
     except BaseException:
         stop(run_dir)
         raise
@@ -166,49 +176,13 @@ def servable(models: Mapping[str, str | Path]) -> dict[str, str | Path]:
     return kept
 
 
-def _get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
-    except OSError:
-        return 0
-
-
-def _wait_ready(door: Door, process: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    pending = set(door.models)
-    host = "127.0.0.1" if door.address in ("0.0.0.0", "::") else door.address
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log = door.run_dir / LOG_FILE
-            raise RuntimeError(f"the {door.server} door exited with {process.returncode}; see {log}")
-        for name in sorted(pending):
-            if _get(f"http://{host}:{door.http_port}/v2/models/{name}/ready") == 200:
-                pending.discard(name)
-        if not pending:
-            return
-        time.sleep(0.5)
-    raise RuntimeError(
-        f"the {door.server} door is not ready after {timeout:.0f} s (waiting for {sorted(pending)}); "
-        f"see {door.run_dir / LOG_FILE}"
-    )
-
-
 def stop(run_dir: Path, timeout: float = 30.0) -> bool:
-    """Stop the door started from ``run_dir`` (SIGTERM to its process group, SIGKILL after ``timeout``) and its
-    watchdog; returns whether a door was running."""
-    from model_store.serving.process import terminate
-
-    stopped = False
-    for name, wait in ((PID_FILE, timeout), (WATCHDOG_FILE, 5.0)):
-        pid_file = run_dir / name
-        text = pid_file.read_text().strip() if pid_file.is_file() else ""
-        pid_file.unlink(missing_ok=True)
-        if text.isdigit() and _alive(int(text)):
-            terminate(int(text), wait)
-            stopped = stopped or name == PID_FILE
+    """Stop the door started from ``run_dir``: its supervisor first, if another process supervises it, then the
+    server process by its pid file (SIGTERM to its process group, SIGKILL after ``timeout``) and its watchdog;
+    returns whether a door was running."""
+    stopped = stop_supervisor(run_dir)
+    stopped = stop_pid_file(run_dir / PID_FILE, timeout) or stopped
+    stop_pid_file(run_dir / WATCHDOG_FILE, 5.0)
     return stopped
 
 
@@ -241,29 +215,8 @@ Log: {door.run_dir / LOG_FILE}. Docs: docs/SERVING.md ("Other doors: KServe and 
 """
 
 
-def _models(args: argparse.Namespace) -> tuple[dict[str, Path], tuple[str, str]] | None:
-    """The archives to serve: the packages of ``--models``/``--models-file``, else the default models (built or
-    refreshed first); ``None`` if a checkpoint is refused (the message is printed)."""
-    from model_store.serving.archives import DEFAULT_MODELS, ensure_models, package_own_models
-
-    store: Path = args.model_store
-    if args.models or args.models_file:
-        from model_store.package import PackageError
-
-        try:
-            packaged, example = package_own_models(args.models, args.models_file, store)
-        except PackageError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return None
-        return {name: store / path for name, path in packaged.items()}, example
-    ensure_models(store, dict(DEFAULT_MODELS))
-    return {name: store / path for name, path in DEFAULT_MODELS.items()}, ("sentiment", "text")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m servers`` (defaults from the environment ``make serve`` sets)."""
-    from model_store.serving.config import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR
-
     parser = argparse.ArgumentParser(prog="python -m servers", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("serve", "start", "stop"))
     server = os.environ.get("SERVER") if os.environ.get("SERVER") in DOORS else "kserve"
@@ -273,10 +226,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS") or None)
     parser.add_argument("--attach", action="store_true", default=os.environ.get("RAY_ATTACH") == "1",
                         help="Ray: serve the applications already on --ray-address (a RayService)")  # fmt: skip
-    parser.add_argument("--run-dir", type=Path, default=Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR))
-    parser.add_argument("--model-store", type=Path, default=Path(os.environ.get("MODEL_STORE") or DEFAULT_MODEL_STORE))
-    parser.add_argument("--models", default=os.environ.get("MODELS") or None)
-    parser.add_argument("--models-file", type=Path,
+    parser.add_argument("--run-dir", type=Path, default=run_dir_from_env())
+    parser.add_argument("--archive", type=name_value, action="append", default=[], metavar="NAME=FOLDER",
+                        help="serve this archive folder (repeat); none: the default models or MODELS=")  # fmt: skip
+    parser.add_argument("--example", type=name_value, default=("sentiment", "text"), metavar="NAME=TASK",
+                        help="the model (and its task) the usage lines show")  # fmt: skip
+    model_store_help = "without --archive: passed to python -m model_store.serving, which resolves the archives"
+    parser.add_argument("--model-store", type=Path, default=None, help=model_store_help)
+    parser.add_argument("--models", default=os.environ.get("MODELS") or None, help=model_store_help)
+    parser.add_argument("--models-file", type=Path, help=model_store_help,
                         default=Path(os.environ["MODELS_FILE"]) if os.environ.get("MODELS_FILE") else None)  # fmt: skip
     return parser
 
@@ -291,28 +249,50 @@ def run_door(
     ray_address: str | None = None,
     attach: bool = False,
 ) -> int:
-    """``serve`` (foreground until SIGTERM/Ctrl-C) or ``start`` (background) a door on the ports of the environment
-    (``INFERENCE_PORT``, ``GRPC_INFERENCE_PORT``, ``EXPORTER_PORT``), printing how to call it; ``python -m
-    model_store.serving --server kserve|ray`` (``make serve SERVER=...``) and ``python -m servers`` both end here."""
-    from model_store.serving.config import Ports, bind_address
-
-    ports = Ports.from_env()
-    door = start(server, models, run_dir, ports.inference, ports.grpc_inference, bind_address("INFERENCE_ADDRESS"),
-                 replicas, ray_address, metrics=(bind_address("METRICS_ADDRESS"), ports.exporter),
-                 attach=attach)  # fmt: skip
-    print(usage(door, example), flush=True)
+    """``serve`` a door on the ports of the environment (``INFERENCE_PORT``, ``GRPC_INFERENCE_PORT``,
+    ``EXPORTER_PORT``), printing how to call it, and supervise it (:mod:`supervise.supervisor`) until it is stopped
+    (returns 0) or its server process ends by itself (says how, returns 1); ``start``: that same ``serve`` in the
+    background, returning once the door is ready."""
     if command == "start":
-        return 0
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        while _alive(door.pid):
-            time.sleep(1.0)
-        print(f"the door exited; see {door.run_dir / LOG_FILE}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        stop(run_dir)
+        line = [sys.executable, "-m", "servers", "serve", "--server", server, "--run-dir", str(run_dir.resolve())]
+        line += [f"--archive={name}={Path(folder).resolve()}" for name, folder in models.items()]
+        line += ["--example", "=".join(example), *(["--replicas", str(replicas)] if replicas is not None else [])]
+        line += [*(["--ray-address", ray_address] if ray_address else []), *(["--attach"] if attach else [])]
+        code, message = start_in_background(line, run_dir)
+        print(message, flush=True, file=sys.stdout if code == 0 else sys.stderr)
+        return code
+    http_port, grpc_port = env_port("inference", 8080), env_port("grpc_inference", 7070)
+    metrics = (bind_address("METRICS_ADDRESS"), env_port("exporter", 8083))
+    with claimed(run_dir):
+        try:
+            door = start(server, models, run_dir, http_port, grpc_port, bind_address("INFERENCE_ADDRESS"), replicas,
+                         ray_address, metrics=metrics, attach=attach)  # fmt: skip
+        except Exception as error:
+            logger.error("the %s door did not start: %s", server, error, exc_info=not isinstance(error, RuntimeError))
+            write_status(run_dir, "failed", f"the {server} door did not start: {error}")
+            return 1
+        text = usage(door, example)
+        print(text, flush=True)
+        write_status(run_dir, "ready", text)
+        assert door.launch is not None and door.process is not None
+        child = Child("door", door.launch, door.process)
+        return Supervisor(run_dir, [child], lambda: stop(run_dir), owner=owner_pid()).run()
+
+
+def resolve_with_model_store(args: argparse.Namespace) -> list[str]:
+    """The command that has ``python -m model_store.serving`` build or package the archives and run this command
+    line again with them (``--archive``): door options travel in the environment it inherits."""
+    command = [sys.executable, "-m", "model_store.serving", args.command, "--server", args.server]
+    command += ["--run-dir", str(args.run_dir)]
+    if args.model_store is not None:
+        command += ["--model-store", str(args.model_store)]
+    if args.models:
+        command += ["--models", args.models]
+    if args.models_file is not None:
+        command += ["--models-file", str(args.models_file)]
+    if args.replicas is not None:
+        command += ["--replicas", str(args.replicas)]
+    return command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,9 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stop":
         print("stopped" if stop(args.run_dir) else "not running")
         return 0
-    chosen = _models(args)
-    if chosen is None:
-        return 2
-    models, example = chosen
-    return run_door(args.command, args.server, models, example, args.run_dir, args.replicas, args.ray_address,
+    if not args.archive:
+        os.environ.update({"RAY_ADDRESS": args.ray_address or "", "RAY_ATTACH": "1" if args.attach else ""})
+        command = resolve_with_model_store(args)
+        sys.stdout.flush()
+        os.execve(command[0], command, python_env())
+    models = {name: Path(folder) for name, folder in args.archive}
+    return run_door(args.command, args.server, models, args.example, args.run_dir, args.replicas, args.ray_address,
                     args.attach)  # fmt: skip

@@ -18,6 +18,7 @@ import pytest
 
 from model_store.serving.config import Ports
 from model_store.serving.process import EXPORTER_PID, TS_PID, Server
+from supervise.supervisor import SUPERVISOR_PID
 from tests import checkpoints
 from tests.serving_support import REPO_ROOT, owned_popen
 
@@ -46,6 +47,7 @@ def test_start_servers_and_wait_to_be_killed(server: Server, tmp_path: Path) -> 
         "fixture router": server.router_pid or 0,  # the session's sentiment has an explanation pool
         "launcher torchserve": int((run_dir / TS_PID).read_text()),
         "launcher exporter": int((run_dir / EXPORTER_PID).read_text()),
+        "launcher supervisor": int((run_dir / SUPERVISOR_PID).read_text()),  # `start` leaves it supervising
         "owned child": child.pid,
     }
     assert server.router_pid is not None, "the session's server is expected to route to an explanation pool"

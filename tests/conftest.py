@@ -31,7 +31,7 @@ from transformers import (
 
 from model_store.serving.config import POOL_KEY, Ports
 from model_store.serving.process import Server, start, stop
-from model_store.serving.watchdog import OWNER_ENV
+from supervise.watchdog import OWNER_ENV
 from tests.serving_support import tiny_archives
 from tests.weights import perturb
 

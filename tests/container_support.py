@@ -28,8 +28,8 @@ from typing import Any
 from deploy import engine
 from deploy.engine import INSTALL_HINT
 from model_store.serving.config import Ports
-from model_store.serving.process import pid_alive
-from model_store.serving.watchdog import watch
+from supervise.processes import pid_alive
+from supervise.watchdog import watch
 from tests.serving_support import ARCHIVE_CACHE, REPO_ROOT, tiny_archives
 
 logger = logging.getLogger(__name__)

@@ -8,14 +8,16 @@ import io
 import json
 import os
 import subprocess
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
-from model_store.serving.watchdog import watch
+from supervise.watchdog import watch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE_CACHE = REPO_ROOT / "build" / "test-archives"
@@ -34,6 +36,16 @@ def owned_popen(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(args, start_new_session=True, **kwargs)
     watch(os.getpid(), groups=[process.pid])
     return process
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; return whether it held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
 
 
 def png_bytes(size: tuple[int, int] = (32, 32), seed: int = 0) -> bytes:

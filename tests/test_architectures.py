@@ -36,7 +36,7 @@ from explainers import (
     supported_methods,
     supported_model_types,
 )
-from explainers.support import refusal
+from explainers.architectures.support import refusal
 
 from .arch_zoo import (
     LENGTHS,

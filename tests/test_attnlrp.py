@@ -18,10 +18,10 @@ from torch import Tensor, nn
 from transformers import BertConfig, BertForSequenceClassification
 
 from explainers import RowExplanation, RowRequest, describe, explain, explain_batch
-from explainers import attnlrp_rules as rules
-from explainers.attention_capture import capturing_attention
-from explainers.attnlrp import attach_rules
+from explainers.architectures.attention import capturing_attention
+from explainers.architectures.rule_hooks import attach_rules
 from explainers.capture import prepared_model
+from explainers.rules import attnlrp as rules
 
 from .conftest import _eager, _labelled, build_bert, build_vit, image_batch, row_inputs, text_batch
 from .test_explainers import _assert_same, _snapshot, _unusual_state

@@ -28,8 +28,8 @@ from explainers import (
     token_units,
     unit_scores,
 )
-from explainers.continuation import given_continuation
-from explainers.generation import explain_continuation
+from explainers.tasks.continuation import given_continuation
+from explainers.tasks.generation import explain_continuation
 
 from .chat_zoo import CHAT_FAMILIES, DOCUMENTS, QUESTION, STYLES, SYSTEM, chat_model, tokenizer
 

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explain_client.protos import explain_messages
 from explainers import decoded_offsets, explain_spans, render_chat, span_steps, token_units
-from explainers.continuation import given_continuation
+from explainers.tasks.continuation import given_continuation
 from serving_core.config import ConfigError, HandlerConfig
 from serving_core.tasks.generation_service import GenerationService
 

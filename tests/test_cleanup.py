@@ -1,5 +1,5 @@
 """Servers started by tests end with the test process, even when pytest is killed by an outer timeout (SIGKILL: no
-fixture teardown, no ``finally`` runs). The mechanism is :mod:`model_store.serving.watchdog`; the first tests check
+fixture teardown, no ``finally`` runs). The mechanism is :mod:`supervise.watchdog`; the first tests check
 it alone on plain processes, the last one kills a real pytest that runs tests/cleanup_probe.py (two TorchServes, one
 started in-process and one by the launcher's command line in a subprocess, and a child of ``owned_popen``)."""
 
@@ -11,28 +11,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from model_store.serving.watchdog import OWNER_ENV, group_alive, owner_pid, watch
-from tests.serving_support import REPO_ROOT
+from supervise.processes import group_alive, group_members
+from supervise.watchdog import OWNER_ENV, owner_pid, watch
+from tests.serving_support import REPO_ROOT, wait_for
 
 
 def _group_members(group: int) -> list[int]:
     """Pids of the live processes whose process group is ``group`` (from /proc; zombies left out)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, ...
-        if int(fields[2]) == group and fields[0] != "Z":
-            members.append(int(entry.name))
+    members = group_members(group)
+    assert members is not None, "these tests read /proc"
     return members
 
 
@@ -46,25 +37,16 @@ def _watchdogs_of(owner: int) -> list[int]:
             arguments = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"model_store.serving.watchdog" in arguments and str(owner).encode() in arguments:
+        if b"supervise.watchdog" in arguments and str(owner).encode() in arguments:
             found.append(int(entry.name))
     return found
-
-
-def _wait(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
 
 
 def _sleeper() -> subprocess.Popen[bytes]:
     """A process in its own session, with a child of its own (both must end: the group is ended, not the pid)."""
     script = "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"
     process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    assert _wait(lambda: len(_group_members(process.pid)) == 2, 10), "the sleeper's child did not start"
+    assert wait_for(lambda: len(_group_members(process.pid)) == 2, 10), "the sleeper's child did not start"
     return process
 
 
@@ -84,7 +66,7 @@ def test_a_killed_owner_ends_the_group_and_runs_the_command(tmp_path: Path) -> N
         assert group_alive(guarded.pid) and guard.poll() is None, "nothing happens while the owner lives"
         owner.kill()
         owner.wait()
-        assert _wait(lambda: not _group_members(guarded.pid), 20), "the guarded group outlived its owner"
+        assert wait_for(lambda: not _group_members(guarded.pid), 20), "the guarded group outlived its owner"
         assert guard.wait(timeout=20) == 0 and marker.is_file()
     finally:
         owner.kill()
@@ -109,7 +91,7 @@ def test_a_watchdog_started_after_its_owner_died_ends_the_group_at_once() -> Non
     guarded = _sleeper()
     guard = watch(owner.pid, groups=[guarded.pid])
     assert guard.wait(timeout=20) == 0
-    assert _wait(lambda: not _group_members(guarded.pid), 5)
+    assert wait_for(lambda: not _group_members(guarded.pid), 5)
     guarded.wait()
 
 
@@ -123,7 +105,7 @@ def test_servers_end_when_pytest_is_killed(tmp_path: Path) -> None:
     probe = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     groups: dict[str, int] = {}
     try:
-        assert _wait(lambda: mark.is_file() or probe.poll() is not None, 500), "the probe never started its servers"
+        assert wait_for(lambda: mark.is_file() or probe.poll() is not None, 500), "the probe never started its servers"
         assert mark.is_file(), (tmp_path / "pytest.log").read_text()[-4000:]
         groups = json.loads(mark.read_text())["groups"]
         members = {name: _group_members(group) for name, group in groups.items()}
@@ -133,10 +115,10 @@ def test_servers_end_when_pytest_is_killed(tmp_path: Path) -> None:
         assert len(_watchdogs_of(probe.pid)) == 3, "one watchdog per TorchServe and one for the owned child"
         probe.send_signal(signal.SIGKILL)  # what an outer timeout does: no teardown, no finally
         probe.wait()
-        assert _wait(lambda: not any(_group_members(group) for group in groups.values()), 60), {
+        assert wait_for(lambda: not any(_group_members(group) for group in groups.values()), 60), {
             name: _group_members(group) for name, group in groups.items()
         }
-        assert _wait(lambda: not _watchdogs_of(probe.pid), 30), "the watchdogs leave after their work"
+        assert wait_for(lambda: not _watchdogs_of(probe.pid), 30), "the watchdogs leave after their work"
     finally:
         if probe.poll() is None:
             probe.kill()

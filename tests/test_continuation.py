@@ -1,4 +1,4 @@
-"""The generation loop and given continuations (explainers/continuation.py) on tiny causal LMs of every decoder
+"""The generation loop and given continuations (explainers/tasks/continuation.py) on tiny causal LMs of every decoder
 family: greedy equals transformers' ``generate`` row by row, left and right padding agree, rows stop at their own
 EOS, sampling is reproducible from a seed and independent of the batch, and bad settings or continuations are
 refused with one message each."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from explainers import InvalidInputError, InvalidOptionError
-from explainers.continuation import (
+from explainers.tasks.continuation import (
     GenerationSettings,
     filtered_logits,
     generate_continuation,

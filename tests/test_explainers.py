@@ -179,7 +179,7 @@ def _rollout_oracle(attentions: list[torch.Tensor]) -> torch.Tensor:
 
 
 def test_rollout_rows_sum_to_one_and_match_an_oracle(case: Case) -> None:
-    from explainers.kernels import rollout_matrix
+    from explainers.rules.maps import rollout_matrix
 
     model = case.build().double()
     batch = make_batch(case, model)

@@ -1,4 +1,4 @@
-"""The REST side of the forwarder (model_store/serving/forwarding.py) against a stand-in upstream on loopback: bodies
+"""The REST side of the forwarder (forwarding/forwarder.py) against a stand-in upstream on loopback: bodies
 arrive whole (``Content-Length`` or chunked), oversized ones get 413 without reaching the upstream, the policy's path
 and token are used, upstream connections are kept alive and reopened after the upstream closes one."""
 
@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from model_store.serving.forwarding import Forwarder, Policy, RefusedError
+from forwarding import Forwarder, Policy, RefusedError
 
 grpc = pytest.importorskip("grpc")
 

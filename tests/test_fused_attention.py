@@ -35,10 +35,10 @@ from explainers import (
     explain,
     explain_batch,
 )
-from explainers.attention_capture import FUSED_CAPTURE_IMPLEMENTATION, fused_implementation
-from explainers.attnlrp import attach_rules
+from explainers.architectures.attention import FUSED_CAPTURE_IMPLEMENTATION, fused_implementation
+from explainers.architectures.rule_hooks import attach_rules
+from explainers.architectures.support import refusal
 from explainers.memory import MemoryBudgetError, ModelSize, estimate_bytes
-from explainers.support import refusal
 
 from .arch_zoo import VARIANTS, Variant, batch_for, image_batch, perturb, row_alone, text_batch
 

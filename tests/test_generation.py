@@ -23,7 +23,7 @@ from explainers import (
     explain,
     explain_generation,
 )
-from explainers.support import refusal
+from explainers.architectures.support import refusal
 
 from .arch_zoo import VARIANTS
 from .causal_zoo import FAMILIES, build_causal, classifier_twin, prompts

@@ -21,7 +21,7 @@ from explain_eval.generation import (
     step_log_probabilities,
     top_k_removals,
 )
-from explainers.continuation import generate_continuation
+from explainers.tasks.continuation import generate_continuation
 from tests.generation_checkpoint import causal_lm
 
 PROMPTS = ("a slow rude waiter and the food", "the service was good and the food", "the food was")
@@ -97,7 +97,7 @@ def test_an_oracle_ranking_beats_every_method_and_random(lm: tuple[Path, Any, An
     methods = ("oracle", "grad_x_input", "attention", RANDOM)
 
     def explain(model: Any, made: Any, *, method: str, **options: Any) -> Any:
-        from explainers.generation import explain_continuation
+        from explainers.tasks.generation import explain_continuation
 
         if method == "oracle":
             return oracle(model, made)

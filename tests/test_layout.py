@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from serving_core.registry import TASKS, get_task
+from serving_core.registry import TASKS
+from serving_core.task import get_task
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Top-level packages that are servers (or a server's SDK): the serving core must import none of them.
@@ -55,6 +56,15 @@ def test_the_doors_and_tools_import_the_core_not_torchserves_glue() -> None:
     assert offenders("servers", ("handlers", "ts")) == []
     assert offenders("bench", ("handlers",)) == []
     assert offenders("handlers", ("servers",)) == []
+
+
+def test_the_launchers_import_nothing_of_each_other() -> None:
+    """TorchServe's launcher (``model_store``) and the other doors' (``servers``) share their process mechanics
+    (``supervise``) and import nothing of each other, in either direction; what they share imports neither."""
+    assert offenders("model_store", ("servers",)) == []
+    assert offenders("servers", ("model_store",)) == []
+    assert offenders("supervise", ("model_store", "servers", "handlers", "serving_core")) == []
+    assert offenders("forwarding", ("model_store", "servers", "handlers", "serving_core")) == []
 
 
 def test_the_scan_sees_function_level_and_relative_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,10 +17,10 @@ from torch import Tensor, nn
 from transformers import AlbertConfig, AlbertForSequenceClassification
 
 from explainers import explain
-from explainers.architectures import describe
+from explainers.architectures.description import describe
 from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, prepared_model, run_capture
-from explainers.lrp import block_relprop, head_relprop, linear_relprop
 from explainers.methods import _block_weights
+from explainers.rules.lrp import block_relprop, head_relprop, linear_relprop
 
 from .arch_zoo import VARIANTS, batch_for, row_alone
 from .conftest import build_bert, build_roberta, build_vit, build_vit_wide, image_batch, row_inputs, text_batch
@@ -85,7 +85,8 @@ class _Tape:
             handle.remove()
 
 
-# Where each family keeps the modules the oracle reads, written here independently of explainers/architectures.py:
+# Where each family keeps the modules the oracle reads, written here independently of
+# explainers/architectures/blocks.py:
 # (attention module, q, k, v, attention output, first and second feed-forward linears), relative to a layer.
 _BERT_PATHS = ("attention.self", "attention.self.query", "attention.self.key", "attention.self.value",
                "attention.output.dense", "intermediate.dense", "output.dense")  # fmt: skip

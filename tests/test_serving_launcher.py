@@ -49,3 +49,31 @@ def test_profiles_and_overlay(tmp_path: Path) -> None:
     assert changed["batchSize"] == gpu["batchSize"] and changed["maxBatchDelay"] == gpu["maxBatchDelay"]
     assert changed["handler"]["labels"] == ["a", "b"] and changed["handler"]["device"] == "cuda"
     assert (store / "b" / "model").resolve() == (archive / "model").resolve()
+
+
+def test_the_door_handoff_is_a_command_line_the_door_launcher_reads(tmp_path: Path) -> None:
+    """``SERVER=kserve|ray``: TorchServe's launcher resolves the archives, then runs ``python -m servers`` with them
+    (no import between the two); that command line parses to the same folders, example and options."""
+    from model_store.serving import launcher
+    from servers.launcher import build_parser
+
+    archives = {"sentiment": tmp_path / "sentiment" / "archive", "pairs": tmp_path / "packages" / "pairs"}
+    given = ["start", "--server", "ray", "--replicas", "2", "--run-dir", str(tmp_path / "run")]
+    line = launcher.door_command(launcher.build_parser().parse_args(given), archives, ("pairs", "text"))
+    assert line[1:3] == ["-m", "servers"]
+    arguments = build_parser().parse_args(line[3:])
+    assert (arguments.command, arguments.server, arguments.replicas) == ("start", "ray", 2)
+    assert dict(arguments.archive) == {name: str(folder.resolve()) for name, folder in archives.items()}
+    assert arguments.example == ("pairs", "text") and arguments.run_dir == tmp_path / "run"
+
+
+def test_archive_arguments_are_name_value_pairs() -> None:
+    from model_store.serving.launcher import build_parser
+
+    arguments = build_parser().parse_args(
+        ["serve", "--archive", "a=x/archive", "--archive", "b=/y=z", "--example", "b=text"]
+    )
+    assert arguments.archive == [("a", "x/archive"), ("b", "/y=z")] and arguments.example == ("b", "text")
+    for bad in ("a", "=x", "a="):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--archive", bad])

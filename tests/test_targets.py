@@ -1,4 +1,4 @@
-"""The multi-target core (:mod:`explainers.targets`): one forward, many targets, batched vector-Jacobian products.
+"""The multi-target core (:mod:`explainers.tasks.targets`): one forward, many targets, batched vector-Jacobian products.
 
 The reference for a causal LM is the classifier path itself: a target at position ``p`` with token ``y`` must get
 exactly the scores :func:`explainers.explain` gives for the context up to ``p`` alone, on the family's sequence
@@ -26,7 +26,7 @@ from explainers import (
     explain,
     explain_batch,
 )
-from explainers.targets import Targets, explain_targets
+from explainers.tasks.targets import Targets, explain_targets
 
 from .arch_zoo import FLOAT32_SOFTMAX, PAD, TOKEN_LEVEL_FAMILIES, VOCAB, build_token_level, text_batch
 
@@ -268,7 +268,7 @@ def test_token_spans_grad_x_input_equals_autograd(model_type: str) -> None:
 @pytest.mark.parametrize("method", ["attention", "rollout"])
 def test_token_span_map_rows_are_the_mean_of_the_span_rows(model_type: str, method: str) -> None:
     from explainers import capturing_attention
-    from explainers.kernels import rollout_matrix
+    from explainers.rules.maps import rollout_matrix
 
     model = _token_model(model_type)
     batch = text_batch(model, LENGTHS)

@@ -21,11 +21,11 @@ from explainers import (
     explain_tokens,
     predict_tokens,
 )
+from explainers.architectures.support import refusal
 from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, forward_pass, prepared_model
-from explainers.lrp import block_relprop, token_head_relprop
 from explainers.methods import _block_weights
-from explainers.support import refusal
-from explainers.token_labels import group_spans, label_scheme, span_tags
+from explainers.rules.lrp import block_relprop, token_head_relprop
+from explainers.tasks.tagging import group_spans, label_scheme, span_tags
 
 from .arch_zoo import TOKEN_LEVEL_FAMILIES, alone_tolerance, build_token_level, text_batch
 from .test_relevance import _PATHS, _layer_names, _linear, _oracle_blocks, _oracle_rollout, _Tape
@@ -281,7 +281,7 @@ def test_refusals_and_bad_positions() -> None:
 
 
 def _token_layers(model: Any) -> list[Any]:
-    """The encoder layers in call order, found independently of explainers/architectures.py."""
+    """The encoder layers in call order, found independently of explainers/architectures/blocks.py."""
     model_type = model.config.model_type
     if model_type == "albert":
         groups = model.albert.encoder.albert_layer_groups

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from explainers.token_labels import group_spans, label_scheme, labels_of, parse_tag, span_tags, tags_of_spans
+from explainers.tasks.tagging import group_spans, label_scheme, labels_of, parse_tag, span_tags, tags_of_spans
 
 BIO = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
 BIOES = ["O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", "S-LOC"]

@@ -1,6 +1,7 @@
-"""The service's configuration: its ports, the addresses it binds, the keys' lifetime, ``config.properties`` rendered
-from ``config.properties.template``, the batching/device profiles of ``profiles.yaml``, and the per-run model store
-(links to each archive, with its ``model-config.yaml`` overlaid by a profile).
+"""The service's configuration: its ports, the addresses it binds (:mod:`supervise.environment`), the keys'
+lifetime, ``config.properties`` rendered from ``config.properties.template``, the batching/device profiles of
+``profiles.yaml``, and the per-run model store (links to each archive, with its ``model-config.yaml`` overlaid by a
+profile).
 
 Everything binds 127.0.0.1 unless ``INFERENCE_ADDRESS`` / ``METRICS_ADDRESS`` say otherwise (containers and pods);
 management is never configurable. Token authorization stays on.
@@ -8,7 +9,6 @@ management is never configurable. Token authorization stays on.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import socket
@@ -20,12 +20,13 @@ from typing import Any
 
 import yaml
 
+from supervise.environment import bind_address, env_port
+
 SERVING_DIR = Path(__file__).resolve().parent
 REPO_ROOT = SERVING_DIR.parent.parent
 TEMPLATE = SERVING_DIR / "config.properties.template"
 METRICS_YAML = SERVING_DIR / "metrics.yaml"
 PROFILES = SERVING_DIR / "profiles.yaml"
-DEFAULT_RUN_DIR = REPO_ROOT / "run"
 DEFAULT_MODEL_STORE = REPO_ROOT / "model_store" / "build"
 
 
@@ -50,8 +51,7 @@ class Ports:
         """Defaults overridden by ``<FIELD>_PORT`` (``INFERENCE_PORT``, ``MANAGEMENT_PORT``, ``METRICS_PORT``,
         ``GRPC_INFERENCE_PORT``, ``GRPC_MANAGEMENT_PORT``, ``EXPORTER_PORT``, ``UPSTREAM_INFERENCE_PORT``,
         ``UPSTREAM_GRPC_INFERENCE_PORT``)."""
-        values = {name: int(os.environ.get(f"{name.upper()}_PORT", default)) for name, default in asdict(cls()).items()}
-        return cls(**values)
+        return cls(**{name: env_port(name, default) for name, default in asdict(cls()).items()})
 
     @classmethod
     def free(cls) -> Ports:
@@ -67,21 +67,6 @@ class Ports:
             for sock in sockets:
                 sock.close()
         return cls(*numbers)
-
-
-def bind_address(variable: str) -> str:
-    """The address to bind named by the environment variable ``variable`` (``INFERENCE_ADDRESS`` or
-    ``METRICS_ADDRESS``), 127.0.0.1 when unset. Only for containers and pods, where the port must be reachable from
-    outside the container's loopback (docs/OPERATIONS.md); management is never configurable.
-
-    Raises:
-        ValueError: if the value is not an IP address literal.
-    """
-    value = os.environ.get(variable) or "127.0.0.1"
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        raise ValueError(f"{variable}={value!r} is not an IP address (e.g. 127.0.0.1 or 0.0.0.0)") from None
 
 
 #: Default lifetime of TorchServe's inference and management keys, in minutes (365 days).

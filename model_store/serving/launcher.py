@@ -1,13 +1,21 @@
 """Start and stop the explanation service: ``python -m model_store.serving serve|start|stop|package``.
 
 Commands: ``serve`` (foreground, Ctrl-C stops), ``start`` (background), ``stop``, ``package`` (package only).
+``serve`` supervises what it started until it is stopped (:mod:`model_store.serving.supervision`): it exits 0 after
+``stop``, and 1, saying which process ended and how, if TorchServe ends by itself; ``start`` runs that same
+``serve`` in the background and returns once the service is ready.
 ``--models name=path,...`` (``make serve MODELS=...``) or ``--models-file models.yaml`` serve your own checkpoint
 folders instead of the two default models: each is validated and packaged by :mod:`model_store.package` (reused
 while unchanged) first.
 
+``--server kserve|ray`` (``make serve SERVER=...``): the archives are resolved here, then this process becomes
+``python -m servers`` (the other doors' launcher, :mod:`servers.launcher`) with them; the two launchers share their
+process mechanics (:mod:`supervise`) and import nothing of each other.
+
 This module is the command line only; the work is done by :mod:`model_store.serving.config` (ports, config files,
-profiles), :mod:`model_store.serving.archives` (building the default models, packaging own checkpoints) and
-:mod:`model_store.serving.process` (starting, waiting for and stopping TorchServe and the metrics exporter).
+profiles), :mod:`model_store.serving.archives` (building the default models, packaging own checkpoints),
+:mod:`model_store.serving.process` (starting, waiting for and stopping TorchServe, the metrics exporter and the
+router) and :mod:`model_store.serving.supervision` (watching them).
 """
 
 from __future__ import annotations
@@ -15,14 +23,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
+import subprocess
 import sys
-import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from model_store.serving.archives import DEFAULT_MODELS, ensure_models, package_own_models
-from model_store.serving.config import DEFAULT_MODEL_STORE, DEFAULT_RUN_DIR, load_profile
-from model_store.serving.process import Server, pid_alive, start, stop
+from model_store.serving.config import DEFAULT_MODEL_STORE, load_profile
+from model_store.serving.process import Server, start, stop
+from model_store.serving.supervision import supervise
+from supervise.environment import name_value, run_dir_from_env
+from supervise.processes import REPO_ROOT, python_env
+from supervise.supervisor import claimed, start_in_background, write_status
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +85,18 @@ Logs: {server.log_dir}. Docs: docs/SERVING.md.
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point."""
+def door_command(args: argparse.Namespace, archives: Mapping[str, Path], example: tuple[str, str]) -> list[str]:
+    """The ``python -m servers`` command line that runs ``args.command`` on the ``args.server`` door for
+    ``archives`` (name → folder)."""
+    line = [sys.executable, "-m", "servers", args.command, "--server", args.server, "--run-dir", str(args.run_dir)]
+    for name, folder in archives.items():
+        line += ["--archive", f"{name}={folder.resolve()}"]
+    line += ["--example", "=".join(example)]
+    return line + (["--replicas", str(args.replicas)] if args.replicas is not None else [])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (defaults from the environment ``make serve`` sets)."""
     parser = argparse.ArgumentParser(prog="python -m model_store.serving", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("serve", "start", "stop", "package"))
     parser.add_argument(
@@ -90,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         default=int(os.environ["REPLICAS"]) if os.environ.get("REPLICAS") else None,
         help="--server ray: replicas per model (default: each model's workers setting)",
     )
-    parser.add_argument("--run-dir", type=Path, default=Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR))
+    parser.add_argument("--run-dir", type=Path, default=run_dir_from_env())
     parser.add_argument("--model-store", type=Path, default=Path(os.environ.get("MODEL_STORE") or DEFAULT_MODEL_STORE))
     parser.add_argument(
         "--profile", default=os.environ.get("PROFILE") or "archive", help="archive (default), cpu, cpu-pooled or gpu"
@@ -106,21 +128,43 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ["MODELS_FILE"]) if os.environ.get("MODELS_FILE") else None,
         help="a YAML file of checkpoint folders and their settings (docs/SERVING.md)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--archive",
+        type=name_value,
+        action="append",
+        default=[],
+        metavar="NAME=FOLDER",
+        help="serve this archive folder (relative to --model-store) as it is, with no build or packaging step "
+        "(repeat; what `start` gives its background `serve`)",
+    )
+    parser.add_argument(
+        "--example",
+        type=name_value,
+        default=("sentiment", "text"),
+        metavar="NAME=TASK",
+        help="the model the usage shows",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.command == "stop":
         stopped = stop(args.run_dir)
-        if (args.run_dir / "doors.pid").is_file():  # a KServe/Ray door (servers/launcher.py)
-            from servers.launcher import stop as stop_door
-
-            stopped = stop_door(args.run_dir) or stopped
+        if (args.run_dir / "doors.pid").is_file():  # a KServe/Ray door left by its launcher: that launcher stops it
+            door = [sys.executable, "-m", "servers", "stop", "--run-dir", str(args.run_dir)]
+            result = subprocess.run(door, cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True, check=False)
+            stopped = stopped or result.stdout.strip() == "stopped"
         print("stopped" if stopped else "not running")
         return 0
     from handlers.protos import generate
 
     generate()
-    example = ("sentiment", "text")
-    if args.models or args.models_file:
+    if args.archive:
+        models, example = dict(args.archive), args.example
+    elif args.models or args.models_file:
         from model_store.package import PackageError
 
         try:
@@ -136,25 +180,43 @@ def main(argv: list[str] | None = None) -> int:
         print("error: `package` needs --models name=path,... or --models-file FILE (MODELS=/MODELS_FILE=)")
         return 2
     else:
-        models = dict(DEFAULT_MODELS)
+        models, example = dict(DEFAULT_MODELS), ("sentiment", "text")
         ensure_models(args.model_store, models)
     if args.server != "torchserve":
-        from servers.launcher import run_door
-
         archives = {name: args.model_store / path for name, path in models.items()}
-        return run_door(args.command, args.server, archives, example, args.run_dir, args.replicas)
-    profile = load_profile(args.profile)
-    server = start(args.run_dir, args.model_store, models, overrides={name: profile for name in models})
-    print(usage(server, example), flush=True)
-    if args.command == "start":
-        return 0
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        while pid_alive(server.torchserve_pid):
-            time.sleep(1.0)
-        logger.error("TorchServe exited; see %s", server.log_dir)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        stop(args.run_dir)
+        command = door_command(args, archives, example)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(command[0], command, python_env())
+    if args.command == "start":  # the same `serve`, in the background, supervising
+        code, message = start_in_background(serve_command(args, models, example), args.run_dir)
+        print(message, flush=True, file=sys.stdout if code == 0 else sys.stderr)
+        return code
+    return serve(args, models, example)
+
+
+def serve_command(args: argparse.Namespace, models: Mapping[str, str], example: tuple[str, str]) -> list[str]:
+    """The ``serve`` command line that serves ``models`` (name → archive folder in the model store) as they are."""
+    line = [sys.executable, "-m", "model_store.serving", "serve", "--server", "torchserve"]
+    line += ["--run-dir", str(args.run_dir.resolve()), "--model-store", str(args.model_store.resolve())]
+    line += ["--profile", args.profile, "--example", "=".join(example)]
+    for name, path in models.items():
+        line += ["--archive", f"{name}={path}"]
+    return line
+
+
+def serve(args: argparse.Namespace, models: Mapping[str, str], example: tuple[str, str]) -> int:
+    """Start TorchServe, say how to call it, and supervise it until it is stopped (0) or fails (1):
+    :mod:`model_store.serving.supervision`."""
+    with claimed(args.run_dir):
+        try:
+            profile = load_profile(args.profile)
+            server = start(args.run_dir, args.model_store, models, overrides={name: profile for name in models})
+        except Exception as error:
+            logger.error("the service did not start: %s", error, exc_info=not isinstance(error, RuntimeError))
+            write_status(args.run_dir, "failed", f"the service did not start: {error}")
+            return 1
+        text = usage(server, example)
+        print(text, flush=True)
+        write_status(args.run_dir, "ready", text)
+        return supervise(server)

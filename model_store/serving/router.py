@@ -8,7 +8,7 @@ sends each request for ``<name>`` that asks for an explanation (:func:`serving_c
 client's token passes as it is (TorchServe checks it); requests stay exactly what they were for the client.
 
 REST: ``/predictions/{name}[/{version}]`` and ``/explanations/{name}[/{version}]``. gRPC: ``Predictions`` (the
-``PredictionsRequest``'s ``model_name``; the streaming RPCs are refused, :mod:`model_store.serving.forwarding`).
+``PredictionsRequest``'s ``model_name``; the streaming RPCs are refused, :mod:`forwarding`).
 Started and stopped by :mod:`model_store.serving.process`:
 
 ``python -m model_store.serving.router --pool sentiment --listen 127.0.0.1 --rest-port 8080 --grpc-port 7070
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from explain_client.protos import inference_stubs
-from model_store.serving.forwarding import Forwarder, Policy, serve_until_signalled
+from forwarding import Forwarder, Policy, serve_until_signalled
 from serving_core.pools import asks_for_explanation, pool_name
 
 logger = logging.getLogger(__name__)

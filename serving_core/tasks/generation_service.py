@@ -1,16 +1,16 @@
-"""The serving core of generation models (task ``generation``): a batch of decoded rows in, one outcome per row out.
+"""The generation service (task ``generation``: causal LMs): a batch of decoded rows in, one outcome per row out.
 
 A row's prompt is its ``prompt`` (after a documents block when it has documents) or its chat ``messages`` rendered
 with the chat template (:func:`explainers.render_chat`), tokenized with character offsets. The rows that generate do
-so together, in one :func:`explainers.continuation.generate_continuation` call (each with its own budget, sampling
-settings and seed, so a row's answer does not depend on its batch); rows that bring their own continuation join them
-after. The rows that ask for an explanation are then grouped by method, options and target kind (steps, a sum, or
-spans of the answer: its sentences or the span asked for), and each group is one
-:func:`explainers.generation.explain_continuation` or :func:`explainers.explain_spans` (one forward for the group,
-one batched backward); a row's own steps, foils and sentences are its share of the group's targets. Scores are then
-summed into the units the row asked for (:mod:`~serving_core.tasks.generation_context`). Rows that
-fail to decode or whose request is invalid get their own error; the others are served. Nothing per request is kept
-on the service object. Loading and devices are :mod:`serving_core.loading`'s.
+so together, in one :func:`explainers.tasks.continuation.generate_continuation` call (each with its own budget,
+sampling settings and seed, so a row's answer does not depend on its batch); rows that bring their own continuation
+join them after. The rows that ask for an explanation are then grouped by method, options and target kind (steps, a
+sum, or spans of the answer: its sentences or the span asked for), and each group is one
+:func:`explainers.tasks.generation.explain_continuation` or :func:`explainers.explain_spans` (one forward for the
+group, one batched backward); a row's own steps, foils and sentences are its share of the group's targets. Scores are
+then summed into the units the row asked for (:mod:`~serving_core.tasks.generation_context`). Rows that fail to
+decode or whose request is invalid get their own error; the others are served. Nothing per request is kept on the
+service object. Loading and devices are :mod:`serving_core.loading`'s.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from explainers import (
     render_prompt,
     span_steps,
 )
-from explainers.continuation import (
+from explainers.tasks.continuation import (
     Continuation,
     GenerationSettings,
     generate_continuation,
@@ -47,7 +47,7 @@ from explainers.continuation import (
     pad_token,
     vocabulary_size,
 )
-from explainers.generation import check_generation_call, explain_continuation, resolve_steps
+from explainers.tasks.generation import check_generation_call, explain_continuation, resolve_steps
 
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
@@ -247,8 +247,8 @@ class GenerationService:
         self, made: Continuation, known: torch.Tensor, probabilities: Sequence[list[float] | None]
     ) -> torch.Tensor:
         """The step probabilities of the given continuations, from one plain forward over their rows."""
-        from explainers.continuation import evaluating
-        from explainers.generation import step_probabilities
+        from explainers.tasks.continuation import evaluating
+        from explainers.tasks.generation import step_probabilities
 
         given = [position for position, value in enumerate(probabilities) if value is None]
         subset = made.rows(given)

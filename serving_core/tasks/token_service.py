@@ -32,8 +32,8 @@ from explainers import (
     predict_tokens,
     unit_scores,
 )
-from explainers.support import check_method
-from explainers.token_labels import label_scheme
+from explainers.architectures.support import check_method
+from explainers.tasks.tagging import label_scheme
 
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error

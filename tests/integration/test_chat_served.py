@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explain_client import ExplainClient, ServiceError
 from explainers import explain_spans, render_chat
-from explainers.continuation import given_continuation
+from explainers.tasks.continuation import given_continuation
 from model_store.package import Settings, package
 from model_store.serving.config import Ports
 from model_store.serving.process import Server, start, stop

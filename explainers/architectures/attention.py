@@ -72,7 +72,7 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 CAPTURE_IMPLEMENTATION = "explainers_capture"
 """The name registered in ``AttentionInterface`` and ``AttentionMaskInterface`` (a new name; nothing replaced)."""

@@ -3,10 +3,10 @@
 The service's processes run in their own sessions (so that ``stop`` can kill each whole process group, TorchServe's
 workers included), which also means that nothing stops them when the process that started them dies without running
 its clean-up: a test run killed by an outer timeout would leave a TorchServe behind. Setting ``EXPLAIN_OWNER_PID``
-(the test suite sets it to the pytest process) makes :func:`model_store.serving.process.start` start one watchdog
-per server::
+(the test suite sets it to the pytest process) makes the launchers (:func:`model_store.serving.process.start`,
+:func:`servers.launcher.start`) start one watchdog per server::
 
-    python -m model_store.serving.watchdog --owner PID [--group PGID ...] [-- COMMAND ...]
+    python -m supervise.watchdog --owner PID [--group PGID ...] [-- COMMAND ...]
 
 It waits for the owner to end (a ``pidfd``, so a reused pid cannot fool it), then sends SIGTERM to each process
 group, SIGKILL to what is left after a grace period, and runs COMMAND if one is given (for example a
@@ -25,9 +25,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from supervise.processes import group_alive, pid_alive, python_env
 
 #: The environment variable naming the process whose end stops the servers started under it.
 OWNER_ENV = "EXPLAIN_OWNER_PID"
@@ -54,32 +53,19 @@ def watch(
     Returns the watchdog's process; terminate it (its pid leads its own group) to cancel the guard, for example after
     a normal clean-up that ``command`` would repeat.
     """
-    arguments = [sys.executable, "-m", "model_store.serving.watchdog", "--owner", str(owner)]
+    arguments = [sys.executable, "-m", "supervise.watchdog", "--owner", str(owner)]
     for group in groups:
         arguments += ["--group", str(group)]
     if command:
         arguments += ["--", *command]
-    environment = dict(env if env is not None else os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
     return subprocess.Popen(
         arguments,
-        env=environment,
+        env=python_env(base=env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-
-
-def group_alive(group: int) -> bool:
-    """Whether any process is left in the process group ``group``."""
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _owner_ended(owner: int) -> tuple[int | None, bool]:
@@ -90,17 +76,6 @@ def _owner_ended(owner: int) -> tuple[int | None, bool]:
         return None, True
     except OSError:  # an old kernel: fall back to polling the pid
         return None, False
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (one owned by another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _end_groups(groups: Sequence[int]) -> None:
@@ -141,7 +116,7 @@ def run(owner: int, groups: Sequence[int], command: Sequence[str], interval: flo
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (see the module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m model_store.serving.watchdog", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m supervise.watchdog", description=__doc__.split("\n")[0])
     parser.add_argument("--owner", type=int, required=True, help="the pid whose end ends the groups")
     parser.add_argument("--group", type=int, action="append", default=[], help="a process-group id to end")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: run after the owner has ended")

@@ -4,8 +4,8 @@ Transformers", ICML 2024) as value-preserving modifications of the gradient.
 AttnLRP is computed as a *modified gradient × input*: every rule below leaves the forward value of its tensor
 exactly as it was (the custom autograd functions return their input, or the module's own output, unchanged) and
 changes only what flows backward, so that ``input · modified_gradient`` of a layer is that layer's LRP relevance.
-The functions here are pure: tensors in, tensors out, no hooks, no model. :mod:`explainers.attnlrp` attaches them
-to a model's own modules for the length of one pass.
+The functions here are pure: tensors in, tensors out, no hooks, no model. :mod:`explainers.architectures.rule_hooks`
+attaches them to a model's own modules for the length of one pass.
 
 Rule by rule (relevance ``R``, gradient ``g``, ``R_out = y ⊙ g_out`` at a layer's output ``y``):
 

@@ -2,7 +2,7 @@
 objectives, many per row, from one forward (:func:`explain_spans`), and the documents ranked by them (citations).
 
 A sentence of the answer is a span of steps ``[start, stop)``; its objective is the summed log-probability of its
-tokens (what :class:`~explainers.generation.StepSum` explains for one span). Every sentence of every row is one
+tokens (what :class:`~explainers.tasks.generation.StepSum` explains for one span). Every sentence of every row is one
 target of the many-target core (:func:`explainers.explain_targets`): round ``k`` holds each row's ``k``-th span, so
 the map methods read all of them from the one forward and the gradient methods take one batched vector-Jacobian
 product per round. A span explained here gives the numbers ``StepSum(start, stop)`` gives alone: the same terms, the
@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from . import InvalidTargetError, RenderedPrompt, Targets, explain_targets
-from .units import token_units
+from ..chat import RenderedPrompt
+from ..errors import InvalidTargetError
+from ..units import token_units
+from .targets import Targets, explain_targets
 
 if TYPE_CHECKING:
     from .continuation import Continuation
@@ -293,7 +295,7 @@ def explain_citations(
     Raises:
         ExplainError: for bad messages, documents, method or options (see :func:`explainers.render_chat`).
     """
-    from .chat import decoded_offsets, render_chat, render_prompt
+    from ..chat import decoded_offsets, render_chat, render_prompt
     from .continuation import generate_continuation, given_continuation
 
     if (messages is None) == (prompt is None):

@@ -1,37 +1,25 @@
-"""Where the parts of each supported Hugging Face architecture live.
+"""Describe one model for the explainers: :func:`describe` reads a Hugging Face model into an :class:`Architecture`.
 
-The explainers never fork Hugging Face model files. Instead each supported ``config.model_type`` is described
-once, here, by the stock modules that the relevance propagation needs: the six linear layers of every block,
-whether the block normalises before (ViT) or after (BERT family) its residual additions, and the linear
-layers of the classification head that read the first ([CLS] / class) token.
+The description holds references to the model's own modules and what its config says: the task and modality, the
+attention calls and heads, the input embedding module, the accepted inputs, the position the head reads and the
+head kind, and, for the families that support Chefer et al.'s relevance, the block structure of
+:mod:`explainers.architectures.blocks`. Which families and classes are accepted comes from
+:mod:`explainers.architectures.support`.
 """
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from torch import nn
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
+from .blocks import Block, sequence_blocks, token_blocks
 from .heads import head_type, pooled_position
 from .support import family, supported_model_types
 
 Modality = Literal["text", "image"]
-
-
-@dataclass(frozen=True)
-class Block:
-    """The stock modules of one Transformer block that relevance propagation reads."""
-
-    layer: nn.Module
-    attention: nn.Module
-    query: nn.Linear
-    key: nn.Linear
-    value: nn.Linear
-    attention_output: nn.Linear
-    ffn_in: nn.Linear
-    ffn_out: nn.Linear
 
 
 @dataclass(frozen=True)
@@ -45,7 +33,7 @@ class Architecture:
 
     Attributes:
         model_type: ``config.model_type``.
-        kind: ``encoder``, ``decoder`` or ``vision`` (see :mod:`explainers.support`).
+        kind: ``encoder``, ``decoder`` or ``vision`` (see :mod:`explainers.architectures.support`).
         task: ``sequence_classification``, ``token_classification`` or ``causal_lm`` (:data:`explainers.TASKS`):
             which entry point explains the model.
         modality: ``text`` (scores per token) or ``image`` (scores per patch).
@@ -59,8 +47,9 @@ class Architecture:
             gets: see ``patch``).
         patch: for images, ``(patch_h, patch_w)`` pixels per patch; ``None`` for text.
         prefix_tokens: tokens before the patches for images (class, distillation); 0 for text.
-        pooled: where the head reads (:func:`explainers.heads.pooled_position`).
-        head_type: ``single_label``, ``multi_label`` or ``regression`` (:func:`explainers.heads.head_type`).
+        pooled: where the head reads (:func:`explainers.architectures.heads.pooled_position`).
+        head_type: ``single_label``, ``multi_label`` or ``regression``
+            (:func:`explainers.architectures.heads.head_type`).
         padding: padding sides accepted for text.
         norm_first: True for pre-LayerNorm blocks (ViT), False for post-LayerNorm blocks (BERT family).
         blocks: for relevance, the encoder blocks in call order (ALBERT repeats its shared block), input side first.
@@ -96,7 +85,8 @@ class Architecture:
         return bool(self.blocks)
 
 
-TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
+TEXT_PAIR_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
+TEXT_SINGLE_KEYS = frozenset({"input_ids", "attention_mask"})
 
 
 def _pair(value: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
@@ -104,144 +94,6 @@ def _pair(value: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
         return value, value
     first, second = value
     return int(first), int(second)
-
-
-def _attribute(root: Any, path: str) -> Any:
-    """``root.a.b.c`` for ``path="a.b.c"``."""
-    for name in path.split("."):
-        root = getattr(root, name)
-    return root
-
-
-@dataclass(frozen=True)
-class LayerPaths:
-    """Dotted paths, relative to an encoder layer, of the modules a :class:`Block` references (in field order)."""
-
-    attention: str
-    query: str
-    key: str
-    value: str
-    attention_output: str
-    ffn_in: str
-    ffn_out: str
-
-    def block(self, layer: nn.Module) -> Block:
-        """The :class:`Block` of ``layer``."""
-        return Block(layer, *(_attribute(layer, path) for path in astuple(self)))
-
-
-def _blocks(layers: Any, paths: LayerPaths) -> tuple[Block, ...]:
-    return tuple(paths.block(layer) for layer in layers)
-
-
-_BERT_LAYER = LayerPaths(
-    attention="attention.self",
-    query="attention.self.query",
-    key="attention.self.key",
-    value="attention.self.value",
-    attention_output="attention.output.dense",
-    ffn_in="intermediate.dense",
-    ffn_out="output.dense",
-)
-
-_DISTILBERT_LAYER = LayerPaths(
-    "attention", "attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin", "ffn.lin1", "ffn.lin2"
-)
-
-_ALBERT_LAYER = LayerPaths(
-    "attention", "attention.query", "attention.key", "attention.value", "attention.dense", "ffn", "ffn_output"
-)
-
-_VIT_LAYER = LayerPaths(
-    "attention", "attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "mlp.fc1", "mlp.fc2"
-)
-
-TEXT_PAIR_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
-TEXT_SINGLE_KEYS = frozenset({"input_ids", "attention_mask"})
-
-
-@dataclass(frozen=True)
-class _Lrp:
-    """The block structure relevance reads."""
-
-    blocks: tuple[Block, ...]
-    head: tuple[nn.Linear, ...]
-    head_paths: tuple[tuple[int, int], ...]
-    norm_first: bool
-
-
-def _albert_blocks(base: Any) -> tuple[Block, ...]:
-    config = base.config
-    groups = base.encoder.albert_layer_groups
-    blocks: list[Block] = []
-    for index in range(config.num_hidden_layers):
-        group = groups[int(index / (config.num_hidden_layers / config.num_hidden_groups))]
-        blocks += [_ALBERT_LAYER.block(layer) for layer in group.albert_layers]
-    return tuple(blocks)
-
-
-def _linear_head(*modules: Any) -> tuple[nn.Linear, ...]:
-    if not all(isinstance(module, nn.Linear) for module in modules):
-        raise UnsupportedModelError("this classifier has no linear classification head (num_labels must be > 0)")
-    return tuple(modules)
-
-
-def _lrp(model: Any) -> _Lrp | None:
-    """The block structure of the families that support relevance (``None`` for the others)."""
-    model_type = model.config.model_type
-    if model_type == "bert":
-        base = model.bert
-        return _Lrp(
-            _blocks(base.encoder.layer, _BERT_LAYER),
-            _linear_head(base.pooler.dense, model.classifier),
-            ((0, 2),),
-            False,
-        )
-    if model_type in ("roberta", "xlm-roberta"):
-        base = model.roberta
-        head = _linear_head(model.classifier.dense, model.classifier.out_proj)
-        return _Lrp(_blocks(base.encoder.layer, _BERT_LAYER), head, ((0, 2),), False)
-    if model_type == "electra":
-        base = model.electra
-        head = _linear_head(model.classifier.dense, model.classifier.out_proj)
-        return _Lrp(_blocks(base.encoder.layer, _BERT_LAYER), head, ((0, 2),), False)
-    if model_type == "albert":
-        base = model.albert
-        return _Lrp(_albert_blocks(base), _linear_head(base.pooler, model.classifier), ((0, 2),), False)
-    if model_type == "distilbert":
-        base = model.distilbert
-        head = _linear_head(model.pre_classifier, model.classifier)
-        return _Lrp(_blocks(base.transformer.layer, _DISTILBERT_LAYER), head, ((0, 2),), False)
-    if model_type == "vit":
-        base = model.vit
-        layers = base.layers if hasattr(base, "layers") else base.encoder.layer
-        return _Lrp(_blocks(layers, _VIT_LAYER), _linear_head(model.classifier), ((0, 1),), True)
-    if model_type == "deit":
-        base = model.deit
-        layers = base.layers if hasattr(base, "layers") else base.encoder.layer
-        if hasattr(model, "distillation_classifier"):
-            head = _linear_head(model.cls_classifier, model.distillation_classifier)
-            return _Lrp(_blocks(layers, _VIT_LAYER), head, ((0, 1), (1, 1)), True)
-        return _Lrp(_blocks(layers, _VIT_LAYER), _linear_head(model.classifier), ((0, 1),), True)
-    return None
-
-
-def _token_lrp(model: Any) -> _Lrp | None:
-    """The block structure of a token classifier: its family's blocks, and the one linear head every token reads
-    (``head_paths`` empty: the head is not pooled)."""
-    model_type = model.config.model_type
-    base = getattr(model, {"xlm-roberta": "roberta"}.get(model_type, model_type), None)
-    if base is None:
-        return None
-    if model_type == "albert":
-        blocks = _albert_blocks(base)
-    elif model_type == "distilbert":
-        blocks = _blocks(base.transformer.layer, _DISTILBERT_LAYER)
-    elif model_type in ("bert", "roberta", "xlm-roberta", "electra"):
-        blocks = _blocks(base.encoder.layer, _BERT_LAYER)
-    else:
-        return None
-    return _Lrp(blocks, _linear_head(model.classifier), (), False)
 
 
 def model_config(model: nn.Module) -> Any:
@@ -278,10 +130,10 @@ def describe(model: nn.Module) -> Architecture:
     assert config is not None
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     lrp = None
-    if "relevance" not in known.refused and task == "sequence_classification":
-        lrp = _lrp(model)
-    elif "relevance" not in known.refused and task == "token_classification":
-        lrp = _token_lrp(model)
+    if task == "sequence_classification":
+        lrp = sequence_blocks(model)
+    elif task == "token_classification":
+        lrp = token_blocks(model)
     modality: Modality = "image" if known.kind == "vision" else "text"
     grid = None
     patch = None

@@ -1,9 +1,9 @@
 """Token classifiers (NER, PII detection, tagging): every entity of a batch explained, with one forward.
 
 :func:`explain_tokens` groups each row's predicted tags into spans by the tagging scheme of the model's labels
-(:mod:`explainers.token_labels`), or takes the spans the caller gives, and explains each span for the summed logit
-of its tags over its tokens through :func:`explainers.targets.explain_targets`: one forward for the batch, the spans
-derived from that forward's predictions, and for the gradient methods the vector-Jacobian products of all spans
+(:mod:`explainers.tasks.tagging`), or takes the spans the caller gives, and explains each span for the summed logit
+of its tags over its tokens through :func:`explainers.tasks.targets.explain_targets`: one forward for the batch, the
+spans derived from that forward's predictions, and for the gradient methods the vector-Jacobian products of all spans
 batched. :func:`predict_tokens` gives the same spans and scores without an attribution (a forward only).
 
 >>> batch = tokenizer(texts, return_tensors="pt", padding=True, return_special_tokens_mask=True)
@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .architectures import describe, model_config
-from .capture import forward_pass, prepared_model
-from .errors import InvalidInputError, InvalidTargetError, UnsupportedModelError
-from .inputs import validate_inputs
+from ..architectures.description import describe, model_config
+from ..capture import forward_pass, prepared_model
+from ..errors import InvalidInputError, InvalidTargetError, UnsupportedModelError
+from ..inputs import validate_inputs
+from .tagging import LabelScheme, Span, group_spans, label_scheme, span_tags
 from .targets import Targets, explain_targets
-from .token_labels import LabelScheme, Span, group_spans, label_scheme, span_tags
 
 #: Input keys read here and not passed to the model.
 SPECIAL_TOKENS_KEY = "special_tokens_mask"
@@ -176,10 +176,10 @@ def _predicted_spans(predicted: Tensor, scheme: LabelScheme, eligible: Tensor, e
 
 
 def span_targets(spans: Sequence[Sequence[Span]], scheme: LabelScheme, mask: Tensor) -> Targets:
-    """The :class:`~explainers.targets.Targets` of the spans: round ``k`` is each row's ``k``-th span, its objective
-    the summed logit of its tags (:func:`~explainers.token_labels.span_tags`) over its tokens, read by the map methods
-    as the mean of its tokens' rows; every real token is visible (:meth:`Targets.over_spans`, with each token's own
-    tag instead of one label for the span)."""
+    """The :class:`~explainers.tasks.targets.Targets` of the spans: round ``k`` is each row's ``k``-th span, its
+    objective the summed logit of its tags (:func:`~explainers.tasks.tagging.span_tags`) over its tokens, read by the
+    map methods as the mean of its tokens' rows; every real token is visible (:meth:`Targets.over_spans`, with each
+    token's own tag instead of one label for the span)."""
     targets = Targets.over_spans(spans, mask)
     labels = torch.zeros(targets.labels.shape, dtype=torch.long)
     for row, row_spans in enumerate(spans):

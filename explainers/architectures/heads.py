@@ -16,7 +16,7 @@ The explained position is a property of the head, read once from the model class
 ``class_patch_mean``      DINOv2: the head reads the class token concatenated with the mean of the patch tokens;
                           the explained row is half the class token's row plus half the mean of the patch rows
 ``each``                  token-level heads (token classifiers, causal language models): every position has its
-                          own output; each explained target names its positions (:mod:`explainers.targets`)
+                          own output; each explained target names its positions (:mod:`explainers.tasks.targets`)
 ========================  ===============================================================================
 
 The head kind (:func:`head_type`) decides what ``probabilities`` means on the results: a softmax over the labels
@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 Pooled = Literal["first", "last", "mean", "class_distillation", "class_patch_mean", "each"]
 HeadType = Literal["single_label", "multi_label", "regression"]

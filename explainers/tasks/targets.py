@@ -8,12 +8,14 @@ log-probability of a whole continuation, the difference between a token and a fo
 :func:`explain_targets` explains every (round, row) with **one forward for the batch**:
 
 * map methods (``attention``, ``rollout``) read each target's row of the maps of that forward: the kernels take
-  ``k`` explained rows per example (:mod:`explainers.kernels`), so the maps are read once, never copied per target;
+  ``k`` explained rows per example (:mod:`explainers.rules.maps`), so the maps are read once, never copied per target;
 * gradient methods (``grad_x_input``, ``attnlrp``, ``cp_lrp``, ``gae``) need one vector-Jacobian product per
   target. The rows of a batch do not interact, so one backward of ``Σ_b objective[k, b]`` gives every row its
   gradient for round ``k``; the ``K`` rounds are batched into one ``torch.autograd.grad(..., is_grads_batched=True)``
   call (a vmap over the backward), in chunks of rounds whose gradients fit :data:`CHUNK_BYTES`;
-* ``integrated_gradients`` runs its path forwards once for all targets, each followed by the same batched products.
+* a method that runs forwards of its own (``integrated_gradients``: :attr:`explainers.methods.Method.forwards`) gets
+  every round as its objective: its one implementation, the classifier path's, runs its path forwards once for all
+  targets, each followed by the same batched products.
 
 Each explained (round, row) is then scored by the registered method's own compute function as a *virtual row*: the
 row's captured tensors, the round's gradients, the target's readout row (:attr:`Targets.readout`) and the positions
@@ -24,7 +26,7 @@ alone, its LM head read as a classifier over the vocabulary, the token as target
 
 Attention: as in :func:`explainers.explain`, the map methods (and ``gae``, which differentiates the maps) run the
 architecture's eager attention; ``grad_x_input``, ``integrated_gradients``, ``attnlrp`` and ``cp_lrp`` run on the
-model's own fused attention where it has one (:func:`~explainers.attention_capture.fused_implementation`), so that
+model's own fused attention where it has one (:func:`~explainers.architectures.attention.fused_implementation`), so that
 their memory grows with the length and a step's scores match the classifier path's on the same model.
 
 Memory: the gradients of a chunk of ``c`` rounds take ``c ×`` the size of what is differentiated (the input
@@ -42,26 +44,26 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .architectures import Architecture, describe
-from .attention_capture import fused_implementation
-from .capture import (
+from ..architectures.attention import fused_implementation
+from ..architectures.description import Architecture, describe
+from ..architectures.support import TASKS, check_method
+from ..capture import (
     ATTENTION_GRADIENTS,
     ATTENTIONS,
+    CHUNK_BYTES,
     EMBEDDING_GRADIENTS,
     GRADIENT_NEEDS,
     Capture,
     Forward,
+    batched_gradients,
     bind_rules,
     forward_pass,
     prepared_model,
+    rounds_per_call,
 )
-from .errors import InvalidTargetError, UnsupportedModelError
-from .inputs import full_precision, validate_inputs
-from .methods import Method, MethodInputs, available_methods, get_method
-from .support import TASKS, check_method
-
-CHUNK_BYTES = 512 * 2**20
-"""Default bound on the gradients one batched vector-Jacobian call returns (a chunk of rounds)."""
+from ..errors import InvalidTargetError, UnsupportedModelError
+from ..inputs import full_precision, validate_inputs
+from ..methods import ForwardInputs, Method, MethodInputs, Objective, available_methods, get_method
 
 TOKEN_LEVEL_TASKS = frozenset({"token_classification", "causal_lm"})
 
@@ -288,8 +290,7 @@ def explain_targets(
     resolved = chosen.resolve_options(options, arch)
     validated = validate_inputs(arch, model, inputs)
     mask = validated["attention_mask"]
-    path = chosen.name == "integrated_gradients"
-    needs = frozenset() if path else chosen.needs
+    needs = chosen.needs
     fused = fused_implementation(model)  # read before prepared_model switches the model
     with prepared_model(model):
         forward = forward_pass(model, arch, validated, needs, bind_rules(chosen.rules, model, arch), fused=fused)
@@ -300,15 +301,16 @@ def explain_targets(
         values = explained.objective(logits)
         seconds = dict(forward.seconds)
         started = time.perf_counter()
-        if path:
-            dtype = _score_dtype(logits)
-            scores = _integrated_gradients(
-                model, arch, validated, explained, resolved, chunk_bytes, dtype, seconds, fused
-            )
+        call = _Call(chosen, resolved, model, arch, validated, explained, _score_dtype(logits), chunk_bytes)
+        if chosen.forwards is not None:
+            timed = _own_forward_scores(call, fused)
+            scores = timed.scores
+            if chosen.forwards.gradients and bool(explained.active.any()):
+                seconds["backward"] = timed.seconds
         elif not needs & GRADIENT_NEEDS:
-            scores = _map_scores(chosen, forward, arch, model, validated, explained, resolved)
+            scores = _map_scores(call, forward)
         else:
-            timed = _gradient_scores(chosen, forward, arch, model, validated, explained, values, resolved, chunk_bytes)
+            timed = _gradient_scores(call, forward, values)
             scores, seconds["backward"] = timed.scores, timed.seconds
         seconds["attribution"] = time.perf_counter() - started - seconds.get("backward", 0.0)
     visible = explained.visible & mask.bool().unsqueeze(0) & explained.active.unsqueeze(-1)
@@ -360,28 +362,43 @@ def _score_dtype(logits: Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
-def _read_tokens(readout: Tensor) -> Tensor:
-    """The tokens a target reads (their self-relevance is suppressed by the rollouts of ``gae``)."""
-    return readout > 0
+@dataclass(frozen=True)
+class _Call:
+    """What the scores of one :func:`explain_targets` call are computed from (every scorer below reads it)."""
+
+    method: Method
+    options: Mapping[str, int]
+    model: nn.Module
+    arch: Architecture
+    inputs: Mapping[str, Tensor]
+    targets: Targets
+    dtype: torch.dtype
+    chunk_bytes: int
+
+    def method_inputs(
+        self,
+        capture: Capture,
+        rows: Tensor | None,
+        mask: Tensor,
+        readout: Tensor,
+        terms: tuple[Tensor, Tensor, Tensor] | None = None,
+    ) -> MethodInputs:
+        """The inputs of the method's compute for the ``rows`` (``None``: all) whose capture, readout and target terms
+        are given; the tokens a target reads (``readout > 0``) have their self-relevance suppressed by the rollouts of
+        ``gae``."""
+        inputs = self.inputs if rows is None else {key: value[rows] for key, value in self.inputs.items()}
+        options = dict(self.options)
+        return MethodInputs(capture, self.arch, self.model, inputs, mask, options, readout, readout > 0, terms)
 
 
-def _map_scores(
-    method: Method,
-    forward: Forward,
-    arch: Architecture,
-    model: nn.Module,
-    inputs: Mapping[str, Tensor],
-    targets: Targets,
-    options: Mapping[str, int],
-) -> Tensor:
+def _map_scores(call: _Call, forward: Forward) -> Tensor:
     """Scores of a method that reads only the maps: every target's row at once, ``(K, B, n)``."""
-    capture = forward.capture(arch, torch.zeros(targets.active.shape[1], dtype=torch.long)).upcast()
+    targets = call.targets
+    capture = forward.capture(call.arch, torch.zeros(targets.active.shape[1], dtype=torch.long)).upcast()
     readout = targets.readout.transpose(0, 1)  # (B, K, n)
-    mask = (targets.visible & inputs["attention_mask"].bool().unsqueeze(0)).transpose(0, 1)
+    mask = (targets.visible & call.inputs["attention_mask"].bool().unsqueeze(0)).transpose(0, 1)
     with full_precision(readout.device):
-        scores = method.compute(
-            MethodInputs(capture, arch, model, inputs, mask, dict(options), readout, _read_tokens(readout))
-        )
+        scores = call.method.compute(call.method_inputs(capture, None, mask, readout))
     return scores.transpose(0, 1)
 
 
@@ -389,25 +406,6 @@ def _map_scores(
 class _Timed:
     scores: Tensor
     seconds: float
-
-
-def _chunk_rounds(wrt: Sequence[Tensor], rounds: int, chunk_bytes: int, maps: bool) -> int:
-    """Rounds per batched call: the gradients of one round are the size of ``wrt`` (twice that with the per-head
-    maps, which the virtual rows of ``gae`` copy as well)."""
-    per_round = sum(tensor.numel() * tensor.element_size() for tensor in wrt) * (2 if maps else 1)
-    return max(1, min(rounds, chunk_bytes // max(per_round, 1)))
-
-
-def _batched_gradients(outputs: Tensor, wrt: Sequence[Tensor], retain: bool) -> tuple[Tensor, ...]:
-    """``(c,)`` scalar outputs → per input in ``wrt`` its ``(c, *shape)`` gradients, one batched backward."""
-    grad_outputs = torch.eye(outputs.shape[0], dtype=outputs.dtype, device=outputs.device)
-    found = torch.autograd.grad(
-        outputs, list(wrt), grad_outputs=grad_outputs, is_grads_batched=True, retain_graph=retain, allow_unused=True
-    )
-    return tuple(
-        torch.zeros((outputs.shape[0], *tensor.shape), dtype=tensor.dtype, device=tensor.device) if g is None else g
-        for g, tensor in zip(found, wrt, strict=True)
-    )
 
 
 def _virtual_rows(
@@ -428,22 +426,13 @@ def _virtual_rows(
     return virtual
 
 
-def _gradient_scores(
-    method: Method,
-    forward: Forward,
-    arch: Architecture,
-    model: nn.Module,
-    inputs: Mapping[str, Tensor],
-    targets: Targets,
-    values: Tensor,
-    options: Mapping[str, int],
-    chunk_bytes: int,
-) -> _Timed:
+def _gradient_scores(call: _Call, forward: Forward, values: Tensor) -> _Timed:
     """Scores of a gradient method: one batched vector-Jacobian call per chunk of rounds, each (round, row) then
-    scored by ``method`` as a virtual row."""
+    scored by the method as a virtual row."""
+    method, arch, targets = call.method, call.arch, call.targets
     rounds, batch = targets.active.shape
-    mask = inputs["attention_mask"].bool()
-    scores = torch.zeros((rounds, batch, mask.shape[-1]), dtype=_score_dtype(forward.logits), device=mask.device)
+    mask = call.inputs["attention_mask"].bool()
+    scores = torch.zeros((rounds, batch, mask.shape[-1]), dtype=call.dtype, device=mask.device)
     wrt = forward.gradient_inputs
     # The virtual rows copy their row's captured tensors; the logits (a vocabulary per position for a causal LM) are
     # replaced by each target's objective value, the one output a virtual row has.
@@ -455,7 +444,7 @@ def _gradient_scores(
         base.embeddings = forward.leaf.leaf.detach()
     sums = values.sum(dim=1)  # rows do not interact: one backward of the sum gives every row its own gradient
     last_round = int(targets.active.any(dim=1).nonzero().max()) if bool(targets.active.any()) else -1
-    chunk = _chunk_rounds(wrt, rounds, chunk_bytes, ATTENTIONS in method.needs or ATTENTION_GRADIENTS in method.needs)
+    chunk = rounds_per_call(wrt, rounds, call.chunk_bytes, bool(method.needs & {ATTENTIONS, ATTENTION_GRADIENTS}))
     backward = 0.0
     for start in range(0, last_round + 1, chunk):
         stop = min(start + chunk, last_round + 1)
@@ -463,7 +452,7 @@ def _gradient_scores(
         if picked.numel() == 0:
             continue
         began = time.perf_counter()
-        gradients = _batched_gradients(sums[start:stop], wrt, retain=stop <= last_round)
+        gradients = batched_gradients(sums[start:stop], wrt, retain=stop <= last_round)
         backward += time.perf_counter() - began
         virtual = _virtual_rows(base, gradients, arch, method.needs, picked, rows)
         virtual = replace(
@@ -471,80 +460,28 @@ def _gradient_scores(
         ).upcast()
         readout = targets.readout[start + picked, rows]
         visible = targets.visible[start + picked, rows] & mask[rows]
+        terms = (
+            targets.positions[start + picked, rows],
+            targets.labels[start + picked, rows],
+            targets.weights[start + picked, rows],
+        )
         with full_precision(mask.device):
-            computed = method.compute(
-                MethodInputs(
-                    virtual,
-                    arch,
-                    model,
-                    {key: value[rows] for key, value in inputs.items()},
-                    visible.to(readout.dtype),
-                    dict(options),
-                    readout,
-                    _read_tokens(readout),
-                    (
-                        targets.positions[start + picked, rows],
-                        targets.labels[start + picked, rows],
-                        targets.weights[start + picked, rows],
-                    ),
-                )
-            )
+            computed = method.compute(call.method_inputs(virtual, rows, visible.to(readout.dtype), readout, terms))
         scores[start + picked, rows] = computed.detach().to(scores.dtype)
     return _Timed(scores, backward)
 
 
-def _integrated_gradients(
-    model: nn.Module,
-    arch: Architecture,
-    inputs: Mapping[str, Tensor],
-    targets: Targets,
-    options: Mapping[str, int],
-    chunk_bytes: int,
-    dtype: torch.dtype,
-    seconds: dict[str, float],
-    fused: str | None = None,
-) -> Tensor:
-    """Integrated gradients (midpoint rule on ``t·x`` from the zero embedding, as the classifier path) for every
-    target: each chunk of path points is one forward of the repeated batch (on ``fused`` attention when given),
-    then batched products over the rounds.
-
-    The score is linear in the gradient, so each chunk adds its share to the scores directly (the per-target
-    gradients are never all kept).
-    """
-    n_steps = options["n_steps"]
-    mask = inputs["attention_mask"]
+def _own_forward_scores(call: _Call, fused: str | None) -> _Timed:
+    """Scores of a method that runs forwards of its own (:class:`~explainers.methods.Forwards`) on ``fused``
+    attention: its implementation, the classifier path's, given every round of the targets as its objective; none
+    when no target is active."""
+    assert call.method.forwards is not None
+    mask, targets = call.inputs["attention_mask"], call.targets
     rounds, batch = targets.active.shape
-    scores = torch.zeros((rounds, batch, mask.shape[-1]), dtype=dtype, device=mask.device)
     if not bool(targets.active.any()):
-        return scores
-    steps_per_pass = max(1, options["internal_batch_size"] // batch)
-    backward = 0.0
-    for start in range(0, n_steps, steps_per_pass):
-        points = torch.arange(start, min(start + steps_per_pass, n_steps), dtype=dtype, device=mask.device) + 0.5
-        points = points / n_steps
-        steps = points.shape[0]
-        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in inputs.items()}
-        forward = forward_pass(
-            model,
-            arch,
-            repeated,
-            frozenset({EMBEDDING_GRADIENTS}),
-            embedding_scale=points.repeat_interleave(batch),
-            fused=fused,
-        )
-        assert forward.leaf is not None and forward.leaf.original is not None
-        original = forward.leaf.original[:batch]  # (B, n, hidden): the same for every step
-        sums = targets.objective(forward.logits).sum(dim=1)  # (K,)
-        wrt = forward.gradient_inputs
-        chunk = _chunk_rounds(wrt, rounds, chunk_bytes, maps=False)
-        for first in range(0, rounds, chunk):
-            last = min(first + chunk, rounds)
-            began = time.perf_counter()
-            (gradient,) = _batched_gradients(sums[first:last], wrt, retain=last < rounds)
-            backward += time.perf_counter() - began
-            per_step = gradient.view(last - first, steps, batch, *gradient.shape[2:])
-            with full_precision(mask.device):
-                contribution = (per_step.sum(dim=1) * original.unsqueeze(0)).sum(dim=-1)
-            scores[first:last] += contribution.to(scores.dtype)
-    seconds["backward"] = backward
-    return scores / n_steps
+        return _Timed(torch.zeros((rounds, batch, mask.shape[-1]), dtype=call.dtype, device=mask.device), 0.0)
+    objective = Objective(rounds, targets.objective)
+    scored = call.method.forwards.run(
+        ForwardInputs(call.model, call.arch, call.inputs, objective, call.options, call.dtype, fused, call.chunk_bytes)
+    )
+    return _Timed(scored.scores, scored.backward)

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attention_capture import attention_implementation
-from .errors import InvalidInputError, InvalidOptionError
+from ..architectures.attention import attention_implementation
+from ..errors import InvalidInputError, InvalidOptionError
 
 #: New tokens generated when the caller names no ``max_new_tokens``.
 DEFAULT_MAX_NEW_TOKENS = 20
@@ -373,7 +373,7 @@ def evaluating(model: nn.Module) -> Iterator[None]:
 
     A model on eager attention runs the capture's implementation for the block (outside a capture it is the
     architecture's own eager attention, with float64 masks kept finite: see
-    :func:`explainers.attention_capture._float32_safe`; without it a left-padded float64 batch turns NaN), so that
+    :func:`explainers.architectures.attention._float32_safe`; without it a left-padded float64 batch turns NaN), so that
     generation and the explanation's forward compute the same numbers. Any other implementation (``sdpa``, flash)
     is left as it is.
     """

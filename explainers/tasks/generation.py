@@ -3,8 +3,8 @@
 A causal model's logits at position ``i`` depend only on positions ``<= i``, so **one forward over prompt +
 continuation serves every step**: step ``t`` (the ``t``-th token after the prompt, at sequence position ``P + t``) is
 read from the logits at position ``P + t - 1``. Each explained step is one target of the multi-target core
-(:func:`explainers.targets.explain_targets`): the map methods (``attention``, ``rollout``) read every step's row from
-that forward, the gradient methods take one vector-Jacobian product per step, batched.
+(:func:`explainers.tasks.targets.explain_targets`): the map methods (``attention``, ``rollout``) read every step's row
+from that forward, the gradient methods take one vector-Jacobian product per step, batched.
 
 What a step explains is the classifier path's question for that step's context alone: the LM head read as a
 classifier over the vocabulary, the step's token the target class. So a step's scores equal
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import InvalidTargetError, UnsupportedModelError
 from .continuation import (
     Continuation,
     GenerationSettings,
@@ -34,7 +35,6 @@ from .continuation import (
     given_continuation,
     vocabulary_size,
 )
-from .errors import InvalidTargetError, UnsupportedModelError
 from .targets import Targets, explain_targets
 
 
@@ -217,14 +217,14 @@ def explain_generation(
             pad, or right padding).
         method: one of :func:`explainers.available_methods` that the family supports.
         max_new_tokens: the most tokens each row generates (one for all rows, or one per row; default
-            :data:`~explainers.continuation.DEFAULT_MAX_NEW_TOKENS`); ignored with ``continuation``.
+            :data:`~explainers.tasks.continuation.DEFAULT_MAX_NEW_TOKENS`); ignored with ``continuation``.
         continuation: ``(batch, T)`` token ids produced elsewhere (or a mapping with ``input_ids`` and a right-padded
             ``attention_mask``): explained without generating (see
-            :func:`~explainers.continuation.given_continuation` for where rows end).
+            :func:`~explainers.tasks.continuation.given_continuation` for where rows end).
         steps: ``None`` (every step), a list of step indices, or ``"sum"`` / :class:`StepSum` (one summed objective).
         contrast: a foil token for every step, one per step, or ``(batch, T)``: each step explains its token's logit
             minus the foil's (with ``"sum"``: the summed log-probability difference).
-        generation: sampling settings (keys of :data:`~explainers.continuation.GENERATION_KEYS`: ``do_sample``,
+        generation: sampling settings (keys of :data:`~explainers.tasks.continuation.GENERATION_KEYS`: ``do_sample``,
             ``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_token_id``); greedy by default.
         **options: the method's options, as :func:`explainers.explain` takes them.
 
@@ -256,9 +256,9 @@ def check_generation_call(model: nn.Module, method: str, options: Mapping[str, A
     Raises:
         UnsupportedModelError, UnknownMethodError, UnsupportedMethodError, InvalidOptionError.
     """
-    from .architectures import describe
-    from .methods import available_methods, get_method
-    from .support import TASKS, check_method
+    from ..architectures.description import describe
+    from ..architectures.support import TASKS, check_method
+    from ..methods import available_methods, get_method
 
     arch = describe(model)
     if arch.task != "causal_lm":
@@ -282,7 +282,7 @@ def explain_continuation(
     generate_seconds: float = 0.0,
     wanted: Tensor | None = None,
 ) -> GenerationExplanation:
-    """Explain a :class:`~explainers.continuation.Continuation` (the second half of :func:`explain_generation`).
+    """Explain a :class:`~explainers.tasks.continuation.Continuation` (the second half of :func:`explain_generation`).
 
     Args:
         model: the causal LM.
@@ -349,7 +349,7 @@ def step_probabilities(logits: Tensor, made: Continuation) -> Tensor:
 def step_targets(
     made: Continuation, steps: tuple[int, ...] | StepSum, foils: Tensor | None, wanted: Tensor | None = None
 ) -> Targets:
-    """The core's :class:`~explainers.targets.Targets` of the explained steps of ``made``.
+    """The core's :class:`~explainers.tasks.targets.Targets` of the explained steps of ``made``.
 
     Per step ``t`` (a round): the objective of row ``b`` is the logit of ``tokens[b, t]`` at position ``P + t - 1``
     (minus the foil's logit with contrast), read out at that position, seeing positions ``<= P + t - 1``; a row

@@ -8,7 +8,7 @@ it; a refused one has the reason here, in one sentence.
 A family's classes come in three tasks (:data:`TASKS`): sequence classifiers (one label per input, explained by
 :func:`explainers.explain` / :func:`explainers.explain_batch`), token classifiers (a label per token, explained by
 :func:`explainers.explain_tokens`) and causal language models (a token per step, explained by
-:func:`explainers.explain_generation`). The token-level tasks are explained through :mod:`explainers.targets`;
+:func:`explainers.explain_generation`). The token-level tasks are explained through :mod:`explainers.tasks.targets`;
 a task may refuse a method for all its families (:attr:`Task.refused`), with the reason here too.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import UnsupportedMethodError
+from ..errors import UnsupportedMethodError
 
 Kind = Literal["encoder", "decoder", "vision"]
 TaskName = Literal["sequence_classification", "token_classification", "causal_lm"]

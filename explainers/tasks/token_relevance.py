@@ -4,11 +4,11 @@ A token classifier's head is one linear layer applied to every token's last hidd
 the summed logit ``Σ_j w_j · logit[p_j, c_j]`` of its terms (each token of the span and its tag). The LRP pass starts
 from the one-hot of Chefer et al., one per term: relevance ``w_j`` at logit ``(p_j, c_j)`` and 0 elsewhere. The
 αβ rule (α=1, β=0) carries it through the head to the last hidden states at those tokens
-(:func:`~explainers.lrp.token_head_relprop`), and the blocks' rules
-(:func:`~explainers.lrp.blocks_attention_relevances`) down to every layer's attention probabilities, exactly as
+(:func:`~explainers.rules.lrp.token_head_relprop`), and the blocks' rules
+(:func:`~explainers.rules.lrp.blocks_attention_relevances`) down to every layer's attention probabilities, exactly as
 for a sequence head from its pooled token. The maps are then weighted by the gradients of the same target and
-rolled out (:func:`~explainers.kernels.relevance_scores`), reading the rows of the span's tokens (their mean) with
-their self-relevance suppressed, as the rollouts of ``gae`` are for every target of :mod:`explainers.targets`.
+rolled out (:func:`~explainers.rules.maps.relevance_scores`), reading the rows of the span's tokens (their mean) with
+their self-relevance suppressed, as the rollouts of ``gae`` are for every target of :mod:`explainers.tasks.targets`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import kernels
-from .architectures import Architecture
-from .capture import Capture
-from .lrp import BlockWeights, blocks_attention_relevances, token_head_relprop
+from ..architectures.description import Architecture
+from ..capture import Capture
+from ..rules import maps
+from ..rules.lrp import BlockWeights, blocks_attention_relevances, token_head_relprop
 
 
 def term_relevance(terms: tuple[Tensor, Tensor, Tensor], length: int, classes: int, dtype: torch.dtype) -> Tensor:
@@ -81,4 +81,4 @@ def token_relevance_scores(
         start_layer,
         masked=True,
     )
-    return kernels.relevance_scores(relevances, capture.attention_gradients, mask, start_layer, readout, read_tokens)
+    return maps.relevance_scores(relevances, capture.attention_gradients, mask, start_layer, readout, read_tokens)

@@ -3,8 +3,8 @@
 Pure, batched, device-neutral tensor functions, no model calls and no hooks. Shapes: ``batch`` examples,
 ``heads`` attention heads, ``n`` tokens (padding included); ``mask`` is ``(batch, n)`` with 1 for real tokens.
 
-The explained row is where the classifier's head reads (:mod:`explainers.heads`): ``readout (batch, n)`` weights
-(one-hot for a single token, ``1/length`` over the real tokens for mean pooling, ½ and ½ for DeiT's class and
+The explained row is where the classifier's head reads (:mod:`explainers.architectures.heads`): ``readout (batch, n)``
+weights (one-hot for a single token, ``1/length`` over the real tokens for mean pooling, ½ and ½ for DeiT's class and
 distillation tokens); ``None`` means the first token. The scores are ``readout · M`` for the method's matrix
 ``M``, computed as a row vector from the top layer down (``O(n²)`` per layer instead of the ``O(n³)`` of the full
 matrix product; the same result by associativity). ``read_tokens (batch, n)`` marks the single tokens the head
@@ -13,7 +13,7 @@ token.
 
 :func:`raw_attention` and :func:`rollout_scores` also take several explained rows per example, ``readout
 (batch, k, n)``, and then return ``(batch, k, n)``: the ``k`` rows of the same maps, read in one pass over each layer
-(token-level heads explain many targets from one forward: :mod:`explainers.targets`).
+(token-level heads explain many targets from one forward: :mod:`explainers.tasks.targets`).
 """
 
 from __future__ import annotations
@@ -104,8 +104,7 @@ def rollout_scores(attentions: Sequence[Tensor], start_layer: int = 0, readout: 
     Returns:
         ``(batch, n)`` (or ``(batch, k, n)``); sums to 1 (padding columns are 0).
     """
-    if not 0 <= start_layer < len(attentions):
-        raise ValueError(f"start_layer {start_layer} leaves no layer to roll out (got {len(attentions)} layers)")
+    _check_start_layer(start_layer, len(attentions))
     row: Tensor | None = None
     for attention in reversed(attentions[start_layer:]):
         mixed = head_mean(attention)
@@ -120,6 +119,12 @@ def _times_normalised_plus_identity(row: Tensor, matrix: Tensor, weight: float) 
     sums = weight * matrix.sum(dim=-1) + 1
     scaled = row / (sums.unsqueeze(1) if row.dim() == 3 else sums)
     return weight * _row_times(scaled, matrix) + scaled
+
+
+def _check_start_layer(start_layer: int, layers: int) -> None:
+    """Raise ``ValueError`` unless ``start_layer`` leaves a layer to roll out (``0 <= start_layer < layers``)."""
+    if not 0 <= start_layer < layers:
+        raise ValueError(f"start_layer {start_layer} leaves no layer to roll out (got {layers} layers)")
 
 
 def _suppress_read_tokens(scores: Tensor, mask: Tensor, read_tokens: Tensor | None) -> Tensor:
@@ -172,8 +177,7 @@ def relevance_scores(
     Returns:
         ``(batch, n)`` scores, exactly 0 at padding.
     """
-    if not 0 <= start_layer < len(gradients):
-        raise ValueError(f"start_layer {start_layer} leaves no layer to roll out (got {len(gradients)} layers)")
+    _check_start_layer(start_layer, len(gradients))
     row: Tensor | None = None
     for relevance, gradient in zip(reversed(relevances[start_layer:]), reversed(gradients[start_layer:]), strict=True):
         if relevance is None:
@@ -202,8 +206,7 @@ def gae_scores(
     Returns:
         ``(batch, n)`` scores, exactly 0 at padding.
     """
-    if not 0 <= start_layer < len(attentions):
-        raise ValueError(f"start_layer must be in [0, {len(attentions)}), got {start_layer}")
+    _check_start_layer(start_layer, len(attentions))
     row = _readout(readout, attentions[-1])
     for attention, gradient in zip(reversed(attentions[start_layer:]), reversed(gradients[start_layer:]), strict=True):
         row = row + _row_times(row, gradient_weighted(attention, gradient))
