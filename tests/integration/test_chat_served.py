@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +24,7 @@ from model_store.package import Settings, package
 from model_store.serving.config import Ports
 from model_store.serving.process import Server, start, stop
 from tests.chat_zoo import DOCUMENTS, QUESTION, SYSTEM, save_chat_model
+from tests.serving_support import http_post
 
 pytestmark = pytest.mark.slow
 
@@ -60,16 +59,10 @@ def _clients(server: Server) -> list[ExplainClient]:
 
 
 def _post(server: Server, document: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(
-        f"{server.inference_url}/predictions/chat",
-        data=json.dumps(document).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {server.keys['inference']}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    url = f"{server.inference_url}/predictions/chat"
+    status, answer = http_post(url, json.dumps(document).encode(), server.keys["inference"], timeout=120)
+    assert isinstance(answer, dict), answer
+    return status, answer
 
 
 def test_chats_with_documents_cite_over_rest_and_grpc(server: Server, checkpoint: Path) -> None:
