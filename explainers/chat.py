@@ -20,9 +20,9 @@ string has that text there (``found="between"``). Otherwise it cannot be located
 attributed to the message. Contents the template does not write at all are not located either.
 
 **Documents** go where the template puts them when it takes them (transformers' ``documents=`` argument; a template
-takes them when a marker document appears in its rendering); otherwise a documents block is written into a system
-message (appended to the conversation's first system message, or a new system message first), or, when the
-template refuses a system message (Gemma, Mistral), at the start of the first user message::
+takes them when a marker document appears in its rendering); otherwise a documents block is appended to the system
+message the conversation opens with, or, without one, written at the start of the first user message (a new system
+message would displace a template's default system prompt, and some templates refuse one: Gemma, Mistral)::
 
     Documents:
 
@@ -376,11 +376,8 @@ def _inputs(
             documents.append(entry)
         return messages, documents
     block, _ = documents_block(docs, lambda index, part, original: value("document", index, part, original))
-    if placement == "system":
-        if messages[0]["role"] == "system":
-            messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + block}
-        else:
-            messages.insert(0, {"role": "system", "content": block})
+    if placement == "system":  # the conversation opens with a system message (see _placement)
+        messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + block}
     else:
         first = next(index for index, message in enumerate(messages) if message["role"] == "user")
         messages[first] = {"role": "user", "content": block + "\n\n" + messages[first]["content"]}
@@ -390,8 +387,12 @@ def _inputs(
 def _placement(
     tokenizer: Any, template: str, chat: Sequence[Message], docs: Sequence[Document], generation: bool
 ) -> Placement:
-    """Where the documents go: the template's own support if a marker document shows in its rendering, else a system
-    message, else (the template refuses one) the first user message."""
+    """Where the documents go: the template's own support if a marker document shows in its rendering, else the
+    system message the conversation opens with, else the first user message.
+
+    Raises:
+        ChatTemplateError: when the documents have nowhere to go (no system and no user message).
+    """
     marker = _marker(-1)
     messages = _message_dicts(chat, _identity)
     try:
@@ -399,16 +400,13 @@ def _placement(
             return "template"
     except ChatTemplateError:
         pass
-    try:
-        _render(tokenizer, template, *_inputs(chat, docs, "system", _identity), generation)
+    if chat[0].role == "system":
         return "system"
-    except ChatTemplateError:
-        if not any(message.role == "user" for message in chat):
-            raise ChatTemplateError(
-                "the chat template takes no documents and refuses a system message: send a user message to put the "
-                "documents in"
-            ) from None
-        return "user"
+    if not any(message.role == "user" for message in chat):
+        raise ChatTemplateError(
+            "the chat template takes no documents and the messages have no system or user message to put them in"
+        )
+    return "user"
 
 
 def _render(

@@ -34,7 +34,9 @@ from explainers.tasks.generation import explain_continuation
 from .chat_zoo import CHAT_FAMILIES, DOCUMENTS, QUESTION, STYLES, SYSTEM, chat_model, tokenizer
 
 ANSWER = "It was finished in 1889. It stands in Paris!\nBig Ben is in London."
-#: Where each family's template puts documents (see tests/chat_zoo.py).
+#: Where documents go for each family's conversation (see tests/chat_zoo.py): the template's own support (Qwen 3's),
+#: the system message the conversation opens with, else the first user message (Mistral's and Gemma's refuse a system
+#: message).
 PLACEMENT = {"llama": "system", "qwen2": "system", "qwen3": "template", "mistral": "user", "gemma2": "user"}
 
 

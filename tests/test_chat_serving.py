@@ -182,7 +182,7 @@ def test_bad_rows_get_their_codes_and_the_good_rows_are_served(qwen2: tuple[str,
         8: "invalid_request",
         9: "invalid_target",
     }
-    assert answers[0]["explanation"]["sentences"] is not None and answers[0]["documents_placement"] == "system"
+    assert answers[0]["explanation"]["sentences"] is not None and answers[0]["documents_placement"] == "user"
     plain = answers[10]
     assert plain["documents_placement"] == "prompt" and plain["rendered_prompt"].endswith(QUESTION)
     assert any(unit["document"] == 0 for unit in plain["explanation"]["context"])
