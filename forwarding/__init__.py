@@ -2,6 +2,6 @@
 (:mod:`forwarding.forwarder`). Two programs are built on it: the per-pod authenticating proxy
 (:mod:`deploy.auth_proxy`) and the explanation-pool router (:mod:`model_store.serving.router`)."""
 
-from forwarding.forwarder import Forwarder, Policy, RefusedError, serve_until_signalled
+from forwarding.forwarder import Forwarder, Policy, RefusedError, Reply, Upstream, serve_until_signalled
 
-__all__ = ["Forwarder", "Policy", "RefusedError", "serve_until_signalled"]
+__all__ = ["Forwarder", "Policy", "RefusedError", "Reply", "Upstream", "serve_until_signalled"]

@@ -6,7 +6,9 @@ pod's own TorchServe key out) and the explanation-pool router (:mod:`model_store
 passes unchanged, explanation requests go to the model's explanation pool).
 
 REST: any method and path is forwarded with its body and headers (hop-by-hop ones dropped), over one kept-alive
-connection per listener thread; bodies (``Content-Length`` or chunked) over ``max_body`` bytes get 413. gRPC:
+connection per listener thread; bodies (``Content-Length`` or chunked) over ``max_body`` bytes get 413. A policy may
+answer a REST request itself instead (:meth:`Policy.respond`: the router's OpenAI API, which calls the upstream's own
+routes through the same :class:`Upstream`). gRPC:
 TorchServe's inference service only (``Predictions``, ``Ping``), as raw bytes; its streaming RPCs, management and
 anything else are UNIMPLEMENTED (:data:`_STREAMS` says why). Status, headers, body, gRPC status and details come back
 as TorchServe sent them.
@@ -21,6 +23,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -65,6 +68,15 @@ class RefusedError(Exception):
         self.message = message
 
 
+@dataclass(frozen=True)
+class Reply:
+    """A REST answer a policy gives itself instead of forwarding the request (:meth:`Policy.respond`)."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
 class Policy:
     """What the forwarder does with each request. The default forwards everything unchanged, token included."""
 
@@ -84,14 +96,28 @@ class Policy:
         """The upstream path of a REST request to ``path`` with ``body``."""
         return path
 
+    def respond(
+        self, method: str, path: str, authorization: str | None, body: bytes, upstream: Upstream
+    ) -> Reply | None:
+        """Answer a REST request here instead of forwarding it (``None``, the default: forward it).
+
+        Args:
+            method: the HTTP method.
+            path: the request's path and query.
+            authorization: the ``Authorization`` value :meth:`authorization` chose to send upstream.
+            body: the request body.
+            upstream: the upstream server, for the requests the answer needs (any thread may call it).
+        """
+        return None
+
     def grpc_request(self, method: str, request: bytes) -> bytes:
         """The upstream request bytes of a gRPC call of ``method`` (e.g. ``Predictions``)."""
         return request
 
 
-class _Upstream:
-    """One kept-alive HTTP connection to the upstream per thread; a connection the upstream closed while idle is
-    reopened once."""
+class Upstream:
+    """The upstream REST server: one kept-alive HTTP connection per calling thread; a connection the upstream closed
+    while idle is reopened once."""
 
     def __init__(self, address: tuple[str, int], timeout: float) -> None:
         self._address = address
@@ -99,6 +125,11 @@ class _Upstream:
         self._local = threading.local()
 
     def request(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str]) -> tuple[Any, bytes]:
+        """Send one request on this thread's connection; returns the ``http.client`` response and its whole body.
+
+        Raises:
+            OSError, http.client.HTTPException: if the upstream cannot be reached or answers garbage.
+        """
         for attempt in (0, 1):
             connection = getattr(self._local, "connection", None)
             reused = connection is not None
@@ -151,7 +182,7 @@ def _read_chunked(stream: Any, limit: int) -> bytes:
         body += chunk
 
 
-def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[BaseHTTPRequestHandler]:
+def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # The reply goes out in two writes (headers, body): without TCP_NODELAY the body waits for the client's
@@ -163,11 +194,14 @@ def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[Ba
 
         def _reply(self, status: int, message: str) -> None:
             body = json.dumps({"code": status, "type": policy.name, "message": message}).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
+            self._send(Reply(status, body))
+
+        def _send(self, reply: Reply) -> None:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Content-Length", str(len(reply.body)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(reply.body)
 
         def _body(self) -> bytes:
             """The request body, ``Content-Length`` or chunked, at most ``max_body`` bytes."""
@@ -209,6 +243,10 @@ def _rest_handler(policy: Policy, upstream: _Upstream, max_body: int) -> type[Ba
                 self.close_connection = True
                 self._reply(refused.status, refused.message)
                 self._discard_body()
+                return
+            reply = policy.respond(self.command, self.path, authorization, body, upstream)
+            if reply is not None:
+                self._send(reply)
                 return
             headers = {name: value for name, value in self.headers.items() if name.lower() not in DROPPED_HEADERS}
             if authorization is not None:
@@ -288,7 +326,7 @@ class Forwarder:
         max_body: int = 3_100_000,
     ) -> None:
         """Bind both listeners (``rest_port``/``grpc_port`` 0 = any free port; see :attr:`ports`)."""
-        upstream = _Upstream(("127.0.0.1", upstream_rest_port), timeout=300)
+        upstream = Upstream(("127.0.0.1", upstream_rest_port), timeout=300)
         self._http = ThreadingHTTPServer((listen, rest_port), _rest_handler(policy, upstream, max_body))
         self._http.daemon_threads = True
         options = [("grpc.max_receive_message_length", max_body), ("grpc.max_send_message_length", 64 * 2**20)]

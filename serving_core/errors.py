@@ -3,28 +3,19 @@
 REST callers see the HTTP status on their own response (``context.set_response_status`` per row). gRPC callers
 always get ``OK`` from TorchServe (it ignores per-row status), so the same code, status and message are also in the
 response body (``error`` in JSON, ``ExplainResponse.error`` in protobuf).
+
+Plain Python (``explainers`` is imported only to map its errors): the router in front of TorchServe, which answers
+the OpenAI API's errors with this table, imports it without torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from explainers import (
-    ChatTemplateError,
-    ExplainError,
-    InvalidInputError,
-    InvalidOptionError,
-    InvalidTargetError,
-    MemoryBudgetError,
-    NoChatTemplateError,
-    NonFiniteScoresError,
-    UnknownMethodError,
-    UnknownRoleError,
-    UnsupportedMethodError,
-    UnsupportedModelError,
-)
+if TYPE_CHECKING:
+    from explainers import ExplainError
 
 
 @dataclass(frozen=True)
@@ -94,6 +85,9 @@ ERROR_TABLE: dict[str, ErrorKind] = {
         ErrorKind("too_many_messages", 413, "RESOURCE_EXHAUSTED", "generation: more messages than max_messages"),
         ErrorKind("too_many_documents", 413, "RESOURCE_EXHAUSTED", "generation: more documents than max_documents"),
         ErrorKind("unsupported_input", 415, "INVALID_ARGUMENT", "an input this model cannot take (image for text)"),
+        ErrorKind("unauthenticated", 401, "UNAUTHENTICATED", "OpenAI API: a missing, wrong or expired API key (token)"),
+        ErrorKind("model_not_found", 404, "NOT_FOUND", "OpenAI API: no generation model of that name is served"),
+        ErrorKind("unavailable", 503, "UNAVAILABLE", "OpenAI API: the model server is busy or not reachable; retry"),
         ErrorKind("attribution_failed", 500, "INTERNAL", "the row's attribution came out NaN or infinite"),
         ErrorKind("internal", 500, "INTERNAL", "the batch failed on the server; see the server log"),
     )
@@ -140,24 +134,39 @@ class RowError(Exception):
         }
 
 
-_EXPLAIN_CODES: tuple[tuple[type[ExplainError], str], ...] = (
-    (UnknownMethodError, "unknown_method"),
-    (UnsupportedMethodError, "unsupported_method"),
-    (InvalidTargetError, "invalid_target"),
-    (InvalidOptionError, "invalid_option"),
-    (NoChatTemplateError, "no_chat_template"),
-    (UnknownRoleError, "unknown_role"),
-    (ChatTemplateError, "invalid_messages"),
-    (InvalidInputError, "invalid_request"),
-    (UnsupportedModelError, "internal"),
-    (NonFiniteScoresError, "attribution_failed"),
-    (MemoryBudgetError, "over_memory_budget"),
-)
+def _explain_codes() -> tuple[tuple[type[ExplainError], str], ...]:
+    from explainers import (
+        ChatTemplateError,
+        InvalidInputError,
+        InvalidOptionError,
+        InvalidTargetError,
+        MemoryBudgetError,
+        NoChatTemplateError,
+        NonFiniteScoresError,
+        UnknownMethodError,
+        UnknownRoleError,
+        UnsupportedMethodError,
+        UnsupportedModelError,
+    )
+
+    return (
+        (UnknownMethodError, "unknown_method"),
+        (UnsupportedMethodError, "unsupported_method"),
+        (InvalidTargetError, "invalid_target"),
+        (InvalidOptionError, "invalid_option"),
+        (NoChatTemplateError, "no_chat_template"),
+        (UnknownRoleError, "unknown_role"),
+        (ChatTemplateError, "invalid_messages"),
+        (InvalidInputError, "invalid_request"),
+        (UnsupportedModelError, "internal"),
+        (NonFiniteScoresError, "attribution_failed"),
+        (MemoryBudgetError, "over_memory_budget"),
+    )
 
 
 def from_explain_error(error: ExplainError) -> RowError:
     """Map an explainers error of one row to its :class:`RowError` (message kept: it lists the valid choices)."""
-    for error_type, code in _EXPLAIN_CODES:
+    for error_type, code in _explain_codes():
         if isinstance(error, error_type):
             return RowError(code, str(error))
     return RowError("invalid_request", str(error))

@@ -17,7 +17,7 @@ random state is touched.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -163,6 +163,44 @@ def _position_limit(model: nn.Module) -> int | None:
 
 
 @dataclass(frozen=True)
+class StepLogprobs:
+    """Each step's log-probabilities under the model (its raw distribution: before temperature, top-k or top-p), as
+    an OpenAI-style ``logprobs`` answer needs them.
+
+    Attributes:
+        chosen: ``(batch, T)`` the log-probability of the token each step wrote (0 after a row ended).
+        top_ids: ``(batch, T, k)`` the ``k`` most probable tokens at each step, most probable first.
+        top_values: ``(batch, T, k)`` their log-probabilities.
+    """
+
+    chosen: Tensor
+    top_ids: Tensor
+    top_values: Tensor
+
+    def rows(self, picked: Tensor, steps: int) -> StepLogprobs:
+        """The rows ``picked``, their first ``steps`` columns."""
+        return StepLogprobs(
+            self.chosen[picked][:, :steps], self.top_ids[picked][:, :steps], self.top_values[picked][:, :steps]
+        )
+
+
+def step_logprobs(logits: Tensor, tokens: Tensor, token_mask: Tensor, top: int) -> StepLogprobs:
+    """The :class:`StepLogprobs` of ``tokens`` read from the logits that chose them.
+
+    Args:
+        logits: ``(batch, T, vocab)`` the logits at the position before each step.
+        tokens: ``(batch, T)`` the token of each step.
+        token_mask: ``(batch, T)`` bool, the steps each row has (the others get 0).
+        top: how many of the most probable tokens to keep per step (``0``: none).
+    """
+    scores = logits if logits.dtype == torch.float64 else logits.float()
+    log_probabilities = scores.log_softmax(dim=-1)
+    chosen = log_probabilities.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) * token_mask.to(scores.dtype)
+    values, ids = log_probabilities.topk(min(top, log_probabilities.shape[-1]), dim=-1)
+    return StepLogprobs(chosen, ids, values)
+
+
+@dataclass(frozen=True)
 class Continuation:
     """Left-padded prompts and the tokens that followed them.
 
@@ -173,6 +211,8 @@ class Continuation:
         token_mask: ``(batch, T)`` bool, the steps each row has (up to and including its EOS).
         probabilities: ``(batch, T)`` each token's probability under the model at its step (0 after a row ended),
             when the tokens were generated here; ``None`` for a given continuation.
+        logprobs: each step's log-probabilities (the chosen token's and the most probable tokens'), when they were
+            asked for (``generate_continuation(..., top_logprobs=k)``); ``None`` otherwise.
     """
 
     prompt_ids: Tensor
@@ -180,6 +220,7 @@ class Continuation:
     tokens: Tensor
     token_mask: Tensor
     probabilities: Tensor | None = None
+    logprobs: StepLogprobs | None = None
 
     def rows(self, index: Sequence[int]) -> Continuation:
         """The continuation of the rows ``index`` only, trimmed to their own widths."""
@@ -195,6 +236,7 @@ class Continuation:
             self.tokens[picked][:, :steps],
             token_mask[:, :steps],
             probabilities,
+            None if self.logprobs is None else self.logprobs.rows(picked, steps),
         )
 
     @property
@@ -444,8 +486,11 @@ def generate_continuation(
     inputs: Mapping[str, Any],
     max_new_tokens: int | Sequence[int] | None = None,
     generation: Mapping[str, Any] | GenerationSettings | Sequence[Mapping[str, Any] | GenerationSettings] | None = None,
+    top_logprobs: int | None = None,
+    stop: Callable[[Tensor], Tensor] | None = None,
 ) -> Continuation:
-    """Generate after each prompt of a batch, all rows together, each stopping at its EOS or its token budget.
+    """Generate after each prompt of a batch, all rows together, each stopping at its EOS, its token budget or when
+    ``stop`` says so.
 
     Args:
         model: a Hugging Face causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``).
@@ -454,14 +499,23 @@ def generate_continuation(
             ``None``: :data:`DEFAULT_MAX_NEW_TOKENS`).
         generation: sampling settings (:class:`GenerationSettings` or a mapping of its fields) for every row, or a
             sequence of them, one per row (a served batch); greedy by default.
+        top_logprobs: record each step's :class:`StepLogprobs` with this many most probable tokens (``0``: the chosen
+            token's log-probability only); ``None`` (the default) records nothing and costs nothing.
+        stop: called after each step with the ``(batch, t)`` tokens written so far; returns a ``(batch,)`` bool of the
+            rows that end at this step (their last token is kept, as an EOS is), e.g. when the decoded text reached a
+            stop sequence. Rows that already ended are ignored whatever it says.
 
     Returns:
         The :class:`Continuation`; ``T`` is the longest row's number of steps.
 
     Raises:
         InvalidInputError: for malformed prompts or prompt + new tokens beyond the model's positions.
-        InvalidOptionError: for bad generation settings or token budgets.
+        InvalidOptionError: for bad generation settings, token budgets or ``top_logprobs``.
     """
+    if top_logprobs is not None and (
+        isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0
+    ):
+        raise InvalidOptionError(f"top_logprobs must be an integer >= 0, got {top_logprobs!r}")
     prompt_ids, prompt_mask = left_padded_prompts(model, inputs)
     batch = prompt_ids.shape[0]
     budgets = _budgets(max_new_tokens, batch)
@@ -483,6 +537,7 @@ def generate_continuation(
     chosen: list[Tensor] = []
     masks: list[Tensor] = []
     probabilities: list[Tensor] = []
+    recorded: list[StepLogprobs] = []
     cache: Any = None
     with evaluating(model), torch.no_grad():
         for step in range(longest):
@@ -506,14 +561,27 @@ def generate_continuation(
                 logits.log_softmax(dim=-1) if logits.dtype == torch.float64 else logits.float().log_softmax(-1)
             )
             probabilities.append(log_probabilities.gather(1, token.view(-1, 1)).view(-1).exp() * alive)
+            if top_logprobs is not None:
+                recorded.append(step_logprobs(logits.unsqueeze(1), token.view(-1, 1), alive.view(-1, 1), top_logprobs))
             masks.append(alive.clone())
             ended = torch.stack([torch.isin(token[row], eos) for row, eos in enumerate(eos_rows)])
+            if stop is not None:
+                ended = ended | stop(torch.stack(chosen, dim=1)).to(device=device, dtype=torch.bool)
             alive = alive & ~ended
             step_input = token.view(-1, 1)
             mask = torch.cat([mask, torch.ones_like(step_input)], dim=1)
             step_positions = step_positions[:, -1:] + 1
     tokens = torch.stack(chosen, dim=1)
-    return Continuation(prompt_ids, prompt_mask, tokens, torch.stack(masks, dim=1), torch.stack(probabilities, dim=1))
+    logprobs = None
+    if top_logprobs is not None:
+        logprobs = StepLogprobs(
+            torch.cat([step.chosen for step in recorded], dim=1),
+            torch.cat([step.top_ids for step in recorded], dim=1),
+            torch.cat([step.top_values for step in recorded], dim=1),
+        )
+    return Continuation(
+        prompt_ids, prompt_mask, tokens, torch.stack(masks, dim=1), torch.stack(probabilities, dim=1), logprobs
+    )
 
 
 def _row_settings(model: nn.Module, generation: Any, batch: int) -> list[GenerationSettings]:

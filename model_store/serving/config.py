@@ -33,9 +33,8 @@ DEFAULT_MODEL_STORE = REPO_ROOT / "model_store" / "build"
 @dataclass(frozen=True)
 class Ports:
     """The service's ports (all bound to 127.0.0.1). ``upstream_inference`` and ``upstream_grpc_inference`` are
-    TorchServe's own inference ports when a model has an explanation pool: the router
-    (:mod:`model_store.serving.router`) then listens on ``inference``/``grpc_inference``, TorchServe behind it on
-    loopback."""
+    TorchServe's own inference ports: the router (:mod:`model_store.serving.router`: the OpenAI API, explanation
+    pools) listens on ``inference``/``grpc_inference``, TorchServe behind it on loopback."""
 
     inference: int = 8080
     management: int = 8081
@@ -128,11 +127,13 @@ POOL_SETTINGS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "resp
 
 @dataclass(frozen=True)
 class LinkedStore:
-    """The per-run model store: its folder, the names to register (models and pools) and the models with a pool."""
+    """The per-run model store: its folder, the names to register (models and pools), the models with a pool and the
+    generation models (the OpenAI API serves them)."""
 
     path: Path
     served: tuple[str, ...]
     pools: tuple[str, ...]
+    generation: tuple[str, ...] = ()
 
 
 def link_store(
@@ -155,6 +156,7 @@ def link_store(
     store.mkdir(parents=True)
     served: list[str] = []
     pools: list[str] = []
+    generation: list[str] = []
     for name, path in models.items():
         source = (model_store / path).resolve()
         config = yaml.safe_load((source / "model-config.yaml").read_text(encoding="utf-8")) or {}
@@ -176,7 +178,9 @@ def link_store(
             served.append(served_name)
         if pool is not None:
             pools.append(name)
-    return LinkedStore(store, tuple(served), tuple(pools))
+        if config["handler"].get("task") == "generation":
+            generation.append(name)
+    return LinkedStore(store, tuple(served), tuple(pools), tuple(generation))
 
 
 def _pool_settings(name: str, section: Any) -> dict[str, int] | None:

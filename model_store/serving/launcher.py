@@ -75,6 +75,11 @@ def usage(server: Server, example: tuple[str, str] = ("sentiment", "text")) -> s
             f"Explanation pools: {', '.join(server.pools)} (requests asking for an explanation are served by "
             f"<name>.explain's own workers; the router on :{ports.inference}/:{ports.grpc_inference} chooses).\n"
         )
+    if server.generation:
+        pools += (
+            f"OpenAI API: {url}/v1 (chat/completions, completions, models) for {', '.join(server.generation)}; the "
+            "API key is $TOKEN (docs/SERVING.md, 'OpenAI API').\n"
+        )
     return f"""
 The explanation service is up (models: {", ".join(server.models)}); tokens are in {server.run_dir}/key_file.json.
 {pools}  TOKEN=$(python -c 'import json;print(json.load(open("{server.run_dir}/key_file.json"))["inference"]["key"])')

@@ -1,5 +1,6 @@
-"""Process control: start the explanation-metrics exporter, TorchServe's Java frontend and (with explanation pools)
-the router in the background, wait until every model has a ready worker, and stop them by their pid files (the
+"""Process control: start the explanation-metrics exporter, TorchServe's Java frontend and the router in front of it
+(the public inference ports: the OpenAI API, explanation pools; TorchServe listens on loopback behind it) in the
+background, wait until every model has a ready worker, and stop them by their pid files (the
 mechanics are :mod:`supervise.processes`; :mod:`model_store.serving.supervision` watches them under ``serve``).
 
 TorchServe's own ``torchserve`` command keeps one pid file per machine (``$TMPDIR/.model_server.pid``) and refuses
@@ -58,11 +59,14 @@ class Server:
     models: tuple[str, ...]
     #: The models served with an explanation pool (``<name>.explain``), behind the router.
     pools: tuple[str, ...] = ()
+    #: The router's pid (it takes the public inference ports).
     router_pid: int | None = None
     #: How each process was started (``torchserve``, ``exporter``, ``router``), to start it again.
     launches: Mapping[str, Launch] = field(default_factory=dict, repr=False, compare=False)
     #: The processes, where this process started them (children of this process).
     processes: Mapping[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False, compare=False)
+    #: The generation models, which the router's OpenAI API serves.
+    generation: tuple[str, ...] = ()
 
     @property
     def keys(self) -> dict[str, str]:
@@ -150,7 +154,7 @@ def start(
         }
     )
     store = link_store(run_dir, model_store, models, overrides or {})
-    config = write_config(run_dir, ports, store.path, behind_router=bool(store.pools))
+    config = write_config(run_dir, ports, store.path, behind_router=True)
     launches = {
         "exporter": Launch(
             "the metrics exporter", tuple(exporter_command(ports, metrics_dir)), REPO_ROOT, env,
@@ -161,9 +165,8 @@ def start(
             run_dir / "torchserve.out", run_dir / TS_PID,
         ),
     }  # fmt: skip
-    if store.pools:  # explanation pools: the router takes the public inference ports
-        command = tuple(router_command(ports, store.pools))
-        launches["router"] = Launch("the router", command, REPO_ROOT, env, run_dir / "router.log", run_dir / ROUTER_PID)
+    command = tuple(router_command(ports, store.pools, store.generation))  # the public inference ports
+    launches["router"] = Launch("the router", command, REPO_ROOT, env, run_dir / "router.log", run_dir / ROUTER_PID)
     processes = {name: spawn(launch) for name, launch in launches.items()}
     owner = owner_pid()
     if owner is not None:  # EXPLAIN_OWNER_PID: the servers end with that process, even if it is SIGKILLed
@@ -173,7 +176,7 @@ def start(
     router = processes.get("router")
     server = Server(
         run_dir, ports, processes["torchserve"].pid, processes["exporter"].pid, tuple(models), store.pools,
-        router.pid if router is not None else None, launches, processes,
+        router.pid if router is not None else None, launches, processes, store.generation,
     )  # fmt: skip
     try:
         wait_ready(server, timeout, served=store.served)
@@ -189,15 +192,17 @@ def exporter_command(ports: Ports, metrics_dir: Path) -> list[str]:
     return [*command, "--address", bind_address("METRICS_ADDRESS")]
 
 
-def router_command(ports: Ports, pools: tuple[str, ...]) -> list[str]:
-    """The command line of the explanation-pool router (:mod:`model_store.serving.router`): the public inference
-    ports, TorchServe's behind it."""
+def router_command(ports: Ports, pools: tuple[str, ...], generation: tuple[str, ...] = ()) -> list[str]:
+    """The command line of the router (:mod:`model_store.serving.router`): the public inference ports, TorchServe's
+    behind it; explanation pools for ``pools``, the OpenAI API for ``generation``."""
     command = [sys.executable, "-m", "model_store.serving.router", "--listen", bind_address("INFERENCE_ADDRESS")]
     command += ["--rest-port", str(ports.inference), "--grpc-port", str(ports.grpc_inference)]
     command += ["--upstream-rest-port", str(ports.upstream_inference)]
     command += ["--upstream-grpc-port", str(ports.upstream_grpc_inference)]
     for name in pools:
         command += ["--pool", name]
+    for name in generation:
+        command += ["--generation", name]
     return command
 
 

@@ -1,4 +1,7 @@
-"""The explanation-pool router: the service's public inference ports when a model has an explanation pool.
+"""The router: the service's public inference ports, TorchServe's behind it on loopback. It answers the OpenAI API
+itself (:mod:`model_store.serving.openai_door`: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` for the
+generation models given with ``--generation``, each choice a ``/predictions`` call to TorchServe), routes explanation
+requests to their explanation pools, and forwards everything else unchanged.
 
 TorchServe answers a batch together, so a prediction batched with explanation rows waits for their backward. A model
 with an explanation pool (``explanation_workers``; docs/SERVING.md, "Predictions next to explanations") is registered
@@ -11,8 +14,8 @@ REST: ``/predictions/{name}[/{version}]`` and ``/explanations/{name}[/{version}]
 ``PredictionsRequest``'s ``model_name``; the streaming RPCs are refused, :mod:`forwarding`).
 Started and stopped by :mod:`model_store.serving.process`:
 
-``python -m model_store.serving.router --pool sentiment --listen 127.0.0.1 --rest-port 8080 --grpc-port 7070
---upstream-rest-port 8090 --upstream-grpc-port 7090``
+``python -m model_store.serving.router --pool sentiment --generation writer --listen 127.0.0.1 --rest-port 8080
+--grpc-port 7070 --upstream-rest-port 8090 --upstream-grpc-port 7090``
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Iterable
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from explain_client.protos import inference_stubs
-from forwarding import Forwarder, Policy, serve_until_signalled
+from forwarding import Forwarder, Policy, Reply, Upstream, serve_until_signalled
+from model_store.serving.openai_door import OpenAIRoutes
 from serving_core.pools import asks_for_explanation, pool_name
 
 logger = logging.getLogger(__name__)
@@ -34,13 +39,21 @@ _GRPC_ROUTED = frozenset({"Predictions"})
 
 
 class PoolRouter(Policy):
-    """Sends the explanation requests for the models in ``pools`` to their explanation pools."""
+    """Sends the explanation requests for the models in ``pools`` to their explanation pools, and answers the OpenAI
+    API for the generation models ``generation``."""
 
     name = "Router"
 
-    def __init__(self, pools: Iterable[str]) -> None:
+    def __init__(self, pools: Iterable[str], generation: Iterable[str] = ()) -> None:
         """Route for these models (their served names, without the pool suffix)."""
         self.pools = frozenset(pools)
+        self.openai = OpenAIRoutes(generation, self.rest_path, created=int(time.time()))
+
+    def respond(
+        self, method: str, path: str, authorization: str | None, body: bytes, upstream: Upstream
+    ) -> Reply | None:
+        """The OpenAI API's answer (:class:`~model_store.serving.openai_door.OpenAIRoutes`); ``None`` otherwise."""
+        return self.openai.respond(method, path, authorization, body, upstream)
 
     def rest_path(self, path: str, body: bytes) -> str:
         """``/predictions/{name}...`` or ``/explanations/{name}...`` of a pooled model, rewritten to its pool when the
@@ -74,7 +87,10 @@ class PoolRouter(Policy):
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: route until SIGTERM/SIGINT."""
     parser = argparse.ArgumentParser(prog="python -m model_store.serving.router", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pool", action="append", required=True, help="a model with an explanation pool (repeat)")
+    parser.add_argument("--pool", action="append", default=[], help="a model with an explanation pool (repeat)")
+    parser.add_argument(
+        "--generation", action="append", default=[], help="a generation model the OpenAI API serves (repeat)"
+    )
     parser.add_argument("--listen", default="127.0.0.1")
     parser.add_argument("--rest-port", type=int, required=True)
     parser.add_argument("--grpc-port", type=int, required=True)
@@ -84,12 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     router = Forwarder(
-        PoolRouter(args.pool), args.listen, args.rest_port, args.grpc_port, args.upstream_rest_port,
+        PoolRouter(args.pool, args.generation), args.listen, args.rest_port, args.grpc_port, args.upstream_rest_port,
         args.upstream_grpc_port, args.max_body,
     )  # fmt: skip
-    pools = ", ".join(sorted(args.pool))
-    logger.info("router on %s: REST %d, gRPC %d -> 127.0.0.1:%d/%d; explanation pools for %s", args.listen,
-                *router.ports, args.upstream_rest_port, args.upstream_grpc_port, pools)  # fmt: skip
+    pools = ", ".join(sorted(args.pool)) or "none"
+    generation = ", ".join(sorted(args.generation)) or "none"
+    logger.info("router on %s: REST %d, gRPC %d -> 127.0.0.1:%d/%d; explanation pools for %s; OpenAI API for %s",
+                args.listen, *router.ports, args.upstream_rest_port, args.upstream_grpc_port, pools,
+                generation)  # fmt: skip
     serve_until_signalled(router)
     return 0
 

@@ -10,6 +10,12 @@ or, for a chat model, ``messages`` (``[{"role", "content"}, ...]``, rendered wit
 ``prompt``, and ``documents`` (with either); ``explain.granularity``, ``explain.steps: "sentences"`` and
 ``explain.span``: :mod:`~serving_core.tasks.chat_schema`.
 
+``logprobs: k`` (0 to :data:`MAX_TOP_LOGPROBS`) adds each step's log-probability, its decoded text and the ``k``
+most probable tokens with theirs (``top_logprobs``; 0: none); ``stop`` (a string or a list of them) ends a generated
+row where its text first contains one (``stop_reason: "stop"``; the text ends before it, and the steps are the
+tokens that wrote the text: see :func:`cut_at_stop`). JSON only: the gRPC ``GenerationRequest`` has no fields for
+them.
+
 ``continuation`` (text) or ``continuation_ids`` (token ids) explain a continuation produced elsewhere instead of
 generating. ``explain`` absent or ``false``: the generation and each step's probability only; ``true`` or ``{}``: the
 default method. ``explain.steps``: a list of step indices (negative from the end), ``"sum"`` (the summed
@@ -45,12 +51,18 @@ from .chat_schema import (
 )
 
 _DOCUMENT_KEYS = frozenset(
-    {"prompt", "messages", "documents", "max_new_tokens", "generation", "continuation", "continuation_ids", "explain"}
-)
+    {"prompt", "messages", "documents", "max_new_tokens", "generation", "continuation", "continuation_ids", "explain",
+     "logprobs", "stop"}
+)  # fmt: skip
 _EXPLAIN_RESERVED = frozenset({"method", "steps", "contrast", "granularity", "span"})
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", "seed")
 #: ``explain.steps`` asking for each sentence of the answer.
 SENTENCES = "sentences"
+#: The most alternatives ``logprobs`` may ask for per step (OpenAI's ``top_logprobs`` bound).
+MAX_TOP_LOGPROBS = 20
+#: The most stop sequences a row may give, and the most characters of each.
+MAX_STOPS = 16
+MAX_STOP_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,8 @@ class GenerationRow:
     ask: GenerationAsk | None = None
     messages: tuple[Message, ...] | None = None
     documents: tuple[Document, ...] = ()
+    logprobs: int | None = None
+    stop: tuple[str, ...] = ()
 
     @property
     def given(self) -> bool:
@@ -88,9 +102,24 @@ class GenerationRow:
         return self.continuation is not None or self.continuation_ids is not None
 
 
+@dataclass(frozen=True)
+class TopToken:
+    """One of the most probable tokens at a step (``logprobs``)."""
+
+    token: str
+    token_id: int
+    text: str
+    logprob: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object."""
+        return {"token": self.token, "token_id": self.token_id, "text": self.text, "logprob": rounded(self.logprob)}
+
+
 @dataclass
 class GenerationStepOutcome:
-    """One generated token of a row's answer."""
+    """One generated token of a row's answer (``logprob``, ``text`` and ``top``: when the row asked for
+    ``logprobs``)."""
 
     token: str
     token_id: int
@@ -100,6 +129,9 @@ class GenerationStepOutcome:
     foil: str | None = None
     foil_id: int | None = None
     value: float | None = None
+    logprob: float | None = None
+    text: str | None = None
+    top: list[TopToken] | None = None
 
 
 @dataclass
@@ -110,6 +142,7 @@ class GenerationOutcome:
     error: RowError | None = None
     text: str = ""
     stop_reason: str = ""
+    stop: str | None = None
     prompt_tokens: list[str] = field(default_factory=list)
     prompt_special: list[bool] = field(default_factory=list)
     steps: list[GenerationStepOutcome] = field(default_factory=list)
@@ -185,6 +218,9 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
         not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
     ):
         raise RowError("invalid_request", "'continuation_ids' must be a list of token ids")
+    stop = decode_stop(document.get("stop"))
+    if stop and (continuation is not None or ids is not None):
+        raise RowError("invalid_request", "'stop' ends a generation: a given continuation is explained as it is")
     return _row(
         Encoding.JSON,
         prompt,
@@ -196,7 +232,44 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
         config,
         messages,
         documents,
+        logprobs=decode_logprobs(document.get("logprobs")),
+        stop=stop,
     )
+
+
+def decode_logprobs(value: Any) -> int | None:
+    """``logprobs``: how many alternatives per step (``None``/absent: no log-probabilities).
+
+    Raises:
+        RowError: ``invalid_request`` for anything but an integer in ``[0, MAX_TOP_LOGPROBS]``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise RowError(
+            "invalid_request",
+            f"'logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS} (the most probable tokens listed per step), "
+            f"got {value!r}",
+        )
+    return value
+
+
+def decode_stop(value: Any) -> tuple[str, ...]:
+    """``stop``: a string or a list of strings that end the generation.
+
+    Raises:
+        RowError: ``invalid_request`` for another type, an empty string, too many or too long strings.
+    """
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) and item for item in items):
+        raise RowError("invalid_request", "'stop' must be a non-empty string or a list of them")
+    if len(items) > MAX_STOPS or any(len(item) > MAX_STOP_CHARS for item in items):
+        raise RowError(
+            "invalid_request", f"'stop' takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters"
+        )
+    return tuple(dict.fromkeys(items))
 
 
 def _ask(explain: Any, explain_header: bool, config: HandlerConfig) -> GenerationAsk | None:
@@ -284,6 +357,8 @@ def _row(
     config: HandlerConfig,
     messages: tuple[Message, ...] | None = None,
     documents: tuple[Document, ...] = (),
+    logprobs: int | None = None,
+    stop: tuple[str, ...] = (),
 ) -> GenerationRow:
     if prompt is not None and not prompt.strip():
         raise RowError("missing_prompt", "'prompt' is empty: send a non-blank prompt")
@@ -309,7 +384,9 @@ def _row(
         raise RowError(
             "too_many_tokens", f"{asked} new tokens asked; this model writes at most {limit} (max_new_tokens)"
         )
-    return GenerationRow(encoding, prompt, budget, sampling, continuation, continuation_ids, ask, messages, documents)
+    return GenerationRow(
+        encoding, prompt, budget, sampling, continuation, continuation_ids, ask, messages, documents, logprobs, stop
+    )
 
 
 def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
@@ -402,7 +479,13 @@ def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
         if step.foil_id is not None:
             entry["foil"] = step.foil
             entry["foil_id"] = step.foil_id
+        if step.logprob is not None:
+            entry["logprob"] = rounded(step.logprob)
+            entry["text"] = step.text
+            entry["top_logprobs"] = [top.to_dict() for top in step.top or []]
         steps.append(entry)
+    if outcome.stop is not None:
+        document["stop"] = outcome.stop
     document["steps"] = steps
     if outcome.rendered_prompt is not None:
         document["rendered_prompt"] = outcome.rendered_prompt

@@ -8,16 +8,19 @@ join them after. The rows that ask for an explanation are then grouped by method
 sum, or spans of the answer: its sentences or the span asked for), and each group is one
 :func:`explainers.tasks.generation.explain_continuation` or :func:`explainers.explain_spans` (one forward for the
 group, one batched backward); a row's own steps, foils and sentences are its share of the group's targets. Scores are
-then summed into the units the row asked for (:mod:`~serving_core.tasks.generation_context`). Rows that fail to
-decode or whose request is invalid get their own error; the others are served. Nothing per request is kept on the
-service object. Loading and devices are :mod:`serving_core.loading`'s.
+then summed into the units the row asked for (:mod:`~serving_core.tasks.generation_context`). A row with ``stop``
+sequences ends at the step whose text first contains one (its steps keep the tokens that wrote the stop sequence, as
+they keep an EOS, and its text ends before it); a row that asks for ``logprobs`` gets each step's log-probabilities
+from the generation loop (a given continuation: from its probabilities' forward), the others cost nothing more.
+Rows that fail to decode or whose request is invalid get their own error; the others are served. Nothing per request
+is kept on the service object. Loading and devices are :mod:`serving_core.loading`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +45,11 @@ from explainers import (
 from explainers.tasks.continuation import (
     Continuation,
     GenerationSettings,
+    StepLogprobs,
     generate_continuation,
     model_eos_tokens,
     pad_token,
+    step_logprobs,
     vocabulary_size,
 )
 from explainers.tasks.generation import check_generation_call, explain_continuation, resolve_steps
@@ -56,7 +61,14 @@ from ..task import BatchTimings
 from ..wire import Encoding
 from .chat_schema import AnswerSpan
 from .generation_context import RowContext, prompt_parts, row_context, sentence_spans
-from .generation_schema import SENTENCES, GenerationAsk, GenerationOutcome, GenerationRow, GenerationStepOutcome
+from .generation_schema import (
+    SENTENCES,
+    GenerationAsk,
+    GenerationOutcome,
+    GenerationRow,
+    GenerationStepOutcome,
+    TopToken,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -193,21 +205,21 @@ class GenerationService:
         if not prepared:
             return outcomes, BatchTimings()
         try:
-            made, generate_seconds = self._continuations(prepared)
+            made, generate_seconds, logprobs = self._continuations(prepared)
         except Exception:
             logger.exception("generation of a batch of %d rows failed", len(prepared))
             for item in prepared:
                 outcomes[item.index].error = RowError("internal", "the batch failed on the server; see the server log")
             return outcomes, BatchTimings()
         for position, item in enumerate(prepared):
-            self._fill(outcomes[item.index], item, made, position)
+            self._fill(outcomes[item.index], item, made, position, logprobs[position])
         forward, backward = self._explain(prepared, made, outcomes)
         tokens = int(made.token_mask[[not item.row.given for item in prepared]].sum())
         return outcomes, BatchTimings(forward=forward, backward=backward, generate=generate_seconds, tokens=tokens)
 
-    def _continuations(self, prepared: Sequence[_Prepared]) -> tuple[Continuation, float]:
+    def _continuations(self, prepared: Sequence[_Prepared]) -> tuple[Continuation, float, list[_RowLogprobs | None]]:
         """One :class:`Continuation` of every prepared row: the generated rows from one generation call, then the
-        given ones; and the generation's seconds."""
+        given ones; the generation's seconds; and each row's log-probabilities, if it asked for them."""
         pad = pad_token(self.model)
         prompts = [item.prompt_ids for item in prepared]
         width = max(len(prompt) for prompt in prompts)
@@ -216,15 +228,19 @@ class GenerationService:
         generating = [position for position, item in enumerate(prepared) if not item.row.given]
         columns: list[list[int]] = [[] for _ in prepared]
         probabilities: list[list[float] | None] = [None] * len(prepared)
+        logprobs: list[_RowLogprobs | None] = [None] * len(prepared)
         seconds = 0.0
         if generating:
             started = time.perf_counter()
             index = torch.tensor(generating, device=self.device)
+            asked = [k for k in (prepared[position].row.logprobs for position in generating) if k is not None]
             made = generate_continuation(
                 self.model,
                 {"input_ids": prompt_ids[index], "attention_mask": prompt_mask[index]},
                 [prepared[position].row.max_new_tokens for position in generating],
                 [prepared[position].settings for position in generating],
+                top_logprobs=max(asked) if asked else None,
+                stop=self._stopper([prepared[position].row.stop for position in generating]),
             )
             seconds = time.perf_counter() - started
             assert made.probabilities is not None
@@ -232,6 +248,7 @@ class GenerationService:
                 real = made.token_mask[offset]
                 columns[position] = made.tokens[offset][real].tolist()
                 probabilities[position] = made.probabilities[offset][real].tolist()
+                logprobs[position] = _row_logprobs(made.logprobs, offset, real, prepared[position].row.logprobs)
         for position, item in enumerate(prepared):
             if item.continuation_ids is not None:
                 columns[position] = _until_eos(item.continuation_ids, self.eos)
@@ -240,13 +257,36 @@ class GenerationService:
         mask = torch.tensor([[True] * len(c) + [False] * (steps - len(c)) for c in columns], device=self.device)
         known = torch.tensor([[*(p or []), *[0.0] * (steps - len(p or []))] for p in probabilities])
         if any(p is None for p in probabilities):
-            known = self._probabilities(Continuation(prompt_ids, prompt_mask, tokens, mask), known, probabilities)
-        return Continuation(prompt_ids, prompt_mask, tokens, mask, known), seconds
+            given = Continuation(prompt_ids, prompt_mask, tokens, mask)
+            known = self._probabilities(given, known, probabilities, logprobs, [item.row for item in prepared])
+        return Continuation(prompt_ids, prompt_mask, tokens, mask, known), seconds, logprobs
+
+    def _stopper(self, stops: Sequence[tuple[str, ...]]) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The ``stop`` callback of the generation loop for rows with ``stop`` sequences (``None``: no row has any):
+        a row ends at the step whose decoded text first contains one of its sequences."""
+        if not any(stops):
+            return None
+
+        def stopped(tokens: torch.Tensor) -> torch.Tensor:
+            ended = torch.zeros(tokens.shape[0], dtype=torch.bool)
+            for row, sequences in enumerate(stops):
+                if sequences:
+                    text = self.tokenizer.decode(tokens[row].tolist(), skip_special_tokens=True)
+                    ended[row] = any(sequence in text for sequence in sequences)
+            return ended
+
+        return stopped
 
     def _probabilities(
-        self, made: Continuation, known: torch.Tensor, probabilities: Sequence[list[float] | None]
+        self,
+        made: Continuation,
+        known: torch.Tensor,
+        probabilities: Sequence[list[float] | None],
+        logprobs: list[_RowLogprobs | None],
+        rows: Sequence[GenerationRow],
     ) -> torch.Tensor:
-        """The step probabilities of the given continuations, from one plain forward over their rows."""
+        """The step probabilities of the given continuations, from one plain forward over their rows (and the
+        log-probabilities of those that ask, into ``logprobs``)."""
         from explainers.tasks.continuation import evaluating
         from explainers.tasks.generation import step_probabilities
 
@@ -255,19 +295,37 @@ class GenerationService:
         with evaluating(self.model), torch.no_grad():
             logits = self.model(**subset.model_inputs()).logits
         computed = step_probabilities(logits, subset).cpu()
+        asked = [k for k in (rows[position].logprobs for position in given) if k is not None]
+        recorded = None
+        if asked:
+            width = subset.prompt_width
+            reading = logits[:, width - 1 : width - 1 + subset.steps]
+            recorded = step_logprobs(reading, subset.tokens, subset.token_mask, max(asked))
         for offset, position in enumerate(given):
             width = computed.shape[1]
             known[position, :width] = computed[offset].to(known.dtype)
+            logprobs[position] = _row_logprobs(recorded, offset, subset.token_mask[offset], rows[position].logprobs)
         return known
 
-    def _fill(self, outcome: GenerationOutcome, item: _Prepared, made: Continuation, position: int) -> None:
+    def _fill(
+        self,
+        outcome: GenerationOutcome,
+        item: _Prepared,
+        made: Continuation,
+        position: int,
+        logprobs: _RowLogprobs | None,
+    ) -> None:
         steps = int(made.token_mask[position].sum())
         ids = made.tokens[position, :steps].tolist()
         assert made.probabilities is not None
         values = made.probabilities[position, :steps].tolist()
         outcome.text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = _first_stop(outcome.text, item.row.stop)
         if item.row.given:
             outcome.stop_reason = "given"
+        elif cut is not None:
+            outcome.stop_reason, outcome.stop = "stop", cut[1]
+            outcome.text = outcome.text[: cut[0]]
         else:
             outcome.stop_reason = "eos" if ids and ids[-1] in self.eos else "length"
         outcome.prompt_tokens = self.tokenizer.convert_ids_to_tokens(item.prompt_ids)
@@ -283,6 +341,24 @@ class GenerationService:
             GenerationStepOutcome(token=str(piece), token_id=int(token), probability=float(value))
             for piece, token, value in zip(pieces, ids, values, strict=True)
         ]
+        if logprobs is not None:
+            self._fill_logprobs(outcome.steps, logprobs)
+
+    def _fill_logprobs(self, steps: Sequence[GenerationStepOutcome], logprobs: _RowLogprobs) -> None:
+        """Each step's log-probability, decoded text and most probable tokens (``logprobs``)."""
+        for step, chosen, top in zip(steps, logprobs.chosen, logprobs.top, strict=True):
+            step.logprob = chosen
+            step.text = self._decoded(step.token_id)
+            ids = [token for token, _ in top]
+            pieces = self.tokenizer.convert_ids_to_tokens(ids)
+            step.top = [
+                TopToken(str(piece), token, self._decoded(token), value)
+                for piece, (token, value) in zip(pieces, top, strict=True)
+            ]
+
+    def _decoded(self, token: int) -> str:
+        """One token's text as an OpenAI-style ``logprobs`` entry shows it: decoded alone, special tokens kept."""
+        return str(self.tokenizer.decode([token], skip_special_tokens=False))
 
     def _explain(
         self, prepared: Sequence[_Prepared], made: Continuation, outcomes: list[GenerationOutcome]
@@ -295,7 +371,7 @@ class GenerationService:
             if ask is None or outcomes[item.index].error is not None:
                 continue
             try:
-                member = self._member(position, item, ask, made)
+                member = self._member(position, item, ask, made, len(outcomes[item.index].text))
             except ExplainError as error:
                 outcomes[item.index].error = from_explain_error(error)
                 continue
@@ -336,15 +412,16 @@ class GenerationService:
                 self._fill_explanation(outcome, method, result, offset, member, seconds)
         return forward, backward
 
-    def _member(self, position: int, item: _Prepared, ask: GenerationAsk, made: Continuation) -> _Member:
-        """A row's share of its group: its steps or spans, foils, and its context units.
+    def _member(self, position: int, item: _Prepared, ask: GenerationAsk, made: Continuation, length: int) -> _Member:
+        """A row's share of its group: its steps or spans, foils, and its context units (``length``: the characters
+        of the row's answer text; fewer than its tokens decode to when a stop sequence cut it).
 
         Raises:
             ExplainError: for steps, foils or a span that do not fit the row's answer.
         """
         row_steps = int(made.token_mask[position].sum())
         ids = made.tokens[position, :row_steps].tolist()
-        answer, offsets = decoded_offsets(self.tokenizer, ids)
+        answer, offsets = _clipped(*decoded_offsets(self.tokenizer, ids), length)
         context = row_context(
             item.rendered,
             self._texts(item.prompt_ids),
@@ -487,3 +564,49 @@ def _until_eos(tokens: Sequence[int], eos: frozenset[int]) -> list[int]:
         if token in eos:
             break
     return kept
+
+
+@dataclass(frozen=True)
+class _RowLogprobs:
+    """One row's log-probabilities: per step, the chosen token's and ``(token id, log-probability)`` of the most
+    probable tokens."""
+
+    chosen: list[float]
+    top: list[list[tuple[int, float]]]
+
+
+def _row_logprobs(
+    recorded: StepLogprobs | None, offset: int, real: torch.Tensor, asked: int | None
+) -> _RowLogprobs | None:
+    """Row ``offset``'s share of a batch's :class:`StepLogprobs` (its real steps, ``asked`` alternatives each);
+    ``None`` when the row did not ask."""
+    if asked is None or recorded is None:
+        return None
+    chosen = recorded.chosen[offset][real].tolist()
+    ids = recorded.top_ids[offset][real][:, :asked].tolist()
+    values = recorded.top_values[offset][real][:, :asked].tolist()
+    top = [list(zip(step_ids, step_values, strict=True)) for step_ids, step_values in zip(ids, values, strict=True)]
+    return _RowLogprobs(chosen, top)
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """Where the first of ``stops`` starts in ``text`` and which it is (the longest of those starting there), or
+    ``None``."""
+    found = [(text.find(stop), -len(stop), stop) for stop in stops if stop in text]
+    if not found:
+        return None
+    start, _, stop = min(found)
+    return start, stop
+
+
+def _clipped(
+    text: str, offsets: Sequence[tuple[int, int] | None], length: int
+) -> tuple[str, list[tuple[int, int] | None]]:
+    """The answer text cut to its first ``length`` characters, and the tokens' offsets in it (a token with no
+    character left, one of a stop sequence, has none, as an EOS)."""
+    if length >= len(text):
+        return text, list(offsets)
+    kept: list[tuple[int, int] | None] = []
+    for offset in offsets:
+        kept.append(None if offset is None or offset[0] >= length else (offset[0], min(offset[1], length)))
+    return text[:length], kept
