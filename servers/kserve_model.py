@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -25,7 +25,7 @@ from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters
 
-from serving_core import metrics
+from serving_core import metrics, wire
 from serving_core.errors import RowError
 from serving_core.task import get_task
 
@@ -179,6 +179,31 @@ class ExplainModel(Model):
             raise RequestError(error) from None
         finally:
             self._observe(rows, served, time.perf_counter() - started)
+
+    async def answer_documents(self, documents: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """JSON documents of the model's task (what the TorchServe door takes as a body) served together, each one's
+        JSON answer as that door gives it (a failed row: ``{"error": {...}}``): how the OpenAI API's choices are
+        served (:mod:`servers.openai_routes`).
+
+        Raises:
+            RetryableError: if no replica could serve them now.
+        """
+        config = self.settings.config
+        task = get_task(config.task)
+        rows: list[Any] = []
+        for document in documents:
+            try:
+                rows.append(task.decode({"body": document}, False, config))
+            except RowError as error:
+                rows.append(error)
+        served = await self._serve(rows)
+        started = time.perf_counter()
+        answers = [
+            wire.error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
+            for outcome in served.outcomes
+        ]
+        self._observe(rows, served, time.perf_counter() - started)
+        return answers
 
     async def _serve(self, rows: list[Any]) -> Served:
         try:

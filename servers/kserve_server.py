@@ -1,6 +1,7 @@
 """KServe's model server (``kserve.ModelServer``) as this service runs it: REST and gRPC bound to one address
 (127.0.0.1 unless ``INFERENCE_ADDRESS`` says otherwise), requests bounded in size, the error table's statuses on
-both transports, and ``explain`` listed among the server's OIP extensions.
+both transports, ``explain`` listed among the server's OIP extensions, and the OpenAI API for the generation models
+(:mod:`servers.openai_routes`).
 
 KServe's own server binds REST to 0.0.0.0 and gRPC to ``[::]``, with no way to choose; this module starts the same
 REST application and gRPC servicer on the address given instead. Everything else — the routes (OIP v2, v1
@@ -31,6 +32,7 @@ from kserve.protocol.rest.server import RESTServer
 
 from .kserve_model import ExplainModel, RequestError, RetryableError
 from .oip import EXTENSION
+from .openai_routes import add_openai_routes
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +143,7 @@ class ExplainModelServer(ModelServer):
     def serve(self, models: list[ExplainModel]) -> None:
         """Register the loaded models and serve REST and gRPC until SIGTERM/SIGINT."""
         self._register_and_check_atleast_one_model_is_ready(models)
+        add_openai_routes(kserve_app, {model.name: model for model in models})
         kserve_app.add_exception_handler(RequestError, _door_error)
         kserve_app.add_exception_handler(RetryableError, _door_error)
         kserve_app.add_middleware(BodyLimit)

@@ -1,6 +1,7 @@
 """The REST side of the forwarder (forwarding/forwarder.py) against a stand-in upstream on loopback: bodies
 arrive whole (``Content-Length`` or chunked), oversized ones get 413 without reaching the upstream, the policy's path
-and token are used, upstream connections are kept alive and reopened after the upstream closes one."""
+and token are used, a policy answers a request itself (calling the upstream), upstream connections are kept alive and
+reopened after the upstream closes one."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from forwarding import Forwarder, Policy, RefusedError
+from forwarding import Forwarder, Policy, RefusedError, Reply, Upstream
 
 grpc = pytest.importorskip("grpc")
 
@@ -52,6 +53,15 @@ class _Rewrite(Policy):
 
     def rest_path(self, path: str, body: bytes) -> str:
         return path.replace("/a/", "/b/") if b"explain" in body else path
+
+    def respond(
+        self, method: str, path: str, authorization: str | None, body: bytes, upstream: Upstream
+    ) -> Reply | None:
+        if path != "/local":
+            return None
+        response, payload = upstream.request("POST", "/inner", body, {"Authorization": authorization or ""})
+        answer = {"method": method, "upstream_status": response.status, "upstream": json.loads(payload)}
+        return Reply(201, json.dumps(answer).encode(), "application/x-test")
 
 
 @pytest.fixture()
@@ -106,3 +116,16 @@ def test_upstream_connections_are_kept_alive_and_reopened(forwarder: int) -> Non
     _post(connection, "/close", b"{}")
     connection = http.client.HTTPConnection("127.0.0.1", forwarder, timeout=10)  # the forwarder closed it too
     assert _post(connection, "/a/x", b"{}")[1]["port"] not in ports
+
+
+def test_a_policy_answers_a_request_itself(forwarder: int) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", forwarder, timeout=10)
+    connection.request("POST", "/local", body=b'{"x": 1}', headers={"Authorization": "Bearer client"})
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    assert response.status == 201 and response.getheader("Content-Type") == "application/x-test"
+    assert answer["method"] == "POST" and answer["upstream_status"] == 200
+    assert answer["upstream"]["path"] == "/inner" and answer["upstream"]["body"] == '{"x": 1}'
+    assert answer["upstream"]["authorization"] == "Bearer upstream"  # the policy's token, as forwarding sends
+    assert [seen["path"] for seen in _Echo.seen] == ["/inner"]
+    assert _post(connection, "/a/x", b"plain") == (200, _Echo.seen[-1])  # anything else is still forwarded

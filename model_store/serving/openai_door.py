@@ -98,8 +98,8 @@ class OpenAIRoutes:
         Raises:
             OpenAIError: TorchServe's refusal of a request (its token, its queue), as the error table says.
         """
-        bodies = [json.dumps(document, separators=(",", ":")).encode() for document in translated.documents]
-        unique = list(dict.fromkeys(bodies))
+        documents, index = translated.distinct()
+        bodies = [json.dumps(document, separators=(",", ":")).encode() for document in documents]
         path = f"/predictions/{quote(translated.model, safe='')}"
         headers = {"Content-Type": "application/json"}
         if authorization is not None:
@@ -109,8 +109,8 @@ class OpenAIRoutes:
             response, payload = upstream.request("POST", self._path(path, body), body, headers)
             return _upstream_answer(response.status, payload)
 
-        answered = dict(zip(unique, self._pool.map(predict, unique), strict=True))
-        return [answered[body] for body in bodies]
+        answers = list(self._pool.map(predict, bodies))
+        return [answers[position] for position in index]
 
     def _check_token(self, authorization: str | None, upstream: Upstream) -> None:
         """Raise ``unauthenticated`` unless TorchServe accepts the token (its ``/ping`` checks it)."""

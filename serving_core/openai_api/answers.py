@@ -141,13 +141,7 @@ def _logprobs(translated: Translated, answer: Mapping[str, Any]) -> dict[str, An
         return None
     steps = answer["steps"]
     if translated.kind == "chat":
-        content = [
-            {
-                **_token(step["text"], step["logprob"]),
-                "top_logprobs": [_token(top["text"], top["logprob"]) for top in step["top_logprobs"]],
-            }
-            for step in steps
-        ]
+        content = [{**_token(step), "top_logprobs": [_token(top) for top in step["top_logprobs"]]} for step in steps]
         return {"content": content, "refusal": None}
     offsets, offset = [], 0
     for step in steps:
@@ -167,8 +161,8 @@ def _logprobs(translated: Translated, answer: Mapping[str, Any]) -> dict[str, An
     }
 
 
-def _token(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def _token(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {"token": entry["text"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
 
 
 def _explanation(answer: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ unknown fields are ignored, as vLLM's OpenAI server does.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -98,6 +99,18 @@ class Translated:
     def prompts(self) -> int:
         """How many prompts (completions may send several; a chat is one)."""
         return len(self.documents) // self.n
+
+    def distinct(self) -> tuple[list[Mapping[str, Any]], list[int]]:
+        """The documents to serve, each once (the greedy choices of one prompt are one document; sampled choices, even
+        unseeded, are never merged), and for each choice the index of its document among them."""
+        keys = [
+            json.dumps(document, sort_keys=True) if "generation" not in document else f"sampled {index}"
+            for index, document in enumerate(self.documents)
+        ]
+        first = {key: index for index, key in reversed(list(enumerate(keys)))}
+        order = sorted(set(first.values()))
+        position = {index: rank for rank, index in enumerate(order)}
+        return [self.documents[index] for index in order], [position[first[key]] for key in keys]
 
 
 def chat_request(body: Any) -> Translated:

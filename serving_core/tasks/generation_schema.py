@@ -10,11 +10,11 @@ or, for a chat model, ``messages`` (``[{"role", "content"}, ...]``, rendered wit
 ``prompt``, and ``documents`` (with either); ``explain.granularity``, ``explain.steps: "sentences"`` and
 ``explain.span``: :mod:`~serving_core.tasks.chat_schema`.
 
-``logprobs: k`` (0 to :data:`MAX_TOP_LOGPROBS`) adds each step's log-probability, its decoded text and the ``k``
-most probable tokens with theirs (``top_logprobs``; 0: none); ``stop`` (a string or a list of them) ends a generated
-row where its text first contains one (``stop_reason: "stop"``; the text ends before it, and the steps are the
-tokens that wrote the text: see :func:`cut_at_stop`). JSON only: the gRPC ``GenerationRequest`` has no fields for
-them.
+``logprobs: k`` (0 to :data:`MAX_TOP_LOGPROBS`) adds each step's log-probability, its decoded text and bytes, and the
+``k`` most probable tokens with theirs (``top_logprobs``; 0: none); ``stop`` (a string or a list of them) ends a
+generated row at the step whose text first contains one (``stop_reason: "stop"``, ``stop``: which one; the text ends
+before it, the steps keep the tokens that wrote it, as they keep an EOS). JSON only: the gRPC ``GenerationRequest``
+has no fields for them.
 
 ``continuation`` (text) or ``continuation_ids`` (token ids) explain a continuation produced elsewhere instead of
 generating. ``explain`` absent or ``false``: the generation and each step's probability only; ``true`` or ``{}``: the
@@ -110,10 +110,17 @@ class TopToken:
     token_id: int
     text: str
     logprob: float
+    bytes: list[int]
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object."""
-        return {"token": self.token, "token_id": self.token_id, "text": self.text, "logprob": rounded(self.logprob)}
+        return {
+            "token": self.token,
+            "token_id": self.token_id,
+            "text": self.text,
+            "bytes": self.bytes,
+            "logprob": rounded(self.logprob),
+        }
 
 
 @dataclass
@@ -131,6 +138,7 @@ class GenerationStepOutcome:
     value: float | None = None
     logprob: float | None = None
     text: str | None = None
+    bytes: list[int] | None = None
     top: list[TopToken] | None = None
 
 
@@ -482,6 +490,7 @@ def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
         if step.logprob is not None:
             entry["logprob"] = rounded(step.logprob)
             entry["text"] = step.text
+            entry["bytes"] = step.bytes
             entry["top_logprobs"] = [top.to_dict() for top in step.top or []]
         steps.append(entry)
     if outcome.stop is not None:

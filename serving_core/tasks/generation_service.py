@@ -18,7 +18,9 @@ is kept on the service object. Loading and devices are :mod:`serving_core.loadin
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -109,6 +111,8 @@ class GenerationService:
         self.vocabulary = vocabulary_size(self.model)
         self.eos = frozenset(model_eos_tokens(self.model))
         self.special_ids = frozenset(int(i) for i in self.tokenizer.all_special_ids)
+        self.byte_decoder = byte_level_decoder(self.tokenizer)
+        self.special_pieces = frozenset(str(piece) for piece in self.tokenizer.all_special_tokens)
         logger.info("loaded causal LM from %s on %s", model_dir, device)
 
     def _foil_id(self, foil: str | int) -> int:
@@ -349,16 +353,29 @@ class GenerationService:
         for step, chosen, top in zip(steps, logprobs.chosen, logprobs.top, strict=True):
             step.logprob = chosen
             step.text = self._decoded(step.token_id)
+            step.bytes = self._bytes(step.token, step.text)
             ids = [token for token, _ in top]
-            pieces = self.tokenizer.convert_ids_to_tokens(ids)
+            pieces = [str(piece) for piece in self.tokenizer.convert_ids_to_tokens(ids)]
+            texts = [self._decoded(token) for token in ids]
             step.top = [
-                TopToken(str(piece), token, self._decoded(token), value)
-                for piece, (token, value) in zip(pieces, top, strict=True)
+                TopToken(piece, token, text, value, self._bytes(piece, text))
+                for piece, text, (token, value) in zip(pieces, texts, top, strict=True)
             ]
 
     def _decoded(self, token: int) -> str:
         """One token's text as an OpenAI-style ``logprobs`` entry shows it: decoded alone, special tokens kept."""
         return str(self.tokenizer.decode([token], skip_special_tokens=False))
+
+    def _bytes(self, piece: str, text: str) -> list[int]:
+        """A token's bytes: a byte-level BPE piece's own bytes (a piece of a character split over tokens included,
+        which decodes alone to U+FFFD), a byte-fallback piece's (``<0xE2>``) byte, else its decoded text's UTF-8."""
+        fallback = _BYTE_PIECE.fullmatch(piece)
+        if fallback is not None:
+            return [int(fallback.group(1), 16)]
+        decoder = self.byte_decoder
+        if decoder is not None and piece not in self.special_pieces and all(c in decoder for c in piece):
+            return [decoder[character] for character in piece]
+        return list(text.encode("utf-8"))
 
     def _explain(
         self, prepared: Sequence[_Prepared], made: Continuation, outcomes: list[GenerationOutcome]
@@ -587,6 +604,32 @@ def _row_logprobs(
     values = recorded.top_values[offset][real][:, :asked].tolist()
     top = [list(zip(step_ids, step_values, strict=True)) for step_ids, step_values in zip(ids, values, strict=True)]
     return _RowLogprobs(chosen, top)
+
+
+#: A byte-fallback piece of a SentencePiece vocabulary (``<0xE2>``).
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def byte_level_decoder(tokenizer: Any) -> dict[str, int] | None:
+    """The character → byte map of a byte-level BPE tokenizer (GPT-2's ``bytes_to_unicode``, inverted: its pieces
+    spell bytes with printable characters), or ``None`` when the tokenizer's decoder is not byte-level."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    try:
+        decoder = json.loads(backend.to_str()).get("decoder") if backend is not None else None
+    except (AttributeError, ValueError):
+        return None
+    kinds = [decoder, *(decoder.get("decoders") or [])] if isinstance(decoder, dict) else []
+    if not any(isinstance(kind, dict) and kind.get("type") == "ByteLevel" for kind in kinds):
+        return None
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    codes = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
 def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
