@@ -68,6 +68,10 @@ class Ports:
         return cls(*numbers)
 
 
+#: TorchServe's ``max_request_size`` (config.properties.template), which the router applies too: a larger body is
+#: refused with 413 before it is read or forwarded.
+MAX_REQUEST_SIZE = 3_000_000
+
 #: Default lifetime of TorchServe's inference and management keys, in minutes (365 days).
 DEFAULT_TOKEN_EXPIRATION_MIN = 525_600
 #: The longest lifetime accepted (100 years): TorchServe adds it to the current time and fails past Instant.MAX.
@@ -111,6 +115,7 @@ def write_config(run_dir: Path, ports: Ports, model_store: Path, behind_router: 
         workflow_store=workflow_store.resolve(),
         metrics_config=METRICS_YAML,
         token_expiration_min=f"{token_expiration_minutes():g}",
+        max_request_size=MAX_REQUEST_SIZE,
     )
     path = run_dir / "config.properties"
     path.write_text(text, encoding="utf-8")

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from model_store.serving.archives import DEFAULT_MODELS, missing_archives
-from model_store.serving.config import DEFAULT_MODEL_STORE, REPO_ROOT, Ports, link_store, write_config
+from model_store.serving.config import (
+    DEFAULT_MODEL_STORE,
+    MAX_REQUEST_SIZE,
+    REPO_ROOT,
+    Ports,
+    link_store,
+    write_config,
+)
 from supervise.environment import DEFAULT_RUN_DIR, bind_address
 from supervise.processes import (
     Launch,
@@ -199,6 +206,7 @@ def router_command(ports: Ports, pools: tuple[str, ...], generation: tuple[str, 
     command += ["--rest-port", str(ports.inference), "--grpc-port", str(ports.grpc_inference)]
     command += ["--upstream-rest-port", str(ports.upstream_inference)]
     command += ["--upstream-grpc-port", str(ports.upstream_grpc_inference)]
+    command += ["--max-body", str(MAX_REQUEST_SIZE)]  # TorchServe's own bound, refused before it is read
     for name in pools:
         command += ["--pool", name]
     for name in generation:
