@@ -82,16 +82,17 @@ def _document(text: str, method: str) -> bytes:
     return json.dumps(body).encode()
 
 
-def _rest_caller(server: Server, model: str) -> Callable[[bytes], bool]:
+def _rest_caller(server: Server, model: str, port: int | None = None) -> Callable[[bytes], bool]:
     """POST to the model over one kept-alive HTTP/1.1 connection per calling thread (as the gRPC caller keeps one
-    channel per thread), so that a TCP handshake per request does not count as serving overhead."""
+    channel per thread), so that a TCP handshake per request does not count as serving overhead (``port``: another
+    than the public inference port, e.g. TorchServe's own behind the router)."""
     path = f"/predictions/{model}"
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.keys['inference']}"}
     local = threading.local()
 
     def call(body: bytes) -> bool:
         if getattr(local, "connection", None) is None:
-            local.connection = http.client.HTTPConnection("127.0.0.1", server.ports.inference, timeout=60)
+            local.connection = http.client.HTTPConnection("127.0.0.1", port or server.ports.inference, timeout=60)
         try:
             local.connection.request("POST", path, body, headers)
             response = local.connection.getresponse()

@@ -13,16 +13,13 @@ errors.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import logging
 import sys
-import threading
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.load import cpu_profile, make_texts, percentile, run_cell, sentiment_archive
+from bench.load import _rest_caller, cpu_profile, make_texts, percentile, run_cell, sentiment_archive
 from model_store.serving.config import DEFAULT_MODEL_STORE, Ports
 from model_store.serving.process import start, stop
 
@@ -39,28 +36,6 @@ class PathLatency:
     errors: int
     p50_ms: float
     p99_ms: float
-
-
-def caller(port: int, token: str, model: str) -> Callable[[bytes], bool]:
-    """POST a prediction to ``port`` over one kept-alive connection per calling thread."""
-    path = f"/predictions/{model}"
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-    local = threading.local()
-
-    def call(body: bytes) -> bool:
-        if getattr(local, "connection", None) is None:
-            local.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        try:
-            local.connection.request("POST", path, body, headers)
-            response = local.connection.getresponse()
-            payload = response.read()
-            return response.status == 200 and b'"error"' not in payload[:10]
-        except (OSError, http.client.HTTPException):
-            local.connection.close()
-            local.connection = None
-            return False
-
-    return call
 
 
 def format_table(rows: list[PathLatency]) -> str:
@@ -99,10 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     server = start(run_dir, store, {"sentiment": str(archive.resolve())}, ports,
                    overrides={"sentiment": cpu_profile(args.threads)})  # fmt: skip
     try:
-        token = server.keys["inference"]
         paths = {
-            "direct": caller(ports.upstream_inference, token, "sentiment"),
-            "router": caller(ports.inference, token, "sentiment"),
+            "direct": _rest_caller(server, "sentiment", ports.upstream_inference),
+            "router": _rest_caller(server, "sentiment", ports.inference),
         }
         bodies = [json.dumps({"text": text}).encode() for text in make_texts(args.requests)]
         for call in paths.values():  # warm both paths and the worker

@@ -110,6 +110,11 @@ class Policy:
         """
         return None
 
+    def refusal(self, path: str, refused: RefusedError) -> Reply | None:
+        """The REST answer to a request to ``path`` the forwarder refused (its token, its body's size), when the
+        policy answers that path in a shape of its own (``None``, the default: the forwarder's JSON error)."""
+        return None
+
     def grpc_request(self, method: str, request: bytes) -> bytes:
         """The upstream request bytes of a gRPC call of ``method`` (e.g. ``Predictions``)."""
         return request
@@ -241,7 +246,11 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
                 body = self._body()
             except RefusedError as refused:
                 self.close_connection = True
-                self._reply(refused.status, refused.message)
+                own = policy.refusal(self.path, refused)
+                if own is not None:
+                    self._send(own)
+                else:
+                    self._reply(refused.status, refused.message)
                 self._discard_body()
                 return
             reply = policy.respond(self.command, self.path, authorization, body, upstream)

@@ -29,7 +29,7 @@ from serving_core.openai_api import (
     stream_chunks,
 )
 
-from .kserve_model import ExplainModel, RetryableError
+from .kserve_model import ExplainModel, RequestError, RetryableError
 
 
 def add_openai_routes(app: FastAPI, models: Mapping[str, ExplainModel]) -> None:
@@ -63,6 +63,8 @@ async def _complete(
             body = json.loads(await request.body())
         except (UnicodeDecodeError, ValueError) as error:
             raise OpenAIError("invalid_json", f"the body is not JSON: {error}") from None
+        except RequestError as error:  # the door's body limit, raised while the body is read
+            raise OpenAIError(error.error.code, error.error.message) from None
         translated = translate(body)
         model = models.get(translated.model)
         if model is None:

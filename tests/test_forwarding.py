@@ -63,6 +63,9 @@ class _Rewrite(Policy):
         answer = {"method": method, "upstream_status": response.status, "upstream": json.loads(payload)}
         return Reply(201, json.dumps(answer).encode(), "application/x-test")
 
+    def refusal(self, path: str, refused: RefusedError) -> Reply | None:
+        return Reply(refused.status, json.dumps({"own": refused.message}).encode()) if path == "/local" else None
+
 
 @pytest.fixture()
 def forwarder() -> Iterator[int]:
@@ -129,3 +132,5 @@ def test_a_policy_answers_a_request_itself(forwarder: int) -> None:
     assert answer["upstream"]["authorization"] == "Bearer upstream"  # the policy's token, as forwarding sends
     assert [seen["path"] for seen in _Echo.seen] == ["/inner"]
     assert _post(connection, "/a/x", b"plain") == (200, _Echo.seen[-1])  # anything else is still forwarded
+    status, reply = _post(connection, "/local", b"x" * 1001)
+    assert status == 413 and "1000" in reply["own"]  # the policy's own shape for its own routes' refusals

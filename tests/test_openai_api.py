@@ -240,3 +240,32 @@ def test_a_failed_choice_fails_the_request_and_the_model_list() -> None:
     listed = model_list(["writer", "chat"], 1700000000)
     assert listed["object"] == "list"
     assert [Model.model_validate(entry).id for entry in listed["data"]] == ["writer", "chat"]
+
+
+def test_torchserves_answers_become_the_error_tables() -> None:
+    from model_store.serving.openai_door import OpenAIRoutes, _upstream_answer
+
+    def refused(status: int, body: Any) -> tuple[str, int]:
+        with pytest.raises(OpenAIError) as raised:
+            _upstream_answer(status, body if isinstance(body, bytes) else json.dumps(body).encode())
+        return raised.value.code, raised.value.status
+
+    token = {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed. Token either ..."}
+    assert refused(400, token) == ("unauthenticated", 401)
+    assert refused(404, {"code": 404, "type": "ModelNotFoundException", "message": "Model not found"}) == (
+        "model_not_found",
+        404,
+    )
+    assert refused(503, {"code": 503, "type": "ServiceUnavailableException", "message": "queue full"}) == (
+        "unavailable",
+        503,
+    )
+    assert refused(500, b"<html>worker died</html>") == ("internal", 500)
+    row = {"error": {"code": "too_many_documents", "http_status": 413, "grpc_code": "X", "message": "17 documents"}}
+    assert refused(413, row) == ("too_many_documents", 413)
+    assert _upstream_answer(200, b'{"task": "generation", "text": "ok"}') == {"task": "generation", "text": "ok"}
+    routes = OpenAIRoutes(["writer"], lambda path, body: path, created=0)
+    reply = routes.refusal("/v1/chat/completions", 413, "request body of 3000001 bytes exceeds 3000000")
+    assert reply is not None and reply.status == 413
+    assert json.loads(reply.body)["error"]["code"] == "request_too_large"
+    assert routes.refusal("/predictions/writer", 413, "too large") is None

@@ -74,6 +74,15 @@ class OpenAIRoutes:
             logger.exception("OpenAI API request %s %s failed", method, route)
             return _json(500, OpenAIError("internal", "the request failed on the server; see the router log").to_dict())
 
+    def refusal(self, path: str, status: int, message: str) -> Reply | None:
+        """A refusal of a request to an OpenAI route by the router itself (a body over its bound) in OpenAI's shape;
+        ``None`` for any other path."""
+        route = urlsplit(path).path.rstrip("/")
+        if route != MODELS_ROUTE and route not in _TRANSLATORS:
+            return None
+        code = "request_too_large" if status == 413 else "invalid_request"
+        return _json(status, OpenAIError(code, message, status=status).to_dict())
+
     def _complete(self, translate: Callable[[Any], Translated], body: bytes, authorization: str | None,
                   upstream: Upstream) -> Reply:  # fmt: skip
         try:

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from explain_client.protos import inference_stubs
-from forwarding import Forwarder, Policy, Reply, Upstream, serve_until_signalled
+from forwarding import Forwarder, Policy, RefusedError, Reply, Upstream, serve_until_signalled
 from model_store.serving.openai_door import OpenAIRoutes
 from serving_core.pools import asks_for_explanation, pool_name
 
@@ -54,6 +54,10 @@ class PoolRouter(Policy):
     ) -> Reply | None:
         """The OpenAI API's answer (:class:`~model_store.serving.openai_door.OpenAIRoutes`); ``None`` otherwise."""
         return self.openai.respond(method, path, authorization, body, upstream)
+
+    def refusal(self, path: str, refused: RefusedError) -> Reply | None:
+        """The OpenAI routes' refusals in OpenAI's shape; ``None`` otherwise."""
+        return self.openai.refusal(path, refused.status, refused.message)
 
     def rest_path(self, path: str, body: bytes) -> str:
         """``/predictions/{name}...`` or ``/explanations/{name}...`` of a pooled model, rewritten to its pool when the
