@@ -1,7 +1,7 @@
 """What the router in front of TorchServe costs a plain prediction: the same requests sent to TorchServe's own
 inference port (behind the router, on loopback) and through the router (the public port), in one run.
 
-The router always takes the public inference ports (it answers the OpenAI API and routes explanation pools:
+The router takes the public inference ports when it has work (a generation model's OpenAI API, explanation pools:
 docs/SERVING.md, "OpenAI API"). ``python -m bench.router`` starts one TorchServe serving the sentiment model (the
 ``cpu`` profile: batchSize 8, maxBatchDelay 2 ms; ``--tiny``: the tiny test archive) and sends, for each
 ``--concurrency`` and round, ``--requests`` plain predictions of ~30-token texts over kept-alive connections to each
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path("build") / "bench-router"
     ports = Ports.free()
     server = start(run_dir, store, {"sentiment": str(archive.resolve())}, ports,
-                   overrides={"sentiment": cpu_profile(args.threads)})  # fmt: skip
+                   overrides={"sentiment": cpu_profile(args.threads)}, router=True)  # fmt: skip
     try:
         paths = {
             "direct": _rest_caller(server, "sentiment", ports.upstream_inference),

@@ -15,6 +15,7 @@ import yaml
 from explain_client.protos import explain_messages, inference_stubs
 from model_store.package.settings import PackageError, Settings
 from model_store.serving.config import POOL_KEY, Ports, link_store, load_profile, write_config
+from model_store.serving.process import router_command
 from model_store.serving.router import PoolRouter
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
@@ -216,3 +217,16 @@ def test_behind_the_router_torchserve_listens_on_loopback_upstream_ports(tmp_pat
     assert properties["inference_address"] == "http://127.0.0.1:7"
     assert (properties["grpc_inference_address"], properties["grpc_inference_port"]) == ("127.0.0.1", "8")
     assert properties["management_address"] == "http://127.0.0.1:2"
+
+
+def test_the_store_names_the_generation_models_for_the_routers_openai_api(tmp_path: Path) -> None:
+    archive = _archive(tmp_path)
+    writer = archive.parent / "writer"
+    (writer / "model").mkdir(parents=True)
+    (writer / "model-config.yaml").write_text(yaml.safe_dump({"minWorkers": 1, "handler": {"task": "generation"}}))
+    store = link_store(tmp_path / "run", tmp_path / "store", {"sentiment": "sentiment", "writer": "writer"}, {})
+    assert store.generation == ("writer",) and store.pools == ()
+    assert link_store(tmp_path / "run", tmp_path / "store", {"sentiment": "sentiment"}, {}).generation == ()
+    command = router_command(Ports(1, 2, 3, 4, 5, 6, 7, 8), store.pools, store.generation)
+    assert command[command.index("--generation") + 1] == "writer" and "--pool" not in command
+    assert command[command.index("--max-body") + 1] == "3000000"  # TorchServe's max_request_size

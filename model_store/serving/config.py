@@ -33,8 +33,9 @@ DEFAULT_MODEL_STORE = REPO_ROOT / "model_store" / "build"
 @dataclass(frozen=True)
 class Ports:
     """The service's ports (all bound to 127.0.0.1). ``upstream_inference`` and ``upstream_grpc_inference`` are
-    TorchServe's own inference ports: the router (:mod:`model_store.serving.router`: the OpenAI API, explanation
-    pools) listens on ``inference``/``grpc_inference``, TorchServe behind it on loopback."""
+    TorchServe's own inference ports when the router runs (:mod:`model_store.serving.router`: a generation model's
+    OpenAI API, explanation pools): it then listens on ``inference``/``grpc_inference``, TorchServe behind it on
+    loopback."""
 
     inference: int = 8080
     management: int = 8081

@@ -1,7 +1,8 @@
-"""Process control: start the explanation-metrics exporter, TorchServe's Java frontend and the router in front of it
-(the public inference ports: the OpenAI API, explanation pools; TorchServe listens on loopback behind it) in the
-background, wait until every model has a ready worker, and stop them by their pid files (the
-mechanics are :mod:`supervise.processes`; :mod:`model_store.serving.supervision` watches them under ``serve``).
+"""Process control: start the explanation-metrics exporter, TorchServe's Java frontend and, when a model is a
+generation model (the OpenAI API) or has an explanation pool, the router in front of it (the public inference ports;
+TorchServe listens on loopback behind it) in the background, wait until every model has a ready worker, and stop them
+by their pid files (the mechanics are :mod:`supervise.processes`; :mod:`model_store.serving.supervision` watches them
+under ``serve``).
 
 TorchServe's own ``torchserve`` command keeps one pid file per machine (``$TMPDIR/.model_server.pid``) and refuses
 to start a second server, so the Java frontend is run here directly (the same command line) with a private temp
@@ -66,7 +67,7 @@ class Server:
     models: tuple[str, ...]
     #: The models served with an explanation pool (``<name>.explain``), behind the router.
     pools: tuple[str, ...] = ()
-    #: The router's pid (it takes the public inference ports).
+    #: The router's pid, when it takes the public inference ports.
     router_pid: int | None = None
     #: How each process was started (``torchserve``, ``exporter``, ``router``), to start it again.
     launches: Mapping[str, Launch] = field(default_factory=dict, repr=False, compare=False)
@@ -119,6 +120,7 @@ def start(
     ports: Ports | None = None,
     timeout: float = 180.0,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    router: bool | None = None,
 ) -> Server:
     """Start the exporter and TorchServe in the background and wait until every model's worker is ready.
 
@@ -132,6 +134,9 @@ def start(
         ports: Ports (default: :meth:`Ports.from_env`).
         timeout: Seconds to wait for readiness.
         overrides: Per served name, ``model-config.yaml`` keys to change (see :func:`load_profile`).
+        router: Put the router on the public inference ports (``None``: when it has work, a generation model to answer
+            the OpenAI API for or an explanation pool to route to; it costs plain predictions a few per cent of
+            latency under concurrency, docs/SERVING.md "OpenAI API").
 
     Raises:
         RuntimeError: if a server is already running from ``run_dir`` or TorchServe does not become ready (the
@@ -161,7 +166,8 @@ def start(
         }
     )
     store = link_store(run_dir, model_store, models, overrides or {})
-    config = write_config(run_dir, ports, store.path, behind_router=True)
+    routed = bool(store.pools or store.generation) if router is None else router
+    config = write_config(run_dir, ports, store.path, behind_router=routed)
     launches = {
         "exporter": Launch(
             "the metrics exporter", tuple(exporter_command(ports, metrics_dir)), REPO_ROOT, env,
@@ -172,18 +178,19 @@ def start(
             run_dir / "torchserve.out", run_dir / TS_PID,
         ),
     }  # fmt: skip
-    command = tuple(router_command(ports, store.pools, store.generation))  # the public inference ports
-    launches["router"] = Launch("the router", command, REPO_ROOT, env, run_dir / "router.log", run_dir / ROUTER_PID)
+    if routed:  # the router takes the public inference ports
+        command = tuple(router_command(ports, store.pools, store.generation))
+        launches["router"] = Launch("the router", command, REPO_ROOT, env, run_dir / "router.log", run_dir / ROUTER_PID)
     processes = {name: spawn(launch) for name, launch in launches.items()}
     owner = owner_pid()
     if owner is not None:  # EXPLAIN_OWNER_PID: the servers end with that process, even if it is SIGKILLed
         guard = watch(owner, groups=[process.pid for process in processes.values()], env=env)
         (run_dir / WATCHDOG_PID).write_text(str(guard.pid))
     (run_dir / PORTS_FILE).write_text(json.dumps(asdict(ports)))
-    router = processes.get("router")
+    front = processes.get("router")
     server = Server(
         run_dir, ports, processes["torchserve"].pid, processes["exporter"].pid, tuple(models), store.pools,
-        router.pid if router is not None else None, launches, processes, store.generation,
+        front.pid if front is not None else None, launches, processes, store.generation,
     )  # fmt: skip
     try:
         wait_ready(server, timeout, served=store.served)

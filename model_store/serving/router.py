@@ -1,7 +1,8 @@
-"""The router: the service's public inference ports, TorchServe's behind it on loopback. It answers the OpenAI API
-itself (:mod:`model_store.serving.openai_door`: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` for the
-generation models given with ``--generation``, each choice a ``/predictions`` call to TorchServe), routes explanation
-requests to their explanation pools, and forwards everything else unchanged.
+"""The router: the service's public inference ports, TorchServe's behind it on loopback, when a model is a generation
+model or has an explanation pool. It answers the OpenAI API itself (:mod:`model_store.serving.openai_door`:
+``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` for the generation models given with ``--generation``,
+each choice a ``/predictions`` call to TorchServe), routes explanation requests to their explanation pools, and
+forwards everything else unchanged.
 
 TorchServe answers a batch together, so a prediction batched with explanation rows waits for their backward. A model
 with an explanation pool (``explanation_workers``; docs/SERVING.md, "Predictions next to explanations") is registered
