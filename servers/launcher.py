@@ -203,13 +203,16 @@ def usage(door: Door, example: tuple[str, str] = ("sentiment", "text")) -> str:
         )
         v1_body = '{"instances": [{"image": {"b64": "<base64 PNG>"}}]}'
     door_name = "KServe model server" if door.server == "kserve" else "KServe door in front of Ray Serve replicas"
+    openai = (
+        f"  OpenAI API: {url}/v1 (chat/completions, completions, models; any API key)\n" if task == "generation" else ""
+    )
     return f"""
 The explanation service is up on the {door_name} (models: {", ".join(door.models)}); no token on loopback.
   OIP v2 REST (explain extension):
   curl -s -H 'Content-Type: application/json' {url}/v2/models/{model}/infer \\
        -d '{body}'
   KServe v1:  curl -s -H 'Content-Type: application/json' {url}/v1/models/{model}:explain -d '{v1_body}'
-  gRPC (OIP GRPCInferenceService/ModelInfer): {door.grpc_target}
+{openai}  gRPC (OIP GRPCInferenceService/ModelInfer): {door.grpc_target}
   Health: {url}/v2/health/ready   Metadata: {url}/v2/models/{model}   Metrics: {url}/metrics (and on EXPORTER_PORT)
 Log: {door.run_dir / LOG_FILE}. Docs: docs/SERVING.md ("Other doors: KServe and Ray Serve").
 """
