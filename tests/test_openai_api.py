@@ -269,3 +269,20 @@ def test_torchserves_answers_become_the_error_tables() -> None:
     assert reply is not None and reply.status == 413
     assert json.loads(reply.body)["error"]["code"] == "request_too_large"
     assert routes.refusal("/predictions/writer", 413, "too large") is None
+
+
+def test_the_routers_openai_routes_without_torchserve() -> None:
+    from model_store.serving.openai_door import OpenAIRoutes
+
+    class Down:
+        def request(self, method: str, path: str, body: bytes | None, headers: Any) -> Any:
+            raise ConnectionRefusedError("nothing listens")
+
+    routes = OpenAIRoutes(["writer"], lambda path, body: path, created=0)
+    body = json.dumps({"model": "writer", "messages": USER}).encode()
+    reply = routes.respond("POST", "/v1/chat/completions", "Bearer t", body, Down())  # type: ignore[arg-type]
+    assert reply is not None and reply.status == 503
+    error = json.loads(reply.body)["error"]
+    assert (error["type"], error["param"], error["code"]) == ("server_error", None, "unavailable")
+    assert routes.respond("POST", "/predictions/writer", "Bearer t", body, Down()) is None  # type: ignore[arg-type]
+    assert routes.respond("GET", "/v1/chat/completions", "Bearer t", b"", Down()) is None  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ answers a row whole), so an error is always an HTTP status, never a broken strea
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -70,6 +71,10 @@ class OpenAIRoutes:
             return self._complete(_TRANSLATORS[route], body, authorization, upstream)
         except OpenAIError as error:
             return _json(error.status, error.to_dict())
+        except (OSError, http.client.HTTPException) as error:
+            logger.warning("TorchServe did not answer an OpenAI API request: %s", error)
+            unavailable = OpenAIError("unavailable", "the model server is not reachable right now; retry")
+            return _json(unavailable.status, unavailable.to_dict())
         except Exception:
             logger.exception("OpenAI API request %s %s failed", method, route)
             return _json(500, OpenAIError("internal", "the request failed on the server; see the router log").to_dict())
@@ -86,10 +91,13 @@ class OpenAIRoutes:
     def _complete(self, translate: Callable[[Any], Translated], body: bytes, authorization: str | None,
                   upstream: Upstream) -> Reply:  # fmt: skip
         try:
-            request = json.loads(body)
+            translated = translate(json.loads(body))
         except (UnicodeDecodeError, ValueError) as error:
+            self._check_token(authorization, upstream)  # a wrong key is told so first, as OpenAI does
             raise OpenAIError("invalid_json", f"the body is not JSON: {error}") from None
-        translated = translate(request)
+        except OpenAIError:
+            self._check_token(authorization, upstream)
+            raise
         if translated.model not in self.models:
             self._check_token(authorization, upstream)  # a wrong token is told so first, as OpenAI does
             served = ", ".join(self.models) or "none"

@@ -180,6 +180,7 @@ def test_errors_come_in_openais_shape(torchserve: Server) -> None:
         ("/v1/completions", json.dumps({"model": "chat", "prompt": [1, 2]}).encode(), torchserve.keys["inference"],
          400, "invalid_request"),
         ("/v1/completions", b" " * 3_000_001, torchserve.keys["inference"], 413, "request_too_large"),
+        ("/v1/completions", json.dumps({"model": "chat", "prompt": [1]}).encode(), None, 401, "unauthenticated"),
     ]:  # fmt: skip
         got, answer = http_post(f"{torchserve.inference_url}{path}", body, token)
         assert got == status and set(answer) == {"error"} and answer["error"]["code"] == code
