@@ -19,7 +19,7 @@ from transformers import AlbertConfig, AlbertForSequenceClassification
 from explainers import explain
 from explainers.architectures.description import describe
 from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, prepared_model, run_capture
-from explainers.methods import _block_weights
+from explainers.tasks.token_relevance import block_weights as _block_weights
 from explainers.rules.lrp import block_relprop, head_relprop, linear_relprop
 
 from .arch_zoo import VARIANTS, batch_for, row_alone

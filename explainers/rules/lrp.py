@@ -373,16 +373,9 @@ def attention_relevances(
     Returns:
         One ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``).
     """
-    relevance = torch.zeros_like(blocks[-1].hidden)
-    paths = ((0, len(head_inputs)),) if head_paths is None else head_paths
-    shares = [None] * len(paths) if head_shares is None else list(head_shares)
-    first = 0
-    for (token, count), share in zip(paths, shares, strict=True):
-        path_relevance = logit_relevance if share is None else logit_relevance * share
-        relevance[:, token] += head_relprop(
-            head_inputs[first : first + count], head_weights[first : first + count], path_relevance
-        )
-        first += count
+    relevance = sequence_head_relevance(
+        blocks[-1].hidden, head_inputs, head_weights, logit_relevance, head_paths, head_shares
+    )
     return blocks_attention_relevances(blocks, weights, relevance, num_heads, norm_first, start_layer, masked)
 
 
@@ -429,7 +422,32 @@ def blocks_attention_relevances(
     Returns:
         One ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``).
     """
+    return blocks_relevances(blocks, weights, relevance, num_heads, norm_first, start_layer, masked).attention
+
+
+class Relevances(NamedTuple):
+    """What an LRP pass through the blocks gives: ``attention``, the relevance of each block's attention probabilities
+    (``None`` below ``start_layer``), and ``below``, the relevance of the input of the block at ``start_layer``
+    ``(batch, n, hidden)`` when it was asked (``None`` otherwise)."""
+
+    attention: list[Tensor | None]
+    below: Tensor | None
+
+
+def blocks_relevances(
+    blocks: Sequence[BlockActivations],
+    weights: Sequence[BlockWeights],
+    relevance: Tensor,
+    num_heads: int,
+    norm_first: bool,
+    start_layer: int = 0,
+    masked: bool = False,
+    to_input: bool = False,
+) -> Relevances:
+    """:func:`blocks_attention_relevances`, and with ``to_input`` the relevance of the input of block
+    ``start_layer`` as well (``start_layer`` 0: the input of the first block, which Chefer et al.'s full LRP reads)."""
     cams: list[Tensor | None] = [None] * len(blocks)
+    below: Tensor | None = None
     for index in range(len(blocks) - 1, start_layer - 1, -1):
         below, cams[index] = block_relprop(
             blocks[index],
@@ -437,10 +455,33 @@ def blocks_attention_relevances(
             relevance,
             num_heads,
             norm_first,
-            propagate_below=index > start_layer,
+            propagate_below=to_input or index > start_layer,
             masked=masked,
         )
         if below is None:
             break
         relevance = below
-    return cams
+    return Relevances(cams, below if to_input else None)
+
+
+def sequence_head_relevance(
+    hidden: Tensor,
+    head_inputs: Sequence[Tensor],
+    head_weights: Sequence[Tensor],
+    logit_relevance: Tensor,
+    head_paths: Sequence[tuple[int, int]] | None = None,
+    head_shares: Sequence[Tensor] | None = None,
+) -> Tensor:
+    """The relevance of the last block's output ``(batch, n, hidden)`` (shaped like ``hidden``) from a sequence
+    head's logits: each head's share at the token it reads (see :func:`attention_relevances`)."""
+    relevance = torch.zeros_like(hidden)
+    paths = ((0, len(head_inputs)),) if head_paths is None else head_paths
+    shares = [None] * len(paths) if head_shares is None else list(head_shares)
+    first = 0
+    for (token, count), share in zip(paths, shares, strict=True):
+        path_relevance = logit_relevance if share is None else logit_relevance * share
+        relevance[:, token] += head_relprop(
+            head_inputs[first : first + count], head_weights[first : first + count], path_relevance
+        )
+        first += count
+    return relevance
