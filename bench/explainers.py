@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from explainers import available_methods, explain
+from explainers import available_methods, explain, get_method
 
 log = logging.getLogger("bench.explainers")
 
@@ -222,7 +222,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--methods", nargs="+", default=available_methods())
     parser.add_argument("--ig-steps", type=int, default=50)
-    parser.add_argument("--ig-max-batch", type=int, default=8, help="skip integrated gradients above this batch size")
+    parser.add_argument(
+        "--ig-max-batch",
+        type=int,
+        default=8,
+        help="skip the methods that run forwards of their own (integrated gradients, smoothgrad, occlusion) or a "
+        "solver per token (attention flow) above this batch size; they are timed once",
+    )
     parser.add_argument("--alone-batch", type=int, default=8, help="batch size at which per-example cost is shown")
     parser.add_argument("--arch", choices=ARCHITECTURES, help="a random model of this architecture (no checkpoint)")
     parser.add_argument("--layers", type=int, default=6)
@@ -295,11 +301,17 @@ def main(argv: list[str] | None = None) -> None:
             if refusal(model_type, method) is not None:
                 cells.append("refused")
                 continue
+            chosen = get_method(method)
+            limit = chosen.length_limit
+            if limit is not None and length > limit.tokens:
+                cells.append(f"over {limit.tokens}")
+                continue
             options = {"n_steps": args.ig_steps} if method == "integrated_gradients" else {}
-            if method == "integrated_gradients" and batch > args.ig_max_batch:
+            slow = chosen.forwards is not None or limit is not None  # forwards of its own, or a solver per token
+            if slow and batch > args.ig_max_batch:
                 cells.append("-")
                 continue
-            repeats = 1 if method == "integrated_gradients" else args.repeats
+            repeats = 1 if slow else args.repeats
 
             def run(method: str = method, options: dict[str, int] = options, inputs: dict = inputs) -> object:
                 with autocast:

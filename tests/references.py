@@ -79,7 +79,9 @@ def flow_functions() -> dict[str, Any]:
     import numpy
 
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in FLOW_FUNCTIONS]
+    wanted: list[ast.stmt] = [
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in FLOW_FUNCTIONS
+    ]
     namespace: dict[str, Any] = {"nx": networkx, "np": numpy}
     exec(compile(ast.Module(body=wanted, type_ignores=[]), str(path), "exec"), namespace)
     return {name: namespace[name] for name in FLOW_FUNCTIONS}

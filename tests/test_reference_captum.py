@@ -28,13 +28,19 @@ TOLERANCE = 1e-10
 NAMES = ["bert", "llama", "vit"]
 
 
+def _input_embeddings(model: Any) -> nn.Module:
+    embeddings = model.get_input_embeddings()
+    assert isinstance(embeddings, nn.Module)
+    return embeddings
+
+
 def _forward(model: nn.Module, inputs: dict[str, Tensor]) -> Callable[[Tensor], Tensor]:
     """The logits as a function of the input embeddings (Captum's batch of them: the inputs repeated to match)."""
 
     def forward(embeddings: Tensor) -> Tensor:
         copies = embeddings.shape[0] // next(iter(inputs.values())).shape[0]
         repeated = {key: value.repeat(copies, *([1] * (value.dim() - 1))) for key, value in inputs.items()}
-        handle = model.get_input_embeddings().register_forward_hook(lambda module, args, output: embeddings)
+        handle = _input_embeddings(model).register_forward_hook(lambda module, args, output: embeddings)
         try:
             return model(**repeated).logits
         finally:
@@ -45,7 +51,7 @@ def _forward(model: nn.Module, inputs: dict[str, Tensor]) -> Callable[[Tensor], 
 
 def _embeddings(model: nn.Module, inputs: dict[str, Tensor]) -> Tensor:
     kept: list[Tensor] = []
-    handle = model.get_input_embeddings().register_forward_hook(lambda module, args, output: kept.append(output))
+    handle = _input_embeddings(model).register_forward_hook(lambda module, args, output: kept.append(output))
     try:
         with torch.no_grad():
             model(**inputs)
@@ -64,7 +70,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(before)
 
 
-def _rows(name: str) -> Iterator[tuple[Any, dict[str, Tensor], Any, int, Tensor, Tensor]]:
+def _rows(name: str) -> Iterator[tuple[Any, dict[str, Tensor], Any, int, dict[str, Tensor], Tensor | None]]:
     """(model, batch, variant, row, the row's inputs alone, a mask of its real tokens in the padded batch)."""
     variant = next(variant for variant in VARIANTS if variant.name == name)
     model = variant.build()
@@ -136,7 +142,7 @@ def test_occlusion_equals_captum_feature_ablation(name: str) -> None:
             baseline: Any = 0.0
             if token >= 0:
                 with torch.no_grad():
-                    baseline = model.get_input_embeddings()(torch.tensor([[token]]))
+                    baseline = _input_embeddings(model)(torch.tensor([[token]]))
             ablation = captum_attr.FeatureAblation(_forward(model, alone))
             attribution = ablation.attribute(
                 embeddings, baselines=baseline, feature_mask=features, target=int(cache["targets"][row])

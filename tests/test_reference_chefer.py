@@ -101,7 +101,7 @@ def test_bert_baselines_equal_the_authors_code(chefer: Path, monkeypatch: pytest
 
 def _vit() -> Any:
     """A tiny random ViT on 224-pixel images of 16-pixel patches: their ViT GradCAM reshapes to a 14 × 14 grid."""
-    config = ViTConfig(
+    config = ViTConfig(  # type: ignore[call-arg]
         image_size=224, patch_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, num_labels=3, layer_norm_eps=1e-6, qkv_bias=True,
     )  # fmt: skip

@@ -23,7 +23,7 @@ from explainers import (
 )
 from explainers.architectures.support import refusal
 from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, forward_pass, prepared_model
-from explainers.methods import _block_weights
+from explainers.tasks.token_relevance import block_weights as _block_weights
 from explainers.rules.lrp import block_relprop, token_head_relprop
 from explainers.tasks.tagging import group_spans, label_scheme, span_tags
 
