@@ -10,10 +10,10 @@ log-probability of a whole continuation, the difference between a token and a fo
 * map methods (``attention``, ``rollout``) read each target's row of the maps of that forward: the kernels take
   ``k`` explained rows per example (:mod:`explainers.rules.maps`), so the maps are read once, never copied per target;
 * gradient methods (``grad_x_input``, ``attnlrp``, ``cp_lrp``, ``gae``) need one vector-Jacobian product per
-  target (a class-specific method without gradients, ``partial_lrp`` or ``lrp``, seeds its LRP pass at each
-  target instead, as a virtual row below). The rows of a batch do not interact, so one backward of ``Σ_b objective[k, b]`` gives every row its
+  target. The rows of a batch do not interact, so one backward of ``Σ_b objective[k, b]`` gives every row its
   gradient for round ``k``; the ``K`` rounds are batched into one ``torch.autograd.grad(..., is_grads_batched=True)``
-  call (a vmap over the backward), in chunks of rounds whose gradients fit :data:`CHUNK_BYTES`;
+  call (a vmap over the backward), in chunks of rounds whose gradients fit :data:`CHUNK_BYTES`. A class-specific
+  method without gradients (``partial_lrp``, ``lrp``) seeds its own LRP pass at each target instead;
 * a method that runs forwards of its own (``integrated_gradients``: :attr:`explainers.methods.Method.forwards`) gets
   every round as its objective: its one implementation, the classifier path's, runs its path forwards once for all
   targets, each followed by the same batched products.
