@@ -538,6 +538,59 @@ def _scaled(scale: Tensor) -> Callable[[Tensor], Tensor]:
     return lambda embeddings: embeddings * scale.view(-1, 1, 1)
 
 
+def _gradient_times_input(
+    run: ForwardInputs, chunks: list[tuple[int, Callable[[Tensor], Tensor]]], times_changed: bool
+) -> tuple[Tensor, float]:
+    """``Σ`` over copies of the inputs of ``Σ_hidden input · ∂ objective / ∂ changed input``, for every round and row:
+    the shared loop of the methods that differentiate copies of the input embeddings.
+
+    Args:
+        run: the method's forward inputs.
+        chunks: per forward, ``(copies, change)``: the batch repeated ``copies`` times (copy-major), its input
+            embeddings changed by ``change`` (integrated gradients' path scaling, SmoothGrad's noise).
+        times_changed: multiply each copy's gradient by its changed embeddings (SmoothGrad), or by the unchanged ones
+            (integrated gradients, whose gradients are summed over the copies first).
+
+    Returns:
+        ``(K, B, n)`` the sums, and the seconds the gradient calls took. One batched vector-Jacobian product per chunk
+        of rounds follows each forward (on the model's fused attention where it has one); the score is linear in the
+        gradient, so each chunk adds its share directly (the per-round gradients are never all kept).
+    """
+    rounds = run.objective.rounds
+    batch = batch_size(run.arch, run.inputs)
+    device = model_device(run.model)
+    scores: Tensor | None = None
+    backward = 0.0
+    for steps, change in chunks:
+        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
+        forward = forward_pass(
+            run.model, run.arch, repeated, frozenset({EMBEDDING_GRADIENTS}), embeddings=change, fused=run.fused
+        )
+        assert forward.leaf is not None and forward.leaf.original is not None and forward.leaf.leaf is not None
+        original = forward.leaf.original[:batch]  # (B, n, hidden): the same for every copy
+        changed = forward.leaf.leaf.detach()  # (steps·B, n, hidden)
+        if scores is None:
+            scores = torch.zeros((rounds, batch, original.shape[1]), dtype=run.dtype, device=device)
+        sums = run.objective.values(forward.logits).sum(dim=1)  # (K,): rows do not interact
+        wrt = forward.gradient_inputs
+        chunk = rounds_per_call(wrt, rounds, run.chunk_bytes, maps=False)
+        for first in range(0, rounds, chunk):
+            last = min(first + chunk, rounds)
+            began = time.perf_counter()
+            (gradient,) = batched_gradients(sums[first:last], wrt, retain=last < rounds)
+            backward += time.perf_counter() - began
+            with full_precision(device):
+                if times_changed:
+                    products = (gradient * changed.unsqueeze(0)).sum(dim=-1)  # (rounds, steps·B, n)
+                    contribution = products.view(last - first, steps, batch, -1).sum(dim=1)
+                else:
+                    per_step = gradient.view(last - first, steps, batch, *gradient.shape[2:])
+                    contribution = (per_step.sum(dim=1) * original.unsqueeze(0)).sum(dim=-1)
+            scores[first:last] += contribution.to(scores.dtype)
+    assert scores is not None
+    return scores, backward
+
+
 @register_forwards(
     "integrated_gradients",
     summary="integrated gradients on the input embeddings from a zero baseline, midpoint rule (saliency baseline)",
@@ -574,42 +627,14 @@ def _integrated_gradients(run: ForwardInputs) -> ForwardScores:
     all kept).
     """
     n_steps = run.options["n_steps"]
-    rounds = run.objective.rounds
     batch = batch_size(run.arch, run.inputs)
     device = model_device(run.model)
     steps_per_pass = max(1, run.options["internal_batch_size"] // batch)
-    scores: Tensor | None = None
-    backward = 0.0
+    chunks: list[tuple[int, Callable[[Tensor], Tensor]]] = []
     for start in range(0, n_steps, steps_per_pass):
         points = torch.arange(start, min(start + steps_per_pass, n_steps), dtype=run.dtype, device=device) + 0.5
-        points = points / n_steps
-        steps = points.shape[0]
-        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
-        forward = forward_pass(
-            run.model,
-            run.arch,
-            repeated,
-            frozenset({EMBEDDING_GRADIENTS}),
-            embeddings=_scaled(points.repeat_interleave(batch)),
-            fused=run.fused,
-        )
-        assert forward.leaf is not None and forward.leaf.original is not None
-        original = forward.leaf.original[:batch]  # (B, n, hidden): the same for every step
-        if scores is None:
-            scores = torch.zeros((rounds, batch, original.shape[1]), dtype=run.dtype, device=device)
-        sums = run.objective.values(forward.logits).sum(dim=1)  # (K,): rows do not interact
-        wrt = forward.gradient_inputs
-        chunk = rounds_per_call(wrt, rounds, run.chunk_bytes, maps=False)
-        for first in range(0, rounds, chunk):
-            last = min(first + chunk, rounds)
-            began = time.perf_counter()
-            (gradient,) = batched_gradients(sums[first:last], wrt, retain=last < rounds)
-            backward += time.perf_counter() - began
-            per_step = gradient.view(last - first, steps, batch, *gradient.shape[2:])
-            with full_precision(device):
-                contribution = (per_step.sum(dim=1) * original.unsqueeze(0)).sum(dim=-1)
-            scores[first:last] += contribution.to(scores.dtype)
-    assert scores is not None
+        chunks.append((points.shape[0], _scaled((points / n_steps).repeat_interleave(batch))))
+    scores, backward = _gradient_times_input(run, chunks, times_changed=False)
     return ForwardScores(scores / n_steps, backward)
 
 
@@ -811,43 +836,20 @@ def _smoothgrad(run: ForwardInputs) -> ForwardScores:
     path points do.
     """
     samples = run.options["n_samples"]
-    rounds = run.objective.rounds
     batch = batch_size(run.arch, run.inputs)
-    device = model_device(run.model)
     per_pass = _copies_per_pass(batch, run.options)
     noise = _RowNoise(samples, run.options["stdev_percent"], run.options["seed"])
-    scores: Tensor | None = None
-    backward = 0.0
+    chunks: list[tuple[int, Callable[[Tensor], Tensor]]] = []
     for start in range(0, samples, per_pass):
         stop = min(start + per_pass, samples)
-        steps = stop - start
 
         def noisy(embeddings: Tensor, start: int = start, stop: int = stop) -> Tensor:
             original = embeddings[:batch]
             drawn = noise.draw(original, _embedding_mask(run, original))[start:stop]
             return embeddings + drawn.reshape(embeddings.shape)
 
-        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
-        forward = forward_pass(
-            run.model, run.arch, repeated, frozenset({EMBEDDING_GRADIENTS}), embeddings=noisy, fused=run.fused
-        )
-        assert forward.leaf is not None and forward.leaf.leaf is not None
-        inputs = forward.leaf.leaf.detach()  # (steps·B, n, hidden): the noisy copies
-        if scores is None:
-            scores = torch.zeros((rounds, batch, inputs.shape[1]), dtype=run.dtype, device=device)
-        sums = run.objective.values(forward.logits).sum(dim=1)
-        wrt = forward.gradient_inputs
-        chunk = rounds_per_call(wrt, rounds, run.chunk_bytes, maps=False)
-        for first in range(0, rounds, chunk):
-            last = min(first + chunk, rounds)
-            began = time.perf_counter()
-            (gradient,) = batched_gradients(sums[first:last], wrt, retain=last < rounds)
-            backward += time.perf_counter() - began
-            with full_precision(device):
-                products = (gradient * inputs.unsqueeze(0)).sum(dim=-1)  # (rounds, steps·B, n)
-                contribution = products.view(last - first, steps, batch, -1).sum(dim=1)
-            scores[first:last] += contribution.to(scores.dtype)
-    assert scores is not None
+        chunks.append((stop - start, noisy))
+    scores, backward = _gradient_times_input(run, chunks, times_changed=True)
     return ForwardScores(scores / samples, backward)
 
 

@@ -376,7 +376,7 @@ def attention_relevances(
     relevance = sequence_head_relevance(
         blocks[-1].hidden, head_inputs, head_weights, logit_relevance, head_paths, head_shares
     )
-    return blocks_attention_relevances(blocks, weights, relevance, num_heads, norm_first, start_layer, masked)
+    return blocks_relevances(blocks, weights, relevance, num_heads, norm_first, start_layer, masked).attention
 
 
 def token_head_relprop(hidden: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
@@ -398,33 +398,6 @@ def token_head_relprop(hidden: Tensor, weight: Tensor, relevance: Tensor) -> Ten
     return own_share(hidden, linear_relprop(hidden, weight, relevance))
 
 
-def blocks_attention_relevances(
-    blocks: Sequence[BlockActivations],
-    weights: Sequence[BlockWeights],
-    relevance: Tensor,
-    num_heads: int,
-    norm_first: bool,
-    start_layer: int = 0,
-    masked: bool = False,
-) -> list[Tensor | None]:
-    """LRP relevance of every block's attention probabilities, from the relevance of the last block's output down.
-
-    Args:
-        blocks: activations of each block, input side first.
-        weights: weights of each block.
-        relevance: ``(batch, n, hidden)`` relevance of the last block's output (from :func:`head_relprop` at the
-            tokens a sequence head reads, or :func:`token_head_relprop` for a token head).
-        num_heads: attention heads.
-        norm_first: pre-LayerNorm blocks (ViT) or post-LayerNorm blocks (BERT family).
-        start_layer: the lowest block whose attention relevance is needed; blocks below are not visited.
-        masked: the attention scores pass through an additive mask (text models).
-
-    Returns:
-        One ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``).
-    """
-    return blocks_relevances(blocks, weights, relevance, num_heads, norm_first, start_layer, masked).attention
-
-
 class Relevances(NamedTuple):
     """What an LRP pass through the blocks gives: ``attention``, the relevance of each block's attention probabilities
     (``None`` below ``start_layer``), and ``below``, the relevance of the input of the block at ``start_layer``
@@ -444,8 +417,25 @@ def blocks_relevances(
     masked: bool = False,
     to_input: bool = False,
 ) -> Relevances:
-    """:func:`blocks_attention_relevances`, and with ``to_input`` the relevance of the input of block
-    ``start_layer`` as well (``start_layer`` 0: the input of the first block, which Chefer et al.'s full LRP reads)."""
+    """LRP relevance of every block's attention probabilities, from the relevance of the last block's output down,
+    and with ``to_input`` the relevance of the input of block ``start_layer`` as well (``start_layer`` 0: the input of
+    the first block, which Chefer et al.'s full LRP reads).
+
+    Args:
+        blocks: activations of each block, input side first.
+        weights: weights of each block.
+        relevance: ``(batch, n, hidden)`` relevance of the last block's output (from :func:`sequence_head_relevance`
+            at the tokens a sequence head reads, or :func:`token_head_relprop` for a token head).
+        num_heads: attention heads.
+        norm_first: pre-LayerNorm blocks (ViT) or post-LayerNorm blocks (BERT family).
+        start_layer: the lowest block visited.
+        masked: the attention scores pass through an additive mask (text models).
+        to_input: also propagate through block ``start_layer`` to its input.
+
+    Returns:
+        :class:`Relevances`: one ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``), and the
+        input's relevance when asked.
+    """
     cams: list[Tensor | None] = [None] * len(blocks)
     below: Tensor | None = None
     for index in range(len(blocks) - 1, start_layer - 1, -1):
