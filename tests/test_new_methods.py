@@ -138,7 +138,7 @@ def test_attention_flow_sums_to_one_and_is_rollout_on_one_layer() -> None:
     assert (flow >= 0).all() and (flow[~mask] == 0).all()
     torch.testing.assert_close(flow.sum(dim=-1), torch.ones(flow.shape[0], dtype=flow.dtype), rtol=0, atol=1e-12)
     config = BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=64, num_labels=3)  # fmt: skip
+                        intermediate_size=16, max_position_embeddings=64, num_labels=3)  # type: ignore[call-arg]  # fmt: skip
     one_layer = perturb(BertForSequenceClassification(config).double().eval(), seed=2)
     inputs = text_batch(one_layer)
     _close(
@@ -148,7 +148,7 @@ def test_attention_flow_sums_to_one_and_is_rollout_on_one_layer() -> None:
 
 def test_attention_flow_refuses_a_row_longer_than_its_limit_and_serves_the_others() -> None:
     config = BertConfig(vocab_size=60, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=8, max_position_embeddings=FLOW_MAX_TOKENS + 8, num_labels=3)  # fmt: skip
+                        intermediate_size=8, max_position_embeddings=FLOW_MAX_TOKENS + 8, num_labels=3)  # type: ignore[call-arg]  # fmt: skip
     model = BertForSequenceClassification(config).double().eval()
     batch = text_batch(model, lengths=(FLOW_MAX_TOKENS + 1, 5))
     with pytest.raises(
