@@ -724,8 +724,10 @@ def _lrp(ctx: MethodInputs) -> Tensor:
     return maps.zero_read_tokens(below.sum(dim=-1), ctx.read_tokens) * _scored_tokens(ctx)
 
 
-#: Attention flow's longest input (chosen from ``python -m bench.attention_flow``: docs/SERVING.md).
-FLOW_MAX_TOKENS = 256
+#: Attention flow's longest input, chosen from ``python -m bench.attention_flow`` (docs/SERVING.md, "The founding
+#: papers' baselines"): a full batch of 8 rows of 128 tokens takes ~21 s on one core, inside the archives' 60 s
+#: responseTimeout; 256 tokens take ~13.5 s a row, 8 rows ~108 s.
+FLOW_MAX_TOKENS = 128
 
 
 @register(
