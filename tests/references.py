@@ -30,14 +30,22 @@ CHEFER = "CHEFER_REFERENCE"
 FLOW = "ATTENTION_FLOW_REFERENCE"
 
 
+CHEFER_MARKER = "BERT_explainability/modules/BERT/ExplanationGenerator.py"
+FLOW_MARKER = "attention_graph_util.py"
+
+
 def checkout(variable: str, marker: str) -> Path:
-    """The checkout named by ``variable`` (skip the test, with one line, when it is unset or not that repository)."""
+    """The checkout named by ``variable``; called at a test module's top, it skips the whole module with one line when
+    the variable is unset or names no checkout of the reference."""
     value = os.environ.get(variable)
     if not value:
-        pytest.skip(f"{variable} is not set: the authors' code is not available here (tests/references.py)")
+        pytest.skip(
+            f"{variable} is not set: the authors' code is not available here (tests/references.py)",
+            allow_module_level=True,
+        )
     path = Path(value)
     if not (path / marker).is_file():
-        pytest.skip(f"{variable}={value} has no {marker}: not a checkout of the reference")
+        pytest.skip(f"{variable}={value} has no {marker}: not a checkout of the reference", allow_module_level=True)
     return path
 
 
@@ -49,8 +57,7 @@ def chefer(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     one-hot to CUDA), ``gensim`` is an empty module (imported by a data utility their BERT file imports, unused here),
     and their modules are dropped from ``sys.modules`` afterwards.
     """
-    path = checkout(CHEFER, "BERT_explainability/modules/BERT/ExplanationGenerator.py")
-    pytest.importorskip("einops", reason="einops is not installed: Chefer et al.'s ViT code imports it")
+    path = checkout(CHEFER, CHEFER_MARKER)
     monkeypatch.syspath_prepend(str(path))
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
     gensim = types.ModuleType("gensim")
@@ -74,8 +81,8 @@ def flow_functions() -> dict[str, Any]:
     The file imports TensorFlow (unused by these functions); only the two function definitions are compiled, from
     the file's own text, with ``networkx`` and ``numpy`` as their globals.
     """
-    path = checkout(FLOW, "attention_graph_util.py") / "attention_graph_util.py"
-    networkx = pytest.importorskip("networkx", reason="networkx is not installed: the authors' flow code uses it")
+    path = checkout(FLOW, FLOW_MARKER) / FLOW_MARKER
+    import networkx
     import numpy
 
     tree = ast.parse(path.read_text(encoding="utf-8"))

@@ -27,10 +27,13 @@ from transformers import PreTrainedModel, ViTConfig, ViTForImageClassification
 from explainers import explain
 
 from .arch_zoo import VARIANTS, batch_for, row_alone
-from .references import chefer
+from .references import CHEFER, CHEFER_MARKER, checkout, chefer
 from .weights import perturb
 
 __all__ = ["chefer"]  # the fixture
+
+checkout(CHEFER, CHEFER_MARKER)  # or skip this module, with one line
+pytest.importorskip("einops", reason="einops is not installed: Chefer et al.'s ViT code imports it")
 
 #: Largest difference relative to the largest score of the authors' result (float64 throughout). Their ViT full LRP
 #: goes down to the pixels through a zB rule whose denominator has ``+1e-9`` (ours stops at the patch embedding):
