@@ -66,6 +66,11 @@ class Option:
     minimum: Callable[[Architecture], int]
     maximum: Callable[[Architecture], int]
 
+    @classmethod
+    def fixed(cls, name: str, description: str, default: int, minimum: int, maximum: int) -> Option:
+        """An option whose default and range do not depend on the model."""
+        return cls(name, description, lambda arch: default, lambda arch: minimum, lambda arch: maximum)
+
     def resolve(self, value: Any, arch: Architecture) -> int:
         """Validate ``value`` (``None`` means the default) and return the option's value."""
         if value is None:
@@ -752,12 +757,8 @@ SMOOTHGRAD_SAMPLES = 16
 SMOOTHGRAD_PERCENT = 15
 COPIES_PER_PASS = 64
 
-INTERNAL_BATCH = Option(
-    "internal_batch_size",
-    "rows per forward pass over the copies (bounds memory)",
-    default=lambda arch: COPIES_PER_PASS,
-    minimum=lambda arch: 1,
-    maximum=lambda arch: 4096,
+INTERNAL_BATCH = Option.fixed(
+    "internal_batch_size", "rows per forward pass over the copies (bounds memory)", COPIES_PER_PASS, 1, 4096
 )
 
 
@@ -805,27 +806,15 @@ class _RowNoise:
         rows * min(_copies_per_pass(rows, options), int(options.get("n_samples", SMOOTHGRAD_SAMPLES)))
     ),
     options=(
-        Option(
-            "n_samples",
-            "noisy copies of each row",
-            default=lambda arch: SMOOTHGRAD_SAMPLES,
-            minimum=lambda arch: 1,
-            maximum=lambda arch: 256,
-        ),
-        Option(
+        Option.fixed("n_samples", "noisy copies of each row", SMOOTHGRAD_SAMPLES, 1, 256),
+        Option.fixed(
             "stdev_percent",
             "noise standard deviation, in percent of the row's input-embedding standard deviation (0: grad_x_input)",
-            default=lambda arch: SMOOTHGRAD_PERCENT,
-            minimum=lambda arch: 0,
-            maximum=lambda arch: 1000,
+            SMOOTHGRAD_PERCENT,
+            0,
+            1000,
         ),
-        Option(
-            "seed",
-            "seed of each row's noise",
-            default=lambda arch: 0,
-            minimum=lambda arch: 0,
-            maximum=lambda arch: 2**31 - 1,
-        ),
+        Option.fixed("seed", "seed of each row's noise", 0, 0, 2**31 - 1),
         INTERNAL_BATCH,
     ),
 )
