@@ -14,8 +14,9 @@ on eager attention).
 ``--memory`` instead reports the peak memory of chosen methods at chosen lengths (batch ``--memory-batch``,
 default 1), each measured in a fresh child process above the memory in use after loading the model
 (:mod:`bench.memory`: the resident set's peak on CPU, the allocator's on CUDA), next to a plain forward's
-(``forward``, no gradient) and a plain input-gradient backward's on the model as loaded (``gradient``: the
-embeddings' gradient of the target logit, no capture, no rules).
+(``forward``, no gradient) and a plain input-gradient backward's on the model as loaded (``plain-gradient``: the
+embeddings' gradient of the target logit, no capture, no rules; not the ``gradient`` method, which is measured as any
+method is).
 
     python -m bench.explainers                      # CPU, batch 1/8/32, length 32/128
     python -m bench.explainers --device cuda --bf16  # GPU, bf16 autocast forward, fp32 attribution maths
@@ -173,8 +174,12 @@ def plain_gradient(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.T
     return gradient
 
 
+#: The memory measurement of a plain input-gradient backward (a name no method has: ``gradient`` is one).
+PLAIN_GRADIENT = "plain-gradient"
+
+
 def _peak_child(args: argparse.Namespace, model: nn.Module, what: str, length: int) -> float:
-    """Peak memory (MiB) of one forward (``forward``), one plain input-gradient backward (``gradient``) or one
+    """Peak memory (MiB) of one forward (``forward``), one plain input-gradient backward (``plain-gradient``) or one
     explanation, above the memory in use after loading the model and making the inputs."""
     from bench.memory import peak_memory
 
@@ -183,7 +188,7 @@ def _peak_child(args: argparse.Namespace, model: nn.Module, what: str, length: i
         if what == "forward":
             with torch.inference_mode():
                 model(**inputs)
-        elif what == "gradient":
+        elif what == PLAIN_GRADIENT:
             plain_gradient(model, inputs)
         else:
             explain(model, inputs, method=what)
@@ -199,12 +204,12 @@ def memory_table(args: argparse.Namespace) -> None:
     rows = []
     for length in args.lengths:
         cells = [str(length)]
-        for what in ["forward", "gradient", *args.methods]:
+        for what in ["forward", PLAIN_GRADIENT, *args.methods]:
             command = [sys.executable, "-m", "bench.explainers", "--memory-child", what, str(length), *args.passthrough]
             done = subprocess.run(command, check=True, capture_output=True, text=True)
             cells.append(f"{json.loads(done.stdout.strip().splitlines()[-1])['mib']:.0f}")
         rows.append(" | ".join(cells))
-    header = ["tokens", "forward MiB", "gradient MiB", *[f"{method} MiB" for method in args.methods]]
+    header = ["tokens", "forward MiB", "plain gradient MiB", *[f"{method} MiB" for method in args.methods]]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
