@@ -16,11 +16,13 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # is keyed on this list only, so an edit of the README, the dev tools or the tool settings in pyproject.toml does
 # not reinstall the dependencies (nor fine-tune the default models again).
 FROM ${PYTHON_IMAGE} AS requirements
+# The library's dependencies, the `serve` extra and the build backend; the client (transformer-explain-client) and the
+# extras' references to this project itself are left out: the client is installed from ./explain_client below.
 COPY pyproject.toml /tmp/pyproject.toml
-RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb')); print('\n'.join(d['project']['dependencies'] + d['build-system']['requires']))" >/requirements.txt
+RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb')); p = d['project']; print('\n'.join(r for r in p['dependencies'] + p['optional-dependencies']['serve'] + d['build-system']['requires'] if not r.startswith('transformer-explain-')))" >/requirements.txt
 # The KServe and Ray Serve doors' extras (servers/), in their own list: kserve's wheel itself is installed with
 # --no-deps after them (pyproject.toml says why).
-RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['optional-dependencies']; print('\n'.join(d['ray'] + d['kserve']))" >/requirements-doors.txt
+RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['optional-dependencies']; print('\n'.join(r for r in d['ray'] + d['kserve'] if not r.startswith('transformer-explain-')))" >/requirements-doors.txt
 
 FROM ${PYTHON_IMAGE}
 

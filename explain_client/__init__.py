@@ -5,12 +5,15 @@ no torch and no server code; the gRPC stubs are generated when it is built (:mod
 
 from .auth import read_token_file, resolve_token
 from .client import ExplainClient, is_retryable
-from .generation import Generation, GenerationCall, GenerationStep
-from .results import Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
+from .generation import AnswerSpan, Citation, Generation, GenerationCall, GenerationStep, PromptPart
+from .results import ContextUnit, Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
 from .wire import SERVICE_DEFAULT, Request
 
 __all__ = [
     "SERVICE_DEFAULT",
+    "AnswerSpan",
+    "Citation",
+    "ContextUnit",
     "Entity",
     "ExplainClient",
     "Explanation",
@@ -18,6 +21,7 @@ __all__ = [
     "GenerationCall",
     "GenerationStep",
     "Prediction",
+    "PromptPart",
     "Request",
     "ServiceError",
     "Skipped",

@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--always", action="store_true", help="explain whatever the confidence (overrides the model's explain_below)"
     )
     parser.add_argument("--option", action="append", default=[], metavar="NAME=INT", help="method option, repeatable")
+    parser.add_argument(
+        "--granularity",
+        choices=("token", "word", "sentence"),
+        help="the units scores are answered in: tokens (default), words or sentences (each the sum of its tokens)",
+    )
     parser.add_argument("--grpc", action="store_true", help="call over gRPC instead of REST")
     parser.add_argument("--url", default=os.environ.get("EXPLAIN_URL"), help=f"REST base URL ({DEFAULT_REST_URL})")
     parser.add_argument(
@@ -241,9 +246,9 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
     color = args.color == "always" or (args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR"))
-    if args.generate:
+    if args.generate or args.chat:
         if args.text is None:
-            parser.error("--generate needs the prompt as the text argument")
+            parser.error("--generate needs the prompt (--chat: the user's message) as the text argument")
         from . import generation_cli
 
         args.parsed_options = options
@@ -278,6 +283,7 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout:
             text_pair=item[1] if isinstance(item, tuple) else None,
             below=args.below,
             always=args.always,
+            granularity=args.granularity,
         )
         for item in inputs
         for method in methods

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .auth import read_token_file, resolve_token, token_file_in_use, token_hint
-from .generation import Generation, GenerationCall, Steps
+from .generation import DocumentInput, Generation, GenerationCall, Message, Steps
 
 # load_requests lived in this module; it stays importable from here.
 from .inputs import load_requests as load_requests
@@ -137,28 +137,40 @@ class ExplainClient:
     def generate(
         self,
         model: str,
-        prompt: str,
+        prompt: str | None = None,
         *,
+        messages: Sequence[Message] | None = None,
+        documents: Sequence[DocumentInput] | None = None,
         max_new_tokens: int | None = None,
         sampling: Mapping[str, Any] | None = None,
         continuation: str | Sequence[int] | None = None,
         method: str | None = None,
         steps: Steps = None,
         contrast: str | int | Sequence[str | int] | None = None,
+        granularity: str | None = None,
+        span: tuple[int, int] | None = None,
         timeout: float | None = None,
         **options: int,
     ) -> Generation:
-        """A generation model's continuation of ``prompt`` and, with ``method``, the attribution of its tokens.
+        """A generation model's continuation of ``prompt`` (or of a chat, ``messages``) and, with ``method``, the
+        attribution of its tokens, its sentences or a span of it.
 
         Args:
             model: the served generation model.
-            prompt: the prompt.
+            prompt: the prompt (or give ``messages``).
+            messages: chat messages ``{"role", "content"}``, rendered with the model's chat template.
+            documents: documents given to the model (strings or ``{"title", "text"}``); with ``method``, each sentence
+                of the answer comes back with the documents ranked by attribution (``Generation.sentences``).
             max_new_tokens: new tokens to write (``None``: the model's default; at most its configured maximum).
             sampling: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed`` (``None``: greedy).
             continuation: explain this continuation (text, or token ids) instead of generating.
             method: the attribution method; ``None``: the generation and each step's probability only.
             steps: ``None`` (every step), step indices, ``"sum"`` or ``("sum", start, stop)``.
             contrast: a foil token (text of one token, or an id) for every step, or one per step.
+            granularity: ``token`` (default), ``word`` or ``sentence``: the units of ``Generation.context`` that every
+                score is over (each unit's score the sum of its tokens').
+            span: ``(start, end)`` characters of the answer to explain as one summed objective (with
+                ``continuation``, or characters of the answer a generation will write).
             timeout: seconds for this call (default: the client's).
             **options: method options.
 
@@ -167,9 +179,40 @@ class ExplainClient:
         """
         text = continuation if isinstance(continuation, str) else None
         ids = None if continuation is None or isinstance(continuation, str) else list(continuation)
-        request = GenerationCall(prompt, max_new_tokens, sampling, text, ids, method, steps, contrast, dict(options))
+        request = GenerationCall(
+            prompt, max_new_tokens, sampling, text, ids, method, steps, contrast, dict(options),
+            None if messages is None else list(messages), None if documents is None else list(documents),
+            granularity, span,
+        )  # fmt: skip
         backend: Any = self._backend  # both backends generate (RestBackend.generate, GrpcBackend.generate)
         return self._retrying(lambda: backend.generate(model, request, timeout or self.timeout))
+
+    def chat(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        *,
+        documents: Sequence[DocumentInput] | None = None,
+        method: str | None = SERVICE_DEFAULT,
+        granularity: str | None = "word",
+        **kwargs: Any,
+    ) -> Generation:
+        """A chat model's reply to ``messages`` explained the way its users read it: in words (``granularity``), and
+        with ``documents`` each sentence with the documents it rests on (``Generation.sentences``, their
+        :meth:`~explain_client.generation.AnswerSpan.cited`). The other arguments are :meth:`generate`'s
+        (``method=None``: the reply only).
+
+        Raises:
+            ServiceError: see :meth:`call`.
+        """
+        return self.generate(
+            model,
+            messages=messages,
+            documents=documents,
+            method=method,
+            granularity=granularity if method is not None else None,
+            **kwargs,
+        )
 
     def _retrying(self, send: Callable[[], Any]) -> Any:
         """``send()``, again up to ``retries`` times while it fails in a retryable way (and once with a re-read token
@@ -237,6 +280,7 @@ class ExplainClient:
         target: Target = None,
         below: float | None = None,
         always: bool = False,
+        granularity: str | None = None,
         **options: int,
     ) -> Prediction:
         """The prediction and one explanation of it.
@@ -253,6 +297,8 @@ class ExplainClient:
             below: explain only when the prediction's confidence is below this probability (the answer's
                 ``explained``/``skipped`` say what happened); ``None`` = the model's ``explain_below`` (none: always).
             always: explain whatever the confidence, overriding the model's ``explain_below``.
+            granularity: ``word`` or ``sentence``: the explanation over the text's words or sentences (each scored by
+                the sum of its tokens' scores; ``explanation.context`` has their characters); ``None``: tokens.
             **options: method options (``start_layer``, ``layer``, ``n_steps``).
 
         Raises:
@@ -260,7 +306,7 @@ class ExplainClient:
         """
         request = Request(
             text=text, image=image, method=method, target=target, options=options, text_pair=text_pair, below=below,
-            always=always,
+            always=always, granularity=granularity,
         )  # fmt: skip
         return self.call(model, request)
 

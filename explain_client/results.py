@@ -39,6 +39,85 @@ class ServiceError(Exception):
 
 
 @dataclass(frozen=True)
+class ContextUnit:
+    """A unit the scores are over, when a request asked for ``granularity`` (or a chat model's answer): a token,
+    word or sentence, its characters, and where it comes from.
+
+    Attributes:
+        text: its characters (a special token without characters: the token itself, e.g. ``[CLS]``).
+        start: its first character (``None``: no characters): into the input text (classifiers; into its own text
+            for a sentence pair), the rendered prompt (generation), or the answer text when ``generated``.
+        end: one past its last character.
+        message: generation: the index of the chat message it is in (``None``: none).
+        document: generation: the index of the document it is in (``None``: none).
+        template: generation: added by the chat template, the tokenizer or the documents block.
+        generated: generation: a unit of the answer.
+        special: classifiers: a special token ([CLS], [SEP], <s>).
+        segment: classifiers' sentence pairs: 0 (``text``) or 1 (``text_pair``).
+    """
+
+    text: str
+    start: int | None = None
+    end: int | None = None
+    message: int | None = None
+    document: int | None = None
+    template: bool = False
+    generated: bool = False
+    special: bool = False
+    segment: int | None = None
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> ContextUnit:
+        """Parse one entry of an answer's ``context``."""
+
+        def optional(key: str) -> int | None:
+            value = document.get(key)
+            return None if value is None else int(value)
+
+        return cls(
+            text=str(document.get("text", "")),
+            start=optional("start"),
+            end=optional("end"),
+            message=optional("message"),
+            document=optional("document"),
+            template=bool(document.get("template", False)),
+            generated=bool(document.get("generated", False)),
+            special=bool(document.get("special", False)),
+            segment=optional("segment"),
+        )
+
+    @classmethod
+    def from_protobuf(cls, proto: Any) -> ContextUnit:
+        """Parse a ``ContextUnit`` message."""
+
+        def optional(name: str) -> int | None:
+            return int(getattr(proto, name)) if proto.HasField(name) else None
+
+        return cls(
+            text=proto.text,
+            start=optional("start"),
+            end=optional("end"),
+            message=optional("message"),
+            document=optional("document"),
+            template=bool(proto.template),
+            generated=bool(proto.generated),
+            special=bool(proto.special),
+            segment=optional("segment"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (the fields that are set)."""
+        document: dict[str, Any] = {"text": self.text, "start": self.start, "end": self.end}
+        for key in ("message", "document", "segment"):
+            if getattr(self, key) is not None:
+                document[key] = getattr(self, key)
+        for key in ("template", "generated", "special"):
+            if getattr(self, key):
+                document[key] = True
+        return document
+
+
+@dataclass(frozen=True)
 class Explanation:
     """One attribution returned by the service.
 
@@ -57,6 +136,9 @@ class Explanation:
             (decoder classifiers: the last real token) or ``mean``.
         segments: sentence pairs: per token, 0 = from ``text``, 1 = from ``text_pair``, -1 = a special token;
             ``None`` for a single text and for images.
+        granularity: ``token``, or ``word``/``sentence`` when the request asked for them: ``tokens`` and ``scores``
+            are then the text's units (each unit's score the sum of its tokens'), described by ``context``.
+        context: with ``word``/``sentence``: each unit's characters (``None`` otherwise).
     """
 
     method: str
@@ -70,9 +152,13 @@ class Explanation:
     seconds: float = 0.0
     pooled: str = "first"
     segments: tuple[int, ...] | None = None
+    granularity: str = "token"
+    context: tuple[ContextUnit, ...] | None = None
 
     def __post_init__(self) -> None:
         """Check that the shapes agree."""
+        if self.context is not None and len(self.context) != len(self.scores):
+            raise ValueError(f"{len(self.context)} context units for {len(self.scores)} scores")
         if self.segments is not None and len(self.segments) != len(self.scores):
             raise ValueError(f"{len(self.segments)} segment ids for {len(self.scores)} scores")
         if self.grid is not None:
@@ -113,6 +199,7 @@ class Explanation:
         tokens = document.get("tokens")
         special = document.get("special_tokens")
         segments = document.get("segments")
+        context = document.get("context")
         return cls(
             method=str(document["method"]),
             target=int(document["target"]),
@@ -125,6 +212,8 @@ class Explanation:
             seconds=float(document.get("seconds", 0.0)),
             pooled=str(document.get("pooled") or "first"),
             segments=tuple(int(value) for value in segments) if segments else None,
+            granularity=str(document.get("granularity") or "token"),
+            context=tuple(ContextUnit.from_dict(unit) for unit in context) if context is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,6 +233,9 @@ class Explanation:
             document["scores"] = list(self.scores)
             if self.segments is not None:
                 document["segments"] = list(self.segments)
+            if self.context is not None:
+                document["granularity"] = self.granularity
+                document["context"] = [unit.to_dict() for unit in self.context]
         if self.pooled != "first":
             document["pooled"] = self.pooled
         document["seconds"] = self.seconds
@@ -228,6 +320,9 @@ class TokenClassification:
         method: the attribution method, when an explanation was asked (then every entity has ``scores``).
         options: the method's options, defaults filled in.
         seconds: server-side attribution seconds of this row's method group.
+        granularity: ``token``, or ``word``/``sentence`` when the request asked for them: each entity's ``scores``
+            are then over ``context``'s units (each the sum of its tokens' scores).
+        context: with ``word``/``sentence``: the text's units (``None`` otherwise).
     """
 
     scheme: str
@@ -238,6 +333,8 @@ class TokenClassification:
     method: str | None = None
     options: Mapping[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    granularity: str = "token"
+    context: tuple[ContextUnit, ...] | None = None
 
     def __post_init__(self) -> None:
         """Check that the shapes agree."""
@@ -245,11 +342,10 @@ class TokenClassification:
             raise ValueError(
                 f"{len(self.tokens)} tokens, {len(self.special_tokens)} flags, {len(self.offsets)} offsets"
             )
+        over, what = (len(self.tokens), "tokens") if self.context is None else (len(self.context), "units")
         for entity in self.entities:
-            if entity.scores is not None and len(entity.scores) != len(self.tokens):
-                raise ValueError(
-                    f"entity {entity.text!r} has {len(entity.scores)} scores for {len(self.tokens)} tokens"
-                )
+            if entity.scores is not None and len(entity.scores) != over:
+                raise ValueError(f"entity {entity.text!r} has {len(entity.scores)} scores for {over} {what}")
 
     def explanation(self, entity: int | Entity) -> Explanation:
         """One entity's attribution as a text :class:`Explanation` (its tokens and scores), for the renderers.
@@ -263,15 +359,18 @@ class TokenClassification:
         chosen = self.entities[entity] if isinstance(entity, int) else entity
         if chosen.scores is None or self.method is None:
             raise ValueError("this answer has no attribution: ask with a method (explain=...) to get one")
+        units = self.context
         return Explanation(
             method=self.method,
             target=chosen.label_id,
             target_label=chosen.tag,
             options=self.options,
             scores=chosen.scores,
-            tokens=self.tokens,
-            special_tokens=self.special_tokens,
+            tokens=self.tokens if units is None else tuple(unit.text for unit in units),
+            special_tokens=self.special_tokens if units is None else tuple(unit.special for unit in units),
             seconds=self.seconds,
+            granularity=self.granularity,
+            context=units,
         )
 
     @classmethod
@@ -287,6 +386,12 @@ class TokenClassification:
             method=str(explanation["method"]) if "method" in explanation else None,
             options={str(key): int(value) for key, value in dict(explanation.get("options") or {}).items()},
             seconds=float(explanation.get("seconds", 0.0)),
+            granularity=str(explanation.get("granularity") or "token"),
+            context=(
+                tuple(ContextUnit.from_dict(unit) for unit in explanation["context"])
+                if explanation.get("context") is not None
+                else None
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -300,6 +405,9 @@ class TokenClassification:
         }
         if self.method is not None:
             document["explanation"] = {"method": self.method, "options": dict(self.options), "seconds": self.seconds}
+            if self.context is not None:
+                document["explanation"]["granularity"] = self.granularity
+                document["explanation"]["context"] = [unit.to_dict() for unit in self.context]
         return document
 
 

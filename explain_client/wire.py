@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .results import Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
+from .results import ContextUnit, Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
 
 Target = str | int | None
 #: A plain input of :meth:`~explain_client.client.ExplainClient.explain_many`: a text, a ``(text, text_pair)``
@@ -40,6 +40,8 @@ class Request:
             ``explained`` and ``skipped`` say what happened); ``None`` = the model's ``explain_below`` setting
             (none: always).
         always: explain whatever the confidence, overriding the model's ``explain_below``.
+        granularity: ``word`` or ``sentence``: the explanation in the text's words or sentences (each unit scored by
+            the sum of its tokens' scores); ``None``: tokens.
     """
 
     text: str | None = None
@@ -50,6 +52,7 @@ class Request:
     text_pair: str | None = None
     below: float | None = None
     always: bool = False
+    granularity: str | None = None
 
     def __post_init__(self) -> None:
         """Exactly one input; a pair only with a text; ``below`` a probability, not with ``always``."""
@@ -82,6 +85,8 @@ class Request:
                 explain["below"] = None
             elif self.below is not None:
                 explain["below"] = self.below
+            if self.granularity is not None:
+                explain["granularity"] = self.granularity
             document["explain"] = explain
         return document
 
@@ -107,6 +112,8 @@ class Request:
                 message.explain.target_id = int(self.target)
             for key, value in self.options.items():
                 message.explain.options[key] = int(value)
+            if self.granularity is not None:
+                message.explain.granularity = self.granularity
         return message
 
 
@@ -142,6 +149,8 @@ def _token_classification(proto: Any) -> TokenClassification:
         method=proto.method or None,
         options={str(key): int(value) for key, value in proto.options.items()},
         seconds=float(proto.seconds),
+        granularity=proto.granularity or "token",
+        context=tuple(ContextUnit.from_protobuf(unit) for unit in proto.context) if proto.granularity else None,
     )
 
 
@@ -179,6 +188,8 @@ def prediction_from_protobuf(response: Any) -> Prediction:
             seconds=float(proto.seconds),
             pooled=proto.pooled or "first",
             segments=tuple(int(value) for value in proto.segments) if proto.segments and not grid else None,
+            granularity=proto.granularity or "token",
+            context=tuple(ContextUnit.from_protobuf(unit) for unit in proto.context) if proto.granularity else None,
         )
     head_type = response.head_type or "single_label"
     regression = head_type == "regression"

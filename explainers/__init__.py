@@ -7,19 +7,25 @@ This module is the public surface; the names below are all a caller needs.
 - Sequence classifiers (text encoders, decoder classifiers, vision Transformers): :func:`explain` (a batch, one method)
   and :func:`explain_batch` (a served batch whose rows each ask for their own method, one shared forward).
 - Token classifiers (NER, PII): :func:`explain_tokens` explains every entity; :func:`predict_tokens` finds them.
-- Causal language models: :func:`explain_generation` explains every generated token.
+- Causal language models: :func:`explain_generation` explains every generated token; :func:`explain_spans` many spans
+  of an answer (its sentences) from one forward, :func:`explain_citations` the documents each sentence rests on.
+- Chats and units a reader thinks in: :func:`render_chat` (messages and documents through the chat template, each
+  located in the prompt), :func:`explain_units` (any explanation's tokens grouped into words or sentences, scores
+  summed).
 - Any token-level head: :func:`explain_targets`, many :class:`Targets` from one forward.
 - The registry: :func:`available_methods`, :func:`get_method`, :func:`supported_methods`; the support matrix:
   :data:`FAMILIES`, :func:`support_table`.
 
 Behind it: ``api``, ``plan`` and ``execution`` (the classifier path), ``methods`` (the registry and what each method
 declares), ``capture`` (the pass), ``inputs``, ``memory`` and ``confidence`` (the guards); ``rules/`` (pure tensor
-maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/`` (the token-level heads).
+maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/`` (the token-level heads); ``units`` and
+``chat`` (text: words, sentences, rendered chats).
 
 >>> from explainers import explain, available_methods
 >>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True), method="attnlrp")
 """
 
+from ._version import __version__
 from .api import Attribution, BatchExplanation, RowExplanation, RowRequest, explain, explain_batch
 from .architectures.attention import (
     CAPTURE_IMPLEMENTATION,
@@ -34,6 +40,21 @@ from .architectures.attention import (
 from .architectures.description import Architecture, describe
 from .architectures.heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
 from .architectures.support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
+from .chat import (
+    ChatTemplateError,
+    Document,
+    Message,
+    NoChatTemplateError,
+    PromptField,
+    RenderedPrompt,
+    UnknownRoleError,
+    chat_template_of,
+    check_documents,
+    check_messages,
+    decoded_offsets,
+    render_chat,
+    render_prompt,
+)
 from .confidence import RowSkipped, prediction_confidence
 from .errors import (
     ExplainError,
@@ -47,10 +68,21 @@ from .errors import (
 )
 from .memory import MemoryBudgetError, estimate_bytes
 from .methods import Method, available_methods, get_method
+from .tasks.citations import (
+    Citations,
+    Sentence,
+    SpanExplanation,
+    answer_sentences,
+    cite,
+    explain_citations,
+    explain_spans,
+    span_steps,
+)
 from .tasks.generation import GenerationExplanation, StepSum, explain_generation
 from .tasks.tagging import LabelScheme, label_scheme
 from .tasks.targets import TargetExplanation, Targets, explain_targets
 from .tasks.token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
+from .units import GRANULARITIES, Segment, Unit, UnitExplanation, explain_units, token_units, unit_scores
 
 
 def supported_methods(model_type: str, task: str = "sequence_classification") -> list[str]:
@@ -65,6 +97,7 @@ __all__ = [
     "CAPTURE_IMPLEMENTATION",
     "FAMILIES",
     "FUSED_CAPTURE_IMPLEMENTATION",
+    "GRANULARITIES",
     "HEAD_TYPES",
     "POOLED_POSITIONS",
     "TASKS",
@@ -74,6 +107,9 @@ __all__ = [
     "AttentionObserver",
     "Attribution",
     "BatchExplanation",
+    "ChatTemplateError",
+    "Citations",
+    "Document",
     "ExplainError",
     "Family",
     "GenerationExplanation",
@@ -82,30 +118,50 @@ __all__ = [
     "InvalidTargetError",
     "LabelScheme",
     "MemoryBudgetError",
+    "Message",
     "Method",
+    "NoChatTemplateError",
     "NonFiniteScoresError",
+    "PromptField",
+    "RenderedPrompt",
     "RowExplanation",
     "RowRequest",
     "RowSkipped",
+    "Segment",
+    "Sentence",
+    "SpanExplanation",
     "StepSum",
     "TargetExplanation",
     "Targets",
     "Task",
     "TokenExplanation",
     "TokenPrediction",
+    "Unit",
+    "UnitExplanation",
     "UnknownMethodError",
+    "UnknownRoleError",
     "UnsupportedMethodError",
     "UnsupportedModelError",
+    "__version__",
+    "answer_sentences",
     "attention_implementation",
     "available_methods",
     "capturing_attention",
+    "chat_template_of",
+    "check_documents",
+    "check_messages",
+    "cite",
+    "decoded_offsets",
     "describe",
     "estimate_bytes",
     "explain",
     "explain_batch",
+    "explain_citations",
     "explain_generation",
+    "explain_spans",
     "explain_targets",
     "explain_tokens",
+    "explain_units",
     "fused_implementation",
     "get_method",
     "head_type",
@@ -113,7 +169,12 @@ __all__ = [
     "pooled_position",
     "predict_tokens",
     "prediction_confidence",
+    "render_chat",
+    "render_prompt",
+    "span_steps",
     "support_table",
     "supported_methods",
     "supported_model_types",
+    "token_units",
+    "unit_scores",
 ]

@@ -19,8 +19,7 @@ from serving_core.config import ConfigError, HandlerConfig
 from serving_core.errors import RowError
 from serving_core.loading import worker_device
 from serving_core.pools import model_of
-from serving_core.registry import get_task
-from serving_core.task import Service, Task
+from serving_core.task import Service, Task, get_task
 from serving_core.wire import CONTENT_TYPES, row_encoding
 
 logger = logging.getLogger(__name__)

@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from serving_core.loading import worker_device
-from serving_core.registry import get_task
-from serving_core.task import BatchTimings, Service
+from serving_core.task import BatchTimings, Service, get_task
 from serving_core.wire import Encoding
 
 from .batching import RowBatcher, Served

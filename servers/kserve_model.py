@@ -27,7 +27,7 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse,
 
 from serving_core import metrics
 from serving_core.errors import RowError
-from serving_core.registry import get_task
+from serving_core.task import get_task
 
 from . import oip, v1
 from .backends import Backend, UnavailableError

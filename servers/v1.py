@@ -22,7 +22,7 @@ from typing import Any
 from serving_core import wire
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
-from serving_core.registry import get_task
+from serving_core.task import get_task
 
 from .oip import MAX_ROWS
 

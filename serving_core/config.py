@@ -42,6 +42,9 @@ _KNOWN_KEYS = frozenset(
         "default_new_tokens",
         "explain_below",
         "memory_budget_mib",
+        "chat_template",
+        "max_messages",
+        "max_documents",
     }
 )
 
@@ -106,6 +109,9 @@ class HandlerConfig:
     default_new_tokens: int = 16
     explain_below: float | None = None
     memory_budget_mib: int | None = None
+    chat_template: str | None = None
+    max_messages: int = 64
+    max_documents: int = 16
 
     @classmethod
     def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> HandlerConfig:
@@ -165,11 +171,17 @@ class HandlerConfig:
             memory_budget_mib=(
                 _int_key(section, "memory_budget_mib", 1) if section.get("memory_budget_mib") is not None else None
             ),
+            chat_template=_chat_template(section.get("chat_template")),
+            max_messages=_int_key(section, "max_messages", 64),
+            max_documents=_int_key(section, "max_documents", 16),
         )
         if config.max_length < 3 and task != "generation":
             raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")
         if config.memory_budget_mib is not None and task not in ("text", "image"):
             raise ConfigError(f"handler.memory_budget_mib applies to the text and image tasks only, not to {task!r}")
+        chat_keys = sorted(key for key in ("chat_template", "max_messages", "max_documents") if key in section)
+        if chat_keys and task != "generation":
+            raise ConfigError(f"handler.{chat_keys[0]} applies to the generation task only, not to {task!r}")
         if config.default_new_tokens > config.max_new_tokens:
             raise ConfigError(
                 f"handler.default_new_tokens ({config.default_new_tokens}) exceeds max_new_tokens "
@@ -201,6 +213,28 @@ def _explain_below(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
         raise ConfigError(f"handler.explain_below must be a probability in (0, 1], got {value!r}")
     return float(value)
+
+
+def _chat_template(value: Any) -> str | None:
+    """A chat template: a non-empty string that parses as a Jinja template."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"handler.chat_template must be a Jinja chat template (a non-empty string), got {value!r}")
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    try:
+        environment.parse(value)
+    except jinja2.TemplateSyntaxError as error:
+        if "generation" not in str(error):  # transformers' own {% generation %} tag is not plain Jinja
+            raise ConfigError(
+                f"handler.chat_template is not a valid Jinja template: {error} (line {error.lineno})"
+            ) from None
+    return value
 
 
 def _pad_token_id(value: Any) -> int | None:

@@ -12,13 +12,16 @@ from http import HTTPStatus
 from typing import Any
 
 from explainers import (
+    ChatTemplateError,
     ExplainError,
     InvalidInputError,
     InvalidOptionError,
     InvalidTargetError,
     MemoryBudgetError,
+    NoChatTemplateError,
     NonFiniteScoresError,
     UnknownMethodError,
+    UnknownRoleError,
     UnsupportedMethodError,
     UnsupportedModelError,
 )
@@ -71,6 +74,25 @@ ERROR_TABLE: dict[str, ErrorKind] = {
             "generation: more new tokens than max_new_tokens, or a prompt longer than max_length tokens",
         ),
         ErrorKind("missing_prompt", 400, "INVALID_ARGUMENT", "generation: no prompt, or an empty/blank prompt"),
+        ErrorKind(
+            "invalid_messages",
+            400,
+            "INVALID_ARGUMENT",
+            "generation: messages that are not a list of {role, content}, or that the chat template refuses (its "
+            "message is quoted)",
+        ),
+        ErrorKind(
+            "unknown_role", 400, "INVALID_ARGUMENT", "generation: a message's role is not system, user or assistant"
+        ),
+        ErrorKind(
+            "no_chat_template",
+            400,
+            "INVALID_ARGUMENT",
+            "generation: messages sent to a model without a chat template (its tokenizer has none and no chat_template "
+            "setting is configured)",
+        ),
+        ErrorKind("too_many_messages", 413, "RESOURCE_EXHAUSTED", "generation: more messages than max_messages"),
+        ErrorKind("too_many_documents", 413, "RESOURCE_EXHAUSTED", "generation: more documents than max_documents"),
         ErrorKind("unsupported_input", 415, "INVALID_ARGUMENT", "an input this model cannot take (image for text)"),
         ErrorKind("attribution_failed", 500, "INTERNAL", "the row's attribution came out NaN or infinite"),
         ErrorKind("internal", 500, "INTERNAL", "the batch failed on the server; see the server log"),
@@ -123,6 +145,9 @@ _EXPLAIN_CODES: tuple[tuple[type[ExplainError], str], ...] = (
     (UnsupportedMethodError, "unsupported_method"),
     (InvalidTargetError, "invalid_target"),
     (InvalidOptionError, "invalid_option"),
+    (NoChatTemplateError, "no_chat_template"),
+    (UnknownRoleError, "unknown_role"),
+    (ChatTemplateError, "invalid_messages"),
     (InvalidInputError, "invalid_request"),
     (UnsupportedModelError, "internal"),
     (NonFiniteScoresError, "attribution_failed"),

@@ -14,11 +14,12 @@ registry (:mod:`serving_core.registry`) for the model's :class:`Task` and calls 
 5. :meth:`Task.observe` per row: the explanation metrics (:mod:`serving_core.metrics`).
 
 Adding a task: write one module with a :class:`Task` subclass (and its service), and add one entry to
-:data:`serving_core.registry.TASKS`; docs/SERVING.md ("Adding a task") says the rest.
+:data:`serving_core.registry.TASKS` (:func:`get_task` finds it there); docs/SERVING.md ("Adding a task") says the rest.
 """
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from . import metrics, wire
 from .errors import RowError
+from .registry import TASKS
 from .wire import Encoding
 
 if TYPE_CHECKING:
@@ -171,3 +173,19 @@ class Task(ABC, Generic[Row, Result]):
             metrics.observe_error(model, metrics.metric_method(requested), outcome.error.code)
             return
         metrics.observe_row(model, outcome.method, self.stages(outcome, timings, encode_seconds))
+
+
+def get_task(name: str) -> Task[Any, Any]:
+    """The task registered under ``name`` in :data:`serving_core.registry.TASKS`.
+
+    Raises:
+        KeyError: naming the registered tasks, if ``name`` is not one.
+        TypeError: if the entry does not name a task of that name (a broken registry entry).
+    """
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; tasks: {', '.join(TASKS)}")
+    module_name, _, attribute = TASKS[name].partition(":")
+    task = getattr(importlib.import_module(module_name), attribute)
+    if not isinstance(task, Task) or task.name != name:
+        raise TypeError(f"registry entry {TASKS[name]!r} is not the Task named {name!r}")
+    return task

@@ -3,11 +3,17 @@ a word-level tokenizer that pads on the left), for the generation serving tests.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from explain_client.protos import explain_messages
+from serving_core.config import HandlerConfig
+from serving_core.errors import RowError
+from serving_core.tasks.generation_schema import decode_generation_row, encode_generation
+from serving_core.wire import Encoding, row_encoding
 from tests.checkpoints import WORDS, decoder_tokenizer, save
 from tests.weights import perturb
 
@@ -27,4 +33,29 @@ def causal_lm(folder: Path, pad: bool = True) -> Path:
     return save(model, tokenizer, folder)
 
 
-__all__ = ["PROMPTS", "WORDS", "causal_lm"]
+def serve_rows(service: Any, config: HandlerConfig, requests: list[Any]) -> list[dict[str, Any]]:
+    """Requests (JSON documents, or serialized ``ExplainRequest`` bytes) decoded, served as one batch by a
+    :class:`~serving_core.tasks.generation_service.GenerationService` and encoded: each answer as its JSON document,
+    or ``{"protobuf": ExplainResponse}``; a row that fails to decode is served as its error."""
+    rows: list[Any] = []
+    encodings = []
+    for request in requests:
+        raw = {"body": json.dumps(request).encode()} if isinstance(request, dict) else {"request": request}
+        encodings.append(row_encoding(raw))
+        try:
+            rows.append(decode_generation_row(raw, False, config))
+        except RowError as error:
+            rows.append(error)
+    outcomes, timings = service.run(rows, encodings)
+    assert timings.generate >= 0
+    answers: list[dict[str, Any]] = []
+    for outcome in outcomes:
+        body = encode_generation(outcome)
+        if outcome.encoding is Encoding.JSON:
+            answers.append(json.loads(body))
+        else:
+            answers.append({"protobuf": explain_messages().ExplainResponse.FromString(body)})
+    return answers
+
+
+__all__ = ["PROMPTS", "WORDS", "causal_lm", "serve_rows"]

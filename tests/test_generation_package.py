@@ -62,3 +62,33 @@ def test_causal_lm_refusals(tmp_path: Path, damage: str, message: str) -> None:
         settings = Settings(default_method="relevance")
     with pytest.raises(PackageError, match=message):
         validate(folder, "writer", settings)
+
+
+def test_a_chat_models_template_is_packaged_and_a_chat_template_setting_serves_one(tmp_path: Path) -> None:
+    from serving_core.config import HandlerConfig
+    from tests.chat_zoo import STYLES, save_chat_model
+
+    chat = package(save_chat_model("qwen2", tmp_path / "qwen2"), "chat", tmp_path / "out")
+    assert (chat.archive / "model" / "chat_template.jinja").read_text() == STYLES["qwen2"].template
+    assert not any("chat template" in warning for warning in chat.checkpoint.warnings)
+    bare = save_chat_model("gpt2", tmp_path / "gpt2")
+    assert any("no chat template" in warning for warning in validate(bare, "bare").warnings)
+    template_file = tmp_path / "chatml.jinja"
+    template_file.write_text(STYLES["qwen2"].template or "", encoding="utf-8")
+    models = tmp_path / "models.yaml"
+    models.write_text(f"models:\n  bare: {{path: {bare}, chat_template: chatml.jinja}}\n", encoding="utf-8")
+    from model_store.package.models_file import read_models_file
+
+    (entry,) = read_models_file(models)
+    assert entry.settings.chat_template == STYLES["qwen2"].template
+    packaged = package(bare, "bare", tmp_path / "out", entry.settings)
+    config = HandlerConfig.from_model_yaml(yaml.safe_load((packaged.archive / "model-config.yaml").read_text()))
+    assert config.chat_template == STYLES["qwen2"].template
+    with pytest.raises(PackageError, match="does not render a user message"):
+        validate(bare, "bare", Settings(chat_template="{{ raise_exception('no chats here') }}"))
+    with pytest.raises(PackageError, match="neither a Jinja template nor a readable file"):
+        validate(bare, "bare", Settings(chat_template=str(tmp_path / "missing.jinja")))
+    from tests.checkpoints import decoder
+
+    with pytest.raises(PackageError, match="generation models"):
+        validate(decoder(tmp_path / "classifier"), "classifier", Settings(chat_template="{{ messages }}"))

@@ -4,7 +4,6 @@ as each asks, answered in the encoding they came in, each compared with the same
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from explain_client.protos import explain_messages
 from explainers import explain_generation
 from serving_core.config import ConfigError, HandlerConfig
-from serving_core.errors import RowError
-from serving_core.tasks.generation_schema import decode_generation_row, encode_generation
 from serving_core.tasks.generation_service import GenerationService
-from serving_core.wire import Encoding, row_encoding
-from tests.generation_checkpoint import PROMPTS, causal_lm
+from tests.generation_checkpoint import PROMPTS, causal_lm, serve_rows
 
 CONFIG = HandlerConfig.from_model_yaml(
     {"handler": {"task": "generation", "default_method": "grad_x_input", "max_length": 16, "max_new_tokens": 6,
@@ -38,25 +34,7 @@ def service(folder: Path) -> GenerationService:
 
 
 def _serve(service: GenerationService, documents: list[Any]) -> list[dict[str, Any]]:
-    rows: list[Any] = []
-    encodings = []
-    for document in documents:
-        raw = {"body": json.dumps(document).encode()} if isinstance(document, dict) else {"request": document}
-        encodings.append(row_encoding(raw))
-        try:
-            rows.append(decode_generation_row(raw, False, CONFIG))
-        except RowError as error:
-            rows.append(error)
-    outcomes, timings = service.run(rows, encodings)
-    assert timings.generate >= 0
-    answers = []
-    for outcome in outcomes:
-        body = encode_generation(outcome)
-        if outcome.encoding is Encoding.JSON:
-            answers.append(json.loads(body))
-        else:
-            answers.append({"protobuf": explain_messages().ExplainResponse.FromString(body)})
-    return answers
+    return serve_rows(service, CONFIG, documents)
 
 
 def _local(folder: Path) -> tuple[Any, Any]:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from serving_core.registry import TASKS, get_task
+from serving_core.registry import TASKS
+from serving_core.task import get_task
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Top-level packages that are servers (or a server's SDK): the serving core must import none of them.

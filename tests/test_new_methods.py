@@ -19,6 +19,7 @@ from explainers import (
     InvalidOptionError,
     RowExplanation,
     RowRequest,
+    UnsupportedMethodError,
     explain,
     explain_batch,
     get_method,
@@ -169,3 +170,20 @@ def test_gradcam_is_rescaled_to_the_unit_range_and_partial_lrp_is_never_negative
         assert (gradcam >= 0).all() and (gradcam <= 1 + 1e-12).all()
         if name != "llama":
             assert (explain(model, batch, method="partial_lrp").scores >= 0).all()
+
+
+def test_attention_flow_is_refused_with_the_install_command_where_scipy_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SciPy is not a dependency of the library (torch and transformers): the method names it, before any work."""
+    import explainers.methods as methods_module
+
+    real = methods_module.find_spec
+    monkeypatch.setattr(methods_module, "find_spec", lambda name: None if name == "scipy" else real(name))
+    model, batch = _variant_model("bert")
+    with pytest.raises(UnsupportedMethodError, match=r"needs scipy>=1\.11.*pip install 'scipy>=1\.11'"):
+        explain(model, batch, method="attention_flow")
+    rows = explain_batch(
+        model, batch, [RowRequest("attention_flow"), RowRequest("rollout"), RowRequest(None), RowRequest(None)]
+    ).rows
+    assert isinstance(rows[0], UnsupportedMethodError) and isinstance(rows[1], RowExplanation)

@@ -31,8 +31,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 from torch import Tensor
 
 #: Quantisation of the capacities for the integer solver (their sum out of any node is at most 1).
@@ -119,6 +117,9 @@ class _RowGraph:
 
 def _max_flows(graphs: Sequence[_RowGraph]) -> list[np.ndarray]:
     """Each graph's maximum flow to each of its input tokens (the tokens at layer 0), one solver call per position."""
+    from scipy.sparse import csr_matrix  # SciPy is not a dependency of the library: the method declares it
+    from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
     offsets = np.cumsum([0] + [graph.nodes for graph in graphs])
     source, sink = int(offsets[-1]), int(offsets[-1]) + 1
     heads = np.concatenate([graph.heads + offset for graph, offset in zip(graphs, offsets, strict=False)])

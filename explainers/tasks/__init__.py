@@ -8,4 +8,6 @@
 - :mod:`~explainers.tasks.token_relevance`: Chefer et al.'s relevance seeded at a token-level target's outputs.
 - :mod:`~explainers.tasks.generation`: causal language models: every generated token explained.
 - :mod:`~explainers.tasks.continuation`: what a causal LM wrote after each prompt, generated here or given.
+- :mod:`~explainers.tasks.citations`: spans of an answer (its sentences) explained as summed objectives from one
+  forward, and the documents each one rests on.
 """

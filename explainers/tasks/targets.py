@@ -291,7 +291,7 @@ def explain_targets(
     resolved = chosen.resolve_options(options, arch)
     validated = validate_inputs(arch, model, inputs)
     mask = validated["attention_mask"]
-    chosen.check_length(int(mask.sum(dim=-1).max()))
+    chosen.admit(int(mask.sum(dim=-1).max()))
     needs = chosen.needs
     fused = fused_implementation(model)  # read before prepared_model switches the model
     with prepared_model(model):

@@ -33,6 +33,8 @@ def _settings_from_args(args: argparse.Namespace) -> Settings:
         )
         if getattr(args, key) is not None
     }
+    if args.chat_template is not None:
+        overrides["chat_template"] = Settings(chat_template=args.chat_template).chat_template_text()
     if args.bf16:
         overrides["bf16"] = True
     settings = replace(Settings(), **overrides)
@@ -69,6 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         metavar="N",
         help="serve explanation requests from their own pool of N workers (predictions never wait for them)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="generation models: a Jinja chat template file to render chat messages with (default: the checkpoint's)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     args = parser.parse_args(argv)

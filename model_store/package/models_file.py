@@ -5,7 +5,7 @@ settings and shared defaults."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -48,6 +48,7 @@ def read_models_file(path: Path) -> list[ModelEntry]:
             default_method: rollout
             max_length: 256
           tickets: {path: /models/tickets, threshold: 0.4}
+          writer: {path: /models/writer, chat_template: templates/chatml.jinja}   # a file, or the template itself
 
     Raises:
         PackageError: if the file is unreadable or a key is unknown or wrong.
@@ -74,6 +75,8 @@ def read_models_file(path: Path) -> list[ModelEntry]:
             model_path = path.parent / model_path
         own = {key: value for key, value in values.items() if key != "path"}
         settings = Settings.from_mapping({**defaults, **own}, where)
+        if settings.chat_template is not None:  # a file named relative to the models file: read it here
+            settings = replace(settings, chat_template=settings.chat_template_text(path.parent))
         entries.append(ModelEntry(check_name(str(name)), model_path, settings))
     return _distinct(entries, str(path))
 

@@ -53,6 +53,8 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
     if checkpoint.task == "generation":
         extra["max_new_tokens"] = settings.max_new_tokens
         extra["default_new_tokens"] = settings.default_new_tokens
+        if checkpoint.chat_template is not None:
+            extra["chat_template"] = checkpoint.chat_template
     return ServingConfig(
         task=checkpoint.task,
         labels=checkpoint.labels,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 #: A safe TorchServe model / archive name: no path separators, dots or leading dash; at most 64 characters.
@@ -51,6 +52,10 @@ class Settings:
             explanations"); each pool worker holds its own copy of the model.
         explanation_batch_size: The explanation pool's ``batchSize`` (``None``: ``batch_size``).
         explanation_max_batch_delay: The explanation pool's ``maxBatchDelay`` in ms (``None``: ``max_batch_delay``).
+        chat_template: Generation models: the Jinja chat template chat ``messages`` are rendered with, instead of the
+            checkpoint's own (``tokenizer_config.json`` or ``chat_template.jinja``, which are packaged with it): the
+            template itself, or the path of a file holding it (a models file's relative paths are relative to it).
+            ``None``: the checkpoint's; a checkpoint with neither serves prompts only (``messages`` are refused).
     """
 
     default_method: str | None = None
@@ -68,6 +73,7 @@ class Settings:
     explanation_workers: int | None = None
     explanation_batch_size: int | None = None
     explanation_max_batch_delay: int | None = None
+    chat_template: str | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> Settings:
@@ -136,6 +142,30 @@ class Settings:
         below = self.explain_below
         if below is not None and (isinstance(below, bool) or not isinstance(below, int | float) or not 0 < below <= 1):
             raise PackageError(f"{where}: explain_below must be a probability in (0, 1], got {below!r}")
+        if self.chat_template is not None and (
+            not isinstance(self.chat_template, str) or not self.chat_template.strip()
+        ):
+            raise PackageError(f"{where}: chat_template must be a Jinja template or the path of a file holding one")
+
+    def chat_template_text(self, base: Path | None = None) -> str | None:
+        """The chat template itself: ``chat_template`` when it is a template (it holds ``{{`` or ``{%``), else the
+        file it names (relative to ``base`` when given).
+
+        Raises:
+            PackageError: for a file that cannot be read.
+        """
+        value = self.chat_template
+        if value is None or "{{" in value or "{%" in value:
+            return value
+        path = Path(value).expanduser()
+        if base is not None and not path.is_absolute():
+            path = base / path
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise PackageError(
+                f"chat_template {value!r} is neither a Jinja template nor a readable file ({error})"
+            ) from None
 
 
 def check_name(name: str) -> str:

@@ -50,6 +50,7 @@ class Checkpoint:
         image_size: Image models: ``(height, width)``.
         pad_token_id: Text models: the pad token the handler sets on the tokenizer and ``config.pad_token_id``
             (``None``: both already agree).
+        chat_template: Generation models: the chat template setting to serve (``None``: the checkpoint's own).
         warnings: What is served but worth fixing (generic labels, a substituted pad token).
         left_out: Files of the folder not copied (pickle weights, code, sub-folders).
     """
@@ -66,6 +67,7 @@ class Checkpoint:
     threshold: float | None = None
     image_size: tuple[int, int] | None = None
     pad_token_id: int | None = None
+    chat_template: str | None = None
     warnings: tuple[str, ...] = ()
     left_out: tuple[str, ...] = field(default_factory=tuple)
 
@@ -227,6 +229,27 @@ def _token_checks(labels: tuple[str, ...], settings: Settings) -> list[str]:
     return []
 
 
+def _chat_template(tokenizer: Any, template: str | None) -> list[str]:
+    """Check the chat template a generation model will render messages with (the setting's, else the checkpoint's):
+    it must render a one-message chat. A model with none is served for prompts only (a warning).
+
+    Raises:
+        PackageError: for a template that does not render a user message.
+    """
+    from explainers import ExplainError, chat_template_of, render_chat
+
+    if chat_template_of(tokenizer, template) is None:
+        return [
+            "no chat template (the tokenizer has none and no chat_template setting is given): requests with "
+            "'messages' will be refused with no_chat_template; set chat_template to serve chats"
+        ]
+    try:
+        render_chat(tokenizer, [{"role": "user", "content": "hello"}], chat_template=template)
+    except ExplainError as error:
+        raise PackageError(f"the chat template does not render a user message: {error}") from None
+    return []
+
+
 def _image_size(config: Any) -> tuple[int, int]:
     size = getattr(config, "image_size", None)
     if isinstance(size, int) and size > 0:
@@ -371,6 +394,9 @@ def _validate_staged(
         )
     labels: tuple[str, ...] = ()
     warnings: list[str] = []
+    chat_template = settings.chat_template_text()
+    if chat_template is not None and task != "generation":
+        raise PackageError("chat_template applies to generation models (causal LMs) only")
     if task == "generation":
         head = "causal_lm"
         if settings.default_new_tokens > settings.max_new_tokens:
@@ -408,6 +434,8 @@ def _validate_staged(
             )
         pad_token_id, pad_warnings = _pad_token(tokenizer, config)
         warnings += pad_warnings
+        if task == "generation":
+            warnings += _chat_template(tokenizer, chat_template)
     else:
         try:
             AutoImageProcessor.from_pretrained(str(stage), local_files_only=True)
@@ -430,6 +458,7 @@ def _validate_staged(
         threshold=threshold,
         image_size=image_size,
         pad_token_id=pad_token_id,
+        chat_template=chat_template,
         warnings=tuple(warnings),
         left_out=left_out,
     )

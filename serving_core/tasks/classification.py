@@ -48,7 +48,8 @@ class ClassificationTask(Task[DecodedRow, RowOutcome]):
         """The row, with the default method if it asks for none."""
         if row.request.method is not None:
             return row
-        return DecodedRow(row.encoding, RowRequest(method=config.default_method), row.text, row.image, row.text_pair)
+        request = RowRequest(method=config.default_method)
+        return DecodedRow(row.encoding, request, row.text, row.image, row.text_pair, row.granularity)
 
     def to_dict(self, outcome: RowOutcome, config: HandlerConfig) -> dict[str, Any]:
         """The JSON answer (docs/SERVING.md, "Response")."""

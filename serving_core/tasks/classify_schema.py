@@ -14,7 +14,9 @@ JSON request: ``{"text": "...", "explain": {"method": "relevance", "target": "ne
 ``{"image": "<base64 PNG/JPEG>", "explain": ...}``. On ``/explanations/{model}`` an absent ``explain`` means the
 default method. Explain when unsure: ``"explain": {"method": "attnlrp", "below": 0.8}`` explains only when the
 prediction's confidence is below 0.8 (``"below": null``: always; absent: the model's ``explain_below``); the answer
-then says ``explained`` and, when not, ``skipped`` (why).
+then says ``explained`` and, when not, ``skipped`` (why). ``"explain": {"granularity": "word"}`` (or ``sentence``)
+answers the text's words (sentences) instead of its tokens, each scored by the sum of its tokens' scores
+(:mod:`~serving_core.tasks.text_units`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from ..config import HandlerConfig
 from ..errors import RowError
 from ..pools import IMAGE_MAGIC
 from ..wire import Encoding, parse_json, rounded, rounded_list
+from .chat_schema import decode_granularity
+from .text_units import TextUnit
 
-_EXPLAIN_RESERVED = frozenset({"method", "target", "below"})
+_EXPLAIN_RESERVED = frozenset({"method", "target", "below", "granularity"})
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class DecodedRow:
     text: str | None = None
     image: bytes | None = None
     text_pair: str | None = None
+    granularity: str = "token"
 
 
 @dataclass
@@ -74,6 +79,8 @@ class RowOutcome:
     below: float | None = None
     confidence: float | None = None
     skipped: RowSkipped | None = None
+    granularity: str = "token"
+    context: list[TextUnit] | None = None
 
 
 def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
@@ -130,6 +137,7 @@ def decode_fields(
     method: str | None = None,
     target: Any = None,
     options: Mapping[str, Any] | None = None,
+    granularity: str | None = None,
 ) -> DecodedRow:
     """Decode one row given as separate fields, as the KServe/Ray doors receive it (an OIP tensor element and the
     request's explain parameters): the same checks and errors as a JSON row.
@@ -142,10 +150,12 @@ def decode_fields(
         method: the method (``None``: prediction only; resolve aliases such as ``default`` before).
         target: a label name, a class index or ``None`` (the predicted class).
         options: the method's options.
+        granularity: ``token`` (``None``: the default), ``word`` or ``sentence``.
 
     Raises:
         RowError: with the code of :data:`serving_core.errors.ERROR_TABLE` that says what is wrong.
     """
+    units = _granularity(decode_granularity(granularity), config)
     if method is None:
         if target is not None or options:
             raise RowError("invalid_request", "a target or option was given without a method: name the method too")
@@ -158,7 +168,7 @@ def decode_fields(
         if text is None:
             raise RowError("missing_text", "missing 'text': send the text to classify")
         text, text_pair = _check_pair(text, text_pair, config)
-        return DecodedRow(Encoding.JSON, request, text=text, text_pair=text_pair)
+        return DecodedRow(Encoding.JSON, request, text=text, text_pair=text_pair, granularity=units)
     if text is not None or text_pair is not None:
         raise RowError("unsupported_input", "this is an image model: send 'image', not 'text'")
     if image is None:
@@ -177,6 +187,12 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
             raise RowError("unsupported_input", f"this is a {config.task} model: send {input_key!r}, not {other!r}")
         raise RowError("invalid_request", f"unknown field(s) {unknown}; allowed: {sorted(allowed)}")
     request = _explain_request(document.get("explain"), explain_header, config)
+    explain = document.get("explain")
+    granularity = (
+        _granularity(decode_granularity(explain.get("granularity")), config)
+        if isinstance(explain, Mapping)
+        else "token"
+    )
     if input_key == "text":
         text = document.get("text")
         if text is None:
@@ -187,7 +203,7 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
         if pair is not None and not isinstance(pair, str):
             raise RowError("invalid_request", f"'text_pair' must be a string, got {type(pair).__name__}")
         text, pair = _check_pair(text, pair, config)
-        return DecodedRow(Encoding.JSON, request, text=text, text_pair=pair)
+        return DecodedRow(Encoding.JSON, request, text=text, text_pair=pair, granularity=granularity)
     encoded = document.get("image")
     if encoded is None:
         raise RowError("missing_image", "missing 'image': send {'image': '<base64 PNG or JPEG>'}")
@@ -211,8 +227,10 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
     if kind != config.input_kind:
         raise RowError("unsupported_input", f"this is a {config.task} model: set ExplainRequest.{config.input_kind}")
     request = RowRequest()
+    granularity = "token"
     if message.HasField("explain"):
         explain = message.explain
+        granularity = _granularity(decode_granularity(explain.granularity), config)
         target_kind = explain.WhichOneof("target")
         target: Any = None
         if target_kind == "target_label":
@@ -227,7 +245,7 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
         request = _row_request(explain.method or config.default_method, target, dict(explain.options), config, below)
     if kind == "text":
         text, pair = _check_pair(message.text, message.text_pair or None, config)
-        return DecodedRow(Encoding.PROTOBUF, request, text=text, text_pair=pair)
+        return DecodedRow(Encoding.PROTOBUF, request, text=text, text_pair=pair, granularity=granularity)
     if message.text_pair:
         raise RowError("unsupported_input", "this is an image model: ExplainRequest.text_pair is for text models")
     _check_image_size(len(message.image), config)
@@ -273,6 +291,19 @@ def _row_request(
         raise RowError("invalid_target", f"'target' must be a label name ({', '.join(config.labels)}) or a class index")
     below = config.explain_below if below is _MODEL else below
     return RowRequest(method=method, target=target, options=options, below=below)
+
+
+def _granularity(granularity: str, config: HandlerConfig) -> str:
+    """``granularity`` for a text model; an image model takes ``token`` (its patches) only.
+
+    Raises:
+        RowError: ``invalid_option`` for words or sentences of an image.
+    """
+    if granularity != "token" and config.input_kind != "text":
+        raise RowError(
+            "invalid_option", f"'explain.granularity' {granularity!r} is for text models; an image has patches"
+        )
+    return granularity
 
 
 def _check_text(text: str, config: HandlerConfig) -> str:
@@ -338,6 +369,15 @@ def outcome_to_dict(outcome: RowOutcome, labels: tuple[str, ...]) -> dict[str, A
             height, width = outcome.grid
             explanation["grid"] = [height, width]
             explanation["scores"] = [scores[row * width : (row + 1) * width] for row in range(height)]
+        elif outcome.context is not None:
+            pair = outcome.segments is not None
+            explanation["granularity"] = outcome.granularity
+            explanation["context"] = [unit.to_dict(pair) for unit in outcome.context]
+            explanation["tokens"] = [unit.text for unit in outcome.context]
+            explanation["special_tokens"] = [unit.special for unit in outcome.context]
+            if pair:
+                explanation["segments"] = [-1 if unit.segment is None else unit.segment for unit in outcome.context]
+            explanation["scores"] = scores
         else:
             explanation["tokens"] = outcome.tokens
             explanation["special_tokens"] = outcome.special_tokens
@@ -394,6 +434,14 @@ def fill_response(outcome: RowOutcome, response: Any, labels: tuple[str, ...]) -
         explanation.scores.extend(outcome.scores or [])
         if outcome.grid is not None:
             explanation.grid.extend(outcome.grid)
+        elif outcome.context is not None:
+            explanation.granularity = outcome.granularity
+            for unit in outcome.context:
+                unit.fill(explanation.context.add())
+            explanation.tokens.extend(unit.text for unit in outcome.context)
+            explanation.special_tokens.extend(unit.special for unit in outcome.context)
+            if outcome.segments is not None:
+                explanation.segments.extend(-1 if unit.segment is None else unit.segment for unit in outcome.context)
         else:
             explanation.tokens.extend(outcome.tokens or [])
             explanation.special_tokens.extend(outcome.special_tokens or [])

@@ -29,6 +29,7 @@ from explainers import (
     head_type,
     pooled_position,
     prediction_confidence,
+    unit_scores,
 )
 
 from ..config import DEFAULT_THRESHOLD, HandlerConfig
@@ -37,6 +38,7 @@ from ..loading import autocast, load_classifier, load_tokenizer
 from ..task import BatchTimings
 from ..wire import Encoding
 from .classify_schema import DecodedRow, RowOutcome
+from .text_units import text_units
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +160,13 @@ class ExplanationService:
                 except RowError as error:
                     outcomes[index].error = error
                     continue
+            if row.granularity != "token" and not getattr(self.tokenizer, "is_fast", False):
+                outcomes[index].error = RowError(
+                    "invalid_option",
+                    "words and sentences need a fast tokenizer's character offsets; this model's tokenizer is not "
+                    "one (no tokenizer.json): ask for tokens",
+                )
+                continue
             valid.append(index)
         if not valid:
             return outcomes, BatchTimings(0.0, 0.0)
@@ -201,6 +210,9 @@ class ExplanationService:
                 outcome.method = request.method
             elif isinstance(row_result, RowExplanation):
                 self._fill_explanation(outcome, row_result)
+                row = rows[index]
+                if isinstance(row, DecodedRow) and row.granularity != "token":
+                    self._fill_units(outcome, row)
             elif isinstance(row_result, RowSkipped):
                 outcome.skipped = row_result
             if request.method is not None and request.below is not None and outcome.error is None:
@@ -208,6 +220,28 @@ class ExplanationService:
                 outcome.confidence = float(confidences[position])
         seconds = result.seconds
         return outcomes, BatchTimings(float(seconds.get("forward", 0.0)), float(seconds.get("backward", 0.0)))
+
+    def _fill_units(self, outcome: RowOutcome, row: DecodedRow) -> None:
+        """The explanation in the row's words or sentences: its units and each one's summed score. The row is
+        tokenized again as :meth:`_text_inputs` did, with the fast tokenizer's character offsets."""
+        encoded = self.tokenizer(
+            row.text or "", row.text_pair, truncation=True, max_length=self.config.max_length,
+            return_offsets_mapping=True, return_special_tokens_mask=True,
+        )  # fmt: skip
+        special = [bool(flag) for flag in encoded["special_tokens_mask"]]
+        offsets: list[tuple[int, int] | None] = [
+            None if flag or end <= start else (int(start), int(end))
+            for (start, end), flag in zip(encoded["offset_mapping"], special, strict=True)
+        ]
+        sequences = [
+            None if flag else sequence for sequence, flag in zip(encoded.sequence_ids(0), special, strict=True)
+        ]
+        units, described = text_units(
+            row.text or "", row.text_pair, offsets, sequences, outcome.tokens or [], row.granularity
+        )
+        outcome.granularity = row.granularity
+        outcome.context = described
+        outcome.scores = [float(value) for value in unit_scores(torch.tensor(outcome.scores or []), units)]
 
     def _fill_prediction(self, outcome: RowOutcome, values: torch.Tensor) -> None:
         """The row's answer from its ``(num_labels,)`` probabilities (or regression values)."""

@@ -6,12 +6,17 @@ JSON request (REST body, or gRPC ``input["body"]``)::
      "generation": {"do_sample": true, "temperature": 0.8, "top_k": 50, "top_p": 0.95, "seed": 7},
      "explain": {"method": "attnlrp", "steps": [0, 3], "contrast": "late"}}
 
+or, for a chat model, ``messages`` (``[{"role", "content"}, ...]``, rendered with the chat template) instead of
+``prompt``, and ``documents`` (with either); ``explain.granularity``, ``explain.steps: "sentences"`` and
+``explain.span``: :mod:`~serving_core.tasks.chat_schema`.
+
 ``continuation`` (text) or ``continuation_ids`` (token ids) explain a continuation produced elsewhere instead of
 generating. ``explain`` absent or ``false``: the generation and each step's probability only; ``true`` or ``{}``: the
 default method. ``explain.steps``: a list of step indices (negative from the end), ``"sum"`` (the summed
 log-probability of the continuation in one backward) or ``{"sum": [start, stop]}`` (of a span); absent: every step.
 ``explain.contrast``: a foil token (text of one vocabulary token, or a token id) for every step, or a list with one
-per step. Other ``explain`` keys are the method's options. On gRPC, ``input["request"]`` = an ``ExplainRequest``
+per step. ``"sentences"``: each sentence of the answer (the default when documents are given). Other ``explain`` keys
+are the method's options. On gRPC, ``input["request"]`` = an ``ExplainRequest``
 whose ``generation`` field (proto/explain.proto, ``GenerationRequest``) carries the same.
 """
 
@@ -21,39 +26,61 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from explainers.tasks.generation import StepSum
+from explainers import Document, Message, StepSum
 
 from .. import wire
 from ..config import HandlerConfig
 from ..errors import RowError
 from ..wire import Encoding, parse_json, rounded, rounded_list
+from .chat_schema import (
+    AnswerSpan,
+    ContextUnit,
+    PromptPart,
+    check_size,
+    decode_documents,
+    decode_granularity,
+    decode_messages,
+    decode_span,
+    messages_from_proto,
+)
 
-_DOCUMENT_KEYS = frozenset({"prompt", "max_new_tokens", "generation", "continuation", "continuation_ids", "explain"})
-_EXPLAIN_RESERVED = frozenset({"method", "steps", "contrast"})
+_DOCUMENT_KEYS = frozenset(
+    {"prompt", "messages", "documents", "max_new_tokens", "generation", "continuation", "continuation_ids", "explain"}
+)
+_EXPLAIN_RESERVED = frozenset({"method", "steps", "contrast", "granularity", "span"})
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", "seed")
+#: ``explain.steps`` asking for each sentence of the answer.
+SENTENCES = "sentences"
 
 
 @dataclass(frozen=True)
 class GenerationAsk:
-    """What a row asks to explain: the method, its options, the steps and the foils (text pieces or token ids)."""
+    """What a row asks to explain: the method, its options, the steps (step indices, a :class:`StepSum`,
+    ``"sentences"``, or ``None``: every step, or the sentences when the row has documents), the foils (text pieces or
+    token ids), the units of the answer (``granularity``) and a span of the answer (character offsets) to explain
+    instead of steps."""
 
     method: str
     options: Mapping[str, Any] = field(default_factory=dict)
-    steps: tuple[int, ...] | StepSum | None = None
+    steps: tuple[int, ...] | StepSum | str | None = None
     contrast: tuple[str | int, ...] | None = None
+    granularity: str = "token"
+    span: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
 class GenerationRow:
-    """A decoded generation request."""
+    """A decoded generation request: a ``prompt`` or chat ``messages``, and optional ``documents``."""
 
     encoding: Encoding
-    prompt: str
+    prompt: str | None
     max_new_tokens: int
     sampling: Mapping[str, Any] = field(default_factory=dict)
     continuation: str | None = None
     continuation_ids: tuple[int, ...] | None = None
     ask: GenerationAsk | None = None
+    messages: tuple[Message, ...] | None = None
+    documents: tuple[Document, ...] = ()
 
     @property
     def given(self) -> bool:
@@ -92,6 +119,14 @@ class GenerationOutcome:
     sum_scores: list[float] | None = None
     sum_value: float | None = None
     attribution_seconds: float = 0.0
+    rendered_prompt: str | None = None
+    messages: list[PromptPart] | None = None
+    documents: list[PromptPart] | None = None
+    documents_placement: str | None = None
+    granularity: str = "token"
+    context: list[ContextUnit] | None = None
+    sentences: list[AnswerSpan] | None = None
+    span: AnswerSpan | None = None
 
 
 def decode_generation_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> GenerationRow:
@@ -128,10 +163,14 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
             raise RowError("unsupported_input", "this is a generation model: send {'prompt': ...}, not 'text'/'image'")
         raise RowError("invalid_request", f"unknown field(s) {unknown}; allowed: {sorted(_DOCUMENT_KEYS)}")
     prompt = document.get("prompt")
-    if prompt is None:
-        raise RowError("missing_prompt", "missing 'prompt': send {'prompt': 'your text'}")
-    if not isinstance(prompt, str):
+    messages = None if document.get("messages") is None else decode_messages(document["messages"], config)
+    if prompt is None and messages is None:
+        raise RowError("missing_prompt", "missing 'prompt': send {'prompt': 'your text'} or {'messages': [...]}")
+    if prompt is not None and messages is not None:
+        raise RowError("invalid_request", "send 'prompt' or 'messages', not both")
+    if prompt is not None and not isinstance(prompt, str):
         raise RowError("invalid_request", f"'prompt' must be a string, got {type(prompt).__name__}")
+    documents = decode_documents(document.get("documents"), config)
     sampling = document.get("generation") or {}
     if not isinstance(sampling, Mapping):
         raise RowError("invalid_request", "'generation' must be an object like {'do_sample': true, 'seed': 1}")
@@ -155,6 +194,8 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
         None if ids is None else tuple(ids),
         _ask(document.get("explain"), explain_header, config),
         config,
+        messages,
+        documents,
     )
 
 
@@ -171,14 +212,40 @@ def _ask(explain: Any, explain_header: bool, config: HandlerConfig) -> Generatio
     if not isinstance(method, str):
         raise RowError("invalid_request", f"'explain.method' must be a string, got {type(method).__name__}")
     options = {key: value for key, value in explain.items() if key not in _EXPLAIN_RESERVED}
-    return GenerationAsk(method, options, _steps(explain.get("steps")), _contrast(explain.get("contrast")))
+    return _checked_ask(
+        GenerationAsk(
+            method,
+            options,
+            _steps(explain.get("steps")),
+            _contrast(explain.get("contrast")),
+            decode_granularity(explain.get("granularity")),
+            decode_span(explain.get("span")),
+        )
+    )
 
 
-def _steps(value: Any) -> tuple[int, ...] | StepSum | None:
+def _checked_ask(ask: GenerationAsk) -> GenerationAsk:
+    """Refuse a span with steps, and a foil with sentences or a span (they explain log-probabilities of spans).
+
+    Raises:
+        RowError: ``invalid_target``.
+    """
+    if ask.span is not None and ask.steps is not None:
+        raise RowError("invalid_target", "'explain.span' explains a span of the answer instead of steps: send one")
+    if ask.contrast is not None and (ask.span is not None or ask.steps == SENTENCES):
+        raise RowError(
+            "invalid_target", "'explain.contrast' applies to steps, not to sentences or a span of the answer"
+        )
+    return ask
+
+
+def _steps(value: Any) -> tuple[int, ...] | StepSum | str | None:
     if value is None:
         return None
     if value == "sum":
         return StepSum()
+    if value == SENTENCES:
+        return SENTENCES
     if isinstance(value, Mapping) and set(value) == {"sum"}:
         span = value["sum"]
         if (
@@ -192,7 +259,8 @@ def _steps(value: Any) -> tuple[int, ...] | StepSum | None:
         return tuple(value)
     raise RowError(
         "invalid_target",
-        f"'explain.steps' must be a non-empty list of step indices, 'sum' or {{'sum': [start, stop]}}, got {value!r}",
+        "'explain.steps' must be a non-empty list of step indices, 'sum', {'sum': [start, stop]} or 'sentences', "
+        f"got {value!r}",
     )
 
 
@@ -207,18 +275,21 @@ def _contrast(value: Any) -> tuple[str | int, ...] | None:
 
 def _row(
     encoding: Encoding,
-    prompt: str,
+    prompt: str | None,
     max_new_tokens: Any,
     sampling: dict[str, Any],
     continuation: str | None,
     continuation_ids: tuple[int, ...] | None,
     ask: GenerationAsk | None,
     config: HandlerConfig,
+    messages: tuple[Message, ...] | None = None,
+    documents: tuple[Document, ...] = (),
 ) -> GenerationRow:
-    if not prompt.strip():
+    if prompt is not None and not prompt.strip():
         raise RowError("missing_prompt", "'prompt' is empty: send a non-blank prompt")
-    if len(prompt) > config.max_text_chars:
+    if prompt is not None and len(prompt) > config.max_text_chars:
         raise RowError("text_too_long", f"prompt has {len(prompt)} characters, the limit is {config.max_text_chars}")
+    check_size(prompt, messages or (), documents, config.max_text_chars)
     if continuation is not None and continuation_ids is not None:
         raise RowError("invalid_request", "send 'continuation' (text) or 'continuation_ids', not both")
     given = continuation is not None or continuation_ids is not None
@@ -238,7 +309,7 @@ def _row(
         raise RowError(
             "too_many_tokens", f"{asked} new tokens asked; this model writes at most {limit} (max_new_tokens)"
         )
-    return GenerationRow(encoding, prompt, budget, sampling, continuation, continuation_ids, ask)
+    return GenerationRow(encoding, prompt, budget, sampling, continuation, continuation_ids, ask, messages, documents)
 
 
 def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
@@ -258,8 +329,10 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
     ask = None
     if request.HasField("explain"):
         proto_ask = request.explain
-        steps: tuple[int, ...] | StepSum | None = None
-        if proto_ask.sum:
+        steps: tuple[int, ...] | StepSum | str | None = None
+        if proto_ask.sentences:
+            steps = SENTENCES
+        elif proto_ask.sum:
             steps = StepSum(
                 int(proto_ask.sum_start), int(proto_ask.sum_stop) if proto_ask.HasField("sum_stop") else None
             )
@@ -272,11 +345,36 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
             foils = tuple(str(foil) for foil in proto_ask.contrast)
         elif proto_ask.contrast_ids:
             foils = tuple(int(foil) for foil in proto_ask.contrast_ids)
-        ask = GenerationAsk(proto_ask.method or config.default_method, dict(proto_ask.options), steps, foils)
+        span = (int(proto_ask.span.start), int(proto_ask.span.end)) if proto_ask.HasField("span") else None
+        ask = _checked_ask(
+            GenerationAsk(
+                proto_ask.method or config.default_method,
+                dict(proto_ask.options),
+                steps,
+                foils,
+                decode_granularity(proto_ask.granularity),
+                span,
+            )
+        )
     continuation = request.continuation or None
     ids = tuple(int(token) for token in request.continuation_ids) or None
+    raw_messages, raw_documents = messages_from_proto(request)
+    messages = decode_messages(raw_messages, config) if raw_messages else None
+    if messages is not None and request.prompt:
+        raise RowError("invalid_request", "set GenerationRequest.prompt or messages, not both")
+    prompt = None if messages is not None else request.prompt
+    documents = decode_documents(raw_documents, config)
     return _row(
-        Encoding.PROTOBUF, request.prompt, int(request.max_new_tokens), sampling, continuation, ids, ask, config
+        Encoding.PROTOBUF,
+        prompt,
+        int(request.max_new_tokens),
+        sampling,
+        continuation,
+        ids,
+        ask,
+        config,
+        messages,
+        documents,
     )
 
 
@@ -306,9 +404,22 @@ def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
             entry["foil_id"] = step.foil_id
         steps.append(entry)
     document["steps"] = steps
+    if outcome.rendered_prompt is not None:
+        document["rendered_prompt"] = outcome.rendered_prompt
+    if outcome.messages is not None:
+        document["messages"] = [part.to_dict() for part in outcome.messages]
+    if outcome.documents is not None:
+        document["documents"] = [part.to_dict() for part in outcome.documents]
+        document["documents_placement"] = outcome.documents_placement
     if outcome.method is not None:
         explanation: dict[str, Any] = {"method": outcome.method, "options": dict(outcome.options)}
-        if outcome.summed is not None:
+        explanation["granularity"] = outcome.granularity
+        explanation["context"] = [unit.to_dict() for unit in outcome.context or []]
+        if outcome.sentences is not None:
+            explanation["sentences"] = [sentence.to_dict() for sentence in outcome.sentences]
+        elif outcome.span is not None:
+            explanation["span"] = outcome.span.to_dict()
+        elif outcome.summed is not None:
             explanation["sum"] = {
                 "start": outcome.summed[0],
                 "stop": outcome.summed[1],
@@ -334,6 +445,13 @@ def fill_generation_response(outcome: GenerationOutcome, response: Any) -> None:
     result.stop_reason = outcome.stop_reason
     result.prompt_tokens.extend(outcome.prompt_tokens)
     result.prompt_special_tokens.extend(outcome.prompt_special)
+    if outcome.rendered_prompt is not None:
+        result.rendered_prompt = outcome.rendered_prompt
+    for part in outcome.messages or []:
+        part.fill(result.messages.add())
+    for part in outcome.documents or []:
+        part.fill(result.documents.add())
+    result.documents_placement = outcome.documents_placement or ""
     for step in outcome.steps:
         proto = result.steps.add()
         proto.token = step.token
@@ -352,6 +470,14 @@ def fill_generation_response(outcome: GenerationOutcome, response: Any) -> None:
         for key, value in outcome.options.items():
             result.options[key] = int(value)
         result.seconds = outcome.attribution_seconds
+        result.granularity = outcome.granularity
+        for unit in outcome.context or []:
+            unit.fill(result.context.add())
+        for sentence in outcome.sentences or []:
+            sentence.fill(result.sentences.add())
+        result.explained_sentences = outcome.sentences is not None
+        if outcome.span is not None:
+            outcome.span.fill(result.span)
         if outcome.summed is not None:
             result.summed = True
             result.sum_start, result.sum_stop = outcome.summed

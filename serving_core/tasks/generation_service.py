@@ -1,13 +1,16 @@
 """The generation service (task ``generation``: causal LMs): a batch of decoded rows in, one outcome per row out.
 
-The rows that generate do so together, in one :func:`explainers.tasks.continuation.generate_continuation` call
-(each with its own budget, sampling settings and seed, so a row's answer does not depend on its batch); rows that
-bring their own continuation join them after. The rows that ask for an explanation are then grouped by method,
-options and target kind (steps or a sum), and each group is one
-:func:`explainers.tasks.generation.explain_continuation` (one forward for the group, one batched backward); a row's
-own steps and foils are its share of the group's targets. Rows that fail to decode or whose request is invalid get
-their own error; the others are served. Nothing per request is kept on the service object. Loading and devices are
-:mod:`serving_core.loading`'s.
+A row's prompt is its ``prompt`` (after a documents block when it has documents) or its chat ``messages`` rendered
+with the chat template (:func:`explainers.render_chat`), tokenized with character offsets. The rows that generate do
+so together, in one :func:`explainers.tasks.continuation.generate_continuation` call (each with its own budget,
+sampling settings and seed, so a row's answer does not depend on its batch); rows that bring their own continuation
+join them after. The rows that ask for an explanation are then grouped by method, options and target kind (steps, a
+sum, or spans of the answer: its sentences or the span asked for), and each group is one
+:func:`explainers.tasks.generation.explain_continuation` or :func:`explainers.explain_spans` (one forward for the
+group, one batched backward); a row's own steps, foils and sentences are its share of the group's targets. Scores are
+then summed into the units the row asked for (:mod:`~serving_core.tasks.generation_context`). Rows that fail to
+decode or whose request is invalid get their own error; the others are served. Nothing per request is kept on the
+service object. Loading and devices are :mod:`serving_core.loading`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +25,20 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from explainers import ExplainError, InvalidTargetError, StepSum
+from explainers import (
+    ExplainError,
+    InvalidOptionError,
+    InvalidTargetError,
+    PromptField,
+    RenderedPrompt,
+    SpanExplanation,
+    StepSum,
+    decoded_offsets,
+    explain_spans,
+    render_chat,
+    render_prompt,
+    span_steps,
+)
 from explainers.tasks.continuation import (
     Continuation,
     GenerationSettings,
@@ -38,21 +54,33 @@ from ..errors import RowError, from_explain_error
 from ..loading import load_model, load_tokenizer
 from ..task import BatchTimings
 from ..wire import Encoding
-from .generation_schema import GenerationOutcome, GenerationRow, GenerationStepOutcome
+from .chat_schema import AnswerSpan
+from .generation_context import RowContext, prompt_parts, row_context, sentence_spans
+from .generation_schema import SENTENCES, GenerationAsk, GenerationOutcome, GenerationRow, GenerationStepOutcome
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class _Prepared:
-    """A valid row, tokenized: its prompt ids and, for a given continuation, its ids."""
+    """A valid row, tokenized: its rendered prompt and ids and, for a given continuation, its ids."""
 
     index: int
     row: GenerationRow
-    prompt_ids: list[int]
+    rendered: RenderedPrompt
     continuation_ids: list[int] | None
     foils: list[int] | None
     settings: GenerationSettings
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt's token ids."""
+        return list(self.rendered.input_ids)
+
+
+def _explains_spans(ask: GenerationAsk, row: GenerationRow) -> bool:
+    """Whether a row explains spans of its answer (its sentences, or the span asked for) rather than steps."""
+    return ask.span is not None or ask.steps == SENTENCES or (ask.steps is None and bool(row.documents))
 
 
 class GenerationService:
@@ -91,8 +119,34 @@ class GenerationService:
             )
         return int(ids[0])
 
+    def _render(self, row: GenerationRow) -> RenderedPrompt:
+        """The row's prompt rendered (chat template, documents block) and tokenized with character offsets.
+
+        Raises:
+            RowError: ``no_chat_template``, ``invalid_messages``, or ``invalid_request``/``invalid_option`` for what a
+                slow tokenizer (no offsets) cannot do.
+        """
+        try:
+            if row.messages is not None:
+                return render_chat(self.tokenizer, row.messages, row.documents, chat_template=self.config.chat_template)
+            if getattr(self.tokenizer, "is_fast", False):
+                return render_prompt(self.tokenizer, row.prompt or "", row.documents)
+            if row.documents:
+                render_prompt(self.tokenizer, row.prompt or "", row.documents)  # raises: it needs offsets
+            if row.ask is not None and (row.ask.granularity != "token" or _explains_spans(row.ask, row)):
+                raise InvalidOptionError(
+                    "words, sentences and spans of the answer need a fast tokenizer's character offsets; this model's "
+                    "tokenizer is not one (no tokenizer.json): explain tokens and steps"
+                )
+        except ExplainError as error:
+            raise from_explain_error(error) from None
+        prompt = row.prompt or ""
+        ids = self.tokenizer(prompt)["input_ids"]
+        return RenderedPrompt(prompt, tuple(ids), (None,) * len(ids), (PromptField("prompt", 0, "prompt"),))
+
     def _prepare(self, index: int, row: GenerationRow) -> _Prepared:
-        prompt = self.tokenizer(row.prompt)["input_ids"]
+        rendered = self._render(row)
+        prompt = list(rendered.input_ids)
         if len(prompt) > self.config.max_length:
             raise RowError(
                 "too_many_tokens",
@@ -120,7 +174,7 @@ class GenerationService:
             settings = GenerationSettings.from_mapping(row.sampling, self.model)
         except ExplainError as error:
             raise from_explain_error(error) from None
-        return _Prepared(index, row, prompt, continuation, foils, settings)
+        return _Prepared(index, row, rendered, continuation, foils, settings)
 
     def run(
         self, rows: Sequence[GenerationRow | RowError], encodings: Sequence[Encoding]
@@ -218,6 +272,12 @@ class GenerationService:
             outcome.stop_reason = "eos" if ids and ids[-1] in self.eos else "length"
         outcome.prompt_tokens = self.tokenizer.convert_ids_to_tokens(item.prompt_ids)
         outcome.prompt_special = [token in self.special_ids for token in item.prompt_ids]
+        row = item.row
+        if row.messages is not None or row.documents:
+            outcome.rendered_prompt = item.rendered.text
+            roles = None if row.messages is None else [message.role for message in row.messages]
+            outcome.messages, outcome.documents = prompt_parts(item.rendered, roles, len(row.documents))
+            outcome.documents_placement = item.rendered.placement
         pieces = self.tokenizer.convert_ids_to_tokens(ids)
         outcome.steps = [
             GenerationStepOutcome(token=str(piece), token_id=int(token), probability=float(value))
@@ -227,54 +287,35 @@ class GenerationService:
     def _explain(
         self, prepared: Sequence[_Prepared], made: Continuation, outcomes: list[GenerationOutcome]
     ) -> tuple[float, float]:
-        """Explain the rows that ask, one group per (method, options, steps kind); returns forward and backward
+        """Explain the rows that ask, one group per (method, options, target kind); returns forward and backward
         seconds summed over the groups."""
-        groups: dict[tuple[Any, ...], list[tuple[int, Any, list[int] | None]]] = {}
+        groups: dict[tuple[Any, ...], list[_Member]] = {}
         for position, item in enumerate(prepared):
             ask = item.row.ask
             if ask is None or outcomes[item.index].error is not None:
                 continue
-            row_steps = int(made.token_mask[position].sum())
             try:
-                steps = resolve_steps(ask.steps, row_steps)
-                foils = item.foils
-                if foils is not None and len(foils) not in (1, row_steps):
-                    raise InvalidTargetError(
-                        f"contrast has {len(foils)} foils for {row_steps} steps: give one for every step or one each"
-                    )
+                member = self._member(position, item, ask, made)
             except ExplainError as error:
                 outcomes[item.index].error = from_explain_error(error)
                 continue
-            key_steps = ("sum", steps.start, steps.stop) if isinstance(steps, StepSum) else ("steps",)
-            key = (ask.method, tuple(sorted(ask.options.items())), key_steps, foils is not None)
-            groups.setdefault(key, []).append((position, steps, foils))
+            if member.spans is not None:
+                kind: tuple[Any, ...] = ("spans",)
+            elif isinstance(member.steps, StepSum):
+                kind = ("sum", member.steps.start, member.steps.stop)
+            else:
+                kind = ("steps",)
+            key = (ask.method, tuple(sorted(ask.options.items())), kind, member.foils is not None)
+            groups.setdefault(key, []).append(member)
         forward = backward = 0.0
-        for (method, options, key_steps, contrasted), members in groups.items():
-            positions = [position for position, _, _ in members]
+        for (method, options, kind, contrasted), members in groups.items():
+            positions = [member.position for member in members]
             subset = made.rows(positions)
-            total = subset.steps
-            wanted = torch.zeros((len(positions), total), dtype=torch.bool, device=subset.tokens.device)
-            foil_ids = torch.full((len(positions), total), -1, dtype=torch.long, device=subset.tokens.device)
-            for offset, (_, steps, row_foils) in enumerate(members):
-                if isinstance(steps, StepSum):
-                    wanted[offset] = True
-                else:
-                    wanted[offset, list(steps)] = True
-                if row_foils is not None:
-                    count = int(subset.token_mask[offset].sum())
-                    repeated = row_foils * (count if len(row_foils) == 1 else 1)
-                    foil_ids[offset, :count] = torch.tensor(repeated[:count], device=foil_ids.device)
-            summed = StepSum(key_steps[1], key_steps[2]) if key_steps[0] == "sum" else None
             try:
-                result = explain_continuation(
-                    self.model,
-                    subset,
-                    method=method,
-                    steps=summed,
-                    contrast=foil_ids if contrasted else None,
-                    options=dict(options),
-                    wanted=wanted,
-                )
+                if kind[0] == "spans":
+                    result: Any = self._explain_spans(subset, members, method, dict(options))
+                else:
+                    result = self._explain_steps(subset, members, method, dict(options), kind, contrasted)
             except ExplainError as error:
                 for position in positions:
                     outcomes[prepared[position].index].error = from_explain_error(error)
@@ -286,39 +327,156 @@ class GenerationService:
                         "internal", "the batch failed on the server; see the server log"
                     )
                 continue
-            forward += float(result.seconds.get("forward", 0.0))
-            backward += float(result.seconds.get("backward", 0.0))
-            seconds = float(result.seconds.get("attribution", 0.0))
-            for offset, (position, steps, _) in enumerate(members):
-                self._fill_explanation(outcomes[prepared[position].index], result, offset, steps, seconds)
+            timings = result.seconds if result is not None else {}
+            forward += float(timings.get("forward", 0.0))
+            backward += float(timings.get("backward", 0.0))
+            seconds = float(timings.get("attribution", 0.0))
+            for offset, member in enumerate(members):
+                outcome = outcomes[prepared[member.position].index]
+                self._fill_explanation(outcome, method, result, offset, member, seconds)
         return forward, backward
 
+    def _member(self, position: int, item: _Prepared, ask: GenerationAsk, made: Continuation) -> _Member:
+        """A row's share of its group: its steps or spans, foils, and its context units.
+
+        Raises:
+            ExplainError: for steps, foils or a span that do not fit the row's answer.
+        """
+        row_steps = int(made.token_mask[position].sum())
+        ids = made.tokens[position, :row_steps].tolist()
+        answer, offsets = decoded_offsets(self.tokenizer, ids)
+        context = row_context(
+            item.rendered,
+            self._texts(item.prompt_ids),
+            answer,
+            offsets,
+            self._texts(ids),
+            ask.granularity,
+            len(item.row.documents),
+        )
+        if _explains_spans(ask, item.row):
+            if ask.span is None:
+                return _Member(position, None, None, context, sentence_spans(answer, offsets), SENTENCES)
+            start, end = ask.span
+            steps = span_steps(answer, offsets, start, end)
+            return _Member(position, None, None, context, [AnswerSpan(answer[start:end], start, end, steps)], "span")
+        resolved = resolve_steps(ask.steps if not isinstance(ask.steps, str) else None, row_steps)
+        foils = item.foils
+        if foils is not None and len(foils) not in (1, row_steps):
+            raise InvalidTargetError(
+                f"contrast has {len(foils)} foils for {row_steps} steps: give one for every step or one each"
+            )
+        return _Member(position, resolved, foils, context)
+
+    def _texts(self, ids: Sequence[int]) -> list[str]:
+        """Each token decoded on its own (a unit's text where the token has no character offsets: a BOS, an EOS, or
+        every token of a slow tokenizer), never a ``Ġ``/``▁`` piece."""
+        return [str(self.tokenizer.decode([token])) for token in ids]
+
+    def _explain_spans(
+        self, subset: Continuation, members: Sequence[_Member], method: str, options: dict[str, Any]
+    ) -> SpanExplanation | None:
+        """One forward for every span of the group's rows (``None`` when no row has a sentence to explain)."""
+        spans = [[span.steps for span in member.spans or []] for member in members]
+        if not any(spans):
+            return None
+        return explain_spans(self.model, subset, spans, method=method, options=options)
+
+    def _explain_steps(
+        self,
+        subset: Continuation,
+        members: Sequence[_Member],
+        method: str,
+        options: dict[str, Any],
+        kind: tuple[Any, ...],
+        contrasted: bool,
+    ) -> Any:
+        """One forward for the group's steps (or sums), the rows' own steps and foils as ``wanted`` and foil ids."""
+        total = subset.steps
+        device = subset.tokens.device
+        wanted = torch.zeros((len(members), total), dtype=torch.bool, device=device)
+        foil_ids = torch.full((len(members), total), -1, dtype=torch.long, device=device)
+        for offset, member in enumerate(members):
+            if isinstance(member.steps, StepSum):
+                wanted[offset] = True
+            else:
+                wanted[offset, list(member.steps or ())] = True
+            if member.foils is not None:
+                count = int(subset.token_mask[offset].sum())
+                repeated = member.foils * (count if len(member.foils) == 1 else 1)
+                foil_ids[offset, :count] = torch.tensor(repeated[:count], device=device)
+        summed = StepSum(kind[1], kind[2]) if kind[0] == "sum" else None
+        return explain_continuation(
+            self.model,
+            subset,
+            method=method,
+            steps=summed,
+            contrast=foil_ids if contrasted else None,
+            options=options,
+            wanted=wanted,
+        )
+
     def _fill_explanation(
-        self, outcome: GenerationOutcome, result: Any, offset: int, steps: Any, seconds: float
+        self, outcome: GenerationOutcome, method: str, result: Any, offset: int, member: _Member, seconds: float
     ) -> None:
-        scores = result.scores.float().cpu()
-        if not bool(torch.isfinite(scores[offset]).all()):
+        if result is not None and not bool(torch.isfinite(result.scores[offset].float()).all()):
             outcome.error = RowError(
                 "attribution_failed", f"method {result.method!r} gave NaN or infinite scores for this row"
             )
             return
-        outcome.method = result.method
-        outcome.options = dict(result.options)
+        context = member.context
+        outcome.method = method if result is None else result.method
+        outcome.options = {} if result is None else dict(result.options)
         outcome.attribution_seconds = seconds
+        outcome.granularity = context.granularity
+        outcome.context = list(context.described)
+        if member.spans is not None:
+            for index, span in enumerate(member.spans):
+                token_scores = result.context_scores(offset, index).float().cpu()
+                span.scores = context.scores(token_scores)
+                span.value = float(result.values[offset, index])
+                span.documents = context.cite(token_scores) if context.documents else None
+            if member.mode == SENTENCES:
+                outcome.sentences = member.spans
+            else:
+                outcome.span = member.spans[0]
+            return
+        steps = member.steps
         if isinstance(steps, StepSum):
             start, stop = steps.span(int(result.generated_mask[offset].sum()))
             outcome.summed = (start, stop)
-            outcome.sum_scores = result.context_scores(offset, 0).float().tolist()
+            outcome.sum_scores = context.scores(result.context_scores(offset, 0).float().cpu())
             outcome.sum_value = float(result.values[offset, 0])
             return
-        for step in steps:
+        for step in steps or ():
             entry = outcome.steps[step]
             entry.explained = True
-            entry.scores = result.context_scores(offset, step).float().tolist()
+            entry.scores = context.scores(result.context_scores(offset, step).float().cpu())
             entry.value = float(result.values[offset, step])
             if result.contrast is not None and int(result.contrast[offset, step]) >= 0:
                 entry.foil_id = int(result.contrast[offset, step])
                 entry.foil = str(self.tokenizer.convert_ids_to_tokens(entry.foil_id))
+
+
+@dataclass
+class _Member:
+    """A row's share of its explanation group.
+
+    Attributes:
+        position: the row's position among the prepared rows.
+        steps: its steps (indices, or a sum); ``None`` for spans.
+        foils: its foil ids, if any.
+        context: its context units.
+        spans: its sentences (or the one span asked for), when it explains spans of its answer.
+        mode: ``sentences`` or ``span``.
+    """
+
+    position: int
+    steps: tuple[int, ...] | StepSum | None
+    foils: list[int] | None
+    context: RowContext
+    spans: list[AnswerSpan] | None = None
+    mode: str = ""
 
 
 def _until_eos(tokens: Sequence[int], eos: frozenset[int]) -> list[int]:

@@ -15,6 +15,7 @@ from typing import Any
 from .. import wire
 from ..errors import RowError
 from ..wire import Encoding, rounded, rounded_list
+from .text_units import TextUnit
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class TokenOutcome:
         method: the method that explained the entities (``None``: not explained).
         options: the method's options as used.
         attribution_seconds: seconds of the rows' attribution after the shared passes.
+        granularity: ``token``, ``word`` or ``sentence``: what each entity's ``scores`` are over.
+        context: with ``word`` or ``sentence``: the units (each entity's ``scores`` has one score per unit).
     """
 
     encoding: Encoding
@@ -73,6 +76,8 @@ class TokenOutcome:
     method: str | None = None
     options: Mapping[str, int] = field(default_factory=dict)
     attribution_seconds: float = 0.0
+    granularity: str = "token"
+    context: list[TextUnit] | None = None
 
 
 def token_outcome_to_dict(outcome: TokenOutcome) -> dict[str, Any]:
@@ -110,6 +115,9 @@ def token_outcome_to_dict(outcome: TokenOutcome) -> dict[str, Any]:
             "options": dict(outcome.options),
             "seconds": round(outcome.attribution_seconds, 6),
         }
+        if outcome.context is not None:
+            answer["explanation"]["granularity"] = outcome.granularity
+            answer["explanation"]["context"] = [unit.to_dict(False) for unit in outcome.context]
     return answer
 
 
@@ -147,3 +155,7 @@ def fill_token_response(outcome: TokenOutcome, response: Any) -> None:
         for key, value in outcome.options.items():
             answer.options[key] = value
         answer.seconds = outcome.attribution_seconds
+        if outcome.context is not None:
+            answer.granularity = outcome.granularity
+            for unit in outcome.context:
+                unit.fill(answer.context.add())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from explainers import (
     explain_tokens,
     get_method,
     predict_tokens,
+    unit_scores,
 )
 from explainers.architectures.support import check_method
 from explainers.tasks.tagging import label_scheme
@@ -40,6 +41,7 @@ from ..loading import autocast, load_classifier, load_tokenizer
 from ..task import BatchTimings
 from ..wire import Encoding
 from .classify_schema import DecodedRow
+from .text_units import text_units
 from .token_schema import EntityOutcome, TokenOutcome
 
 logger = logging.getLogger(__name__)
@@ -171,7 +173,23 @@ class TokenClassificationService:
                 row = rows[index]
                 assert isinstance(row, DecodedRow)
                 self._fill(outcomes[index], row.text or "", encoded[index], result, position)
+                if row.granularity != "token" and outcomes[index].method is not None and outcomes[index].error is None:
+                    self._fill_units(outcomes[index], row.text or "", encoded[index], row.granularity)
         return outcomes, BatchTimings(forward, backward)
+
+    def _fill_units(self, outcome: TokenOutcome, text: str, encoded: _Encoded, granularity: str) -> None:
+        """Each entity's scores summed into the text's words or sentences (the answer's ``context``)."""
+        offsets = [None if flag else offset for offset, flag in zip(encoded.offsets, encoded.special, strict=True)]
+        sequences = [None if flag else 0 for flag in encoded.special]
+        units, described = text_units(text, None, offsets, sequences, outcome.tokens or [], granularity)
+        outcome.granularity = granularity
+        outcome.context = described
+        outcome.entities = [
+            replace(entity, scores=[float(v) for v in unit_scores(torch.tensor(entity.scores), units)])
+            if entity.scores is not None
+            else entity
+            for entity in outcome.entities
+        ]
 
     def _fill(
         self, outcome: TokenOutcome, text: str, encoded: _Encoded, result: TokenPrediction, position: int

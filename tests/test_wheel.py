@@ -1,0 +1,215 @@
+"""The built wheels, and the library installed from one outside the repository.
+
+Both distributions are built (``pip wheel``) from a copy of the checkout's files; the service's wheel carries every
+data file its code reads at run time, ``py.typed``, the licence and the one version number, and its core requires
+only torch (a range) and transformers. A fresh virtualenv then gets torch first, then the core wheel alone (pip
+installs nothing torch-related and none of the service's libraries), and explains a tiny BERT, written by the test
+with a handful-of-words vocabulary, by every method: the same scores as the source tree gives in this process.
+
+Slow (two to five minutes: a virtualenv, torch and transformers from pip's sources). torch comes from
+``$TORCH_INDEX_URL`` where it is set (``.ci/run`` sets it), else from the index the Makefile installed the running
+virtualenv's torch from (its ``.torch-*`` stamp: PyTorch's CPU index by default), else from pip's own configuration.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from explainers import available_methods, explain, get_method
+from explainers._version import __version__
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+PROBE = Path(__file__).with_name("wheel_probe.py")
+#: The top-level packages the wheel carries (pyproject.toml's find patterns, ``name*``).
+PACKAGES = tuple(
+    pattern.rstrip("*")
+    for pattern in tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+)
+TEXT = "the crew was rude and the flight late"
+WORDS = ("the", "crew", "was", "rude", "and", "flight", "late", "lovely", "staff")
+#: What the fresh virtualenv must not get from the core wheel.
+TORCH_RELATED = re.compile(r"^(torch|nvidia|cuda|triton)", re.IGNORECASE)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+def _environment() -> dict[str, str]:
+    """This environment without the test virtualenv's or the repository's Python settings."""
+    return {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
+
+
+def _run(command: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(command, cwd=cwd, env=_environment(), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(command)}:\n{(result.stdout + result.stderr)[-6000:]}"
+    return result
+
+
+def _checkout_files() -> list[str]:
+    """The repository's files as a clone would have them (tracked, and new files git does not ignore)."""
+    listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], 60, cwd=REPO).stdout
+    return [name for name in listed.split("\0") if name and (REPO / name).is_file()]
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The two wheels, built from a copy of the checkout's files: ``{"service": ..., "client": ...}``."""
+    root = tmp_path_factory.mktemp("wheels")
+    source = root / "source"
+    for name in _checkout_files():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, source / name)
+    dist = root / "dist"
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check"]
+    _run([*pip, "-w", str(dist), str(source), str(source / "explain_client")], 900)
+    built = {path.name.split("-")[0]: path for path in dist.glob("*.whl")}
+    return {"service": built["transformer_explain_service"], "client": built["transformer_explain_client"]}
+
+
+def _metadata(wheel: Path) -> tuple[list[str], str]:
+    """The wheel's file names and its METADATA text."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = next(name for name in names if name.endswith(".dist-info/METADATA"))
+        return names, archive.read(metadata).decode("utf-8")
+
+
+def _requires(metadata: str) -> list[str]:
+    return [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def test_the_wheel_carries_its_data_files_typing_licence_and_version(wheels: dict[str, Path]) -> None:
+    names, metadata = _metadata(wheels["service"])
+    data_files = [
+        name for name in _checkout_files()
+        if name.split("/")[0] in PACKAGES and not name.endswith((".py", ".md"))
+    ]  # fmt: skip
+    assert "model_store/serving/profiles.yaml" in data_files and "model_store/writer.yaml" in data_files
+    missing = sorted(set(data_files) - set(names))
+    assert not missing, f"the wheel lacks files the code reads: {missing}"
+    assert "explainers/py.typed" in names and "explainers/_version.py" in names
+    assert not any(name.startswith(("tests/", "scripts/", "deploy/", "proto/")) for name in names)
+    licence = next(name for name in names if name.endswith(".dist-info/licenses/LICENSE"))
+    with zipfile.ZipFile(wheels["service"]) as archive:
+        assert archive.read(licence) == (REPO / "LICENSE").read_bytes()
+    assert f"\nVersion: {__version__}\n" in metadata and "\nLicense-Expression: MIT\n" in metadata
+    assert "\nRequires-Python: <3.14,>=3.11\n" in metadata
+    core = [req for req in _requires(metadata) if "extra ==" not in req]
+    assert core == ["torch>=2.6", "transformers<6,>=5.20"], "the library needs torch (a range) and transformers"
+    client_pin = f"transformer-explain-client=={__version__}"
+    for extra in ("serve", "eval"):
+        assert f'{client_pin}; extra == "{extra}"' in _requires(metadata), extra
+    client_names, client_metadata = _metadata(wheels["client"])
+    assert f"\nVersion: {__version__}\n" in client_metadata, "one version number for both distributions"
+    assert "explain_client/py.typed" in client_names
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in client_names)
+
+
+def _tiny_checkpoint(folder: Path) -> None:
+    """A 2-layer BERT classifier with a WordPiece vocabulary of a few words, saved as a checkpoint folder."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    vocab = folder / "vocab.txt"
+    folder.mkdir(parents=True)
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizer(vocab=str(vocab), do_lower_case=True)
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    config.num_labels = 3
+    config.id2label = {0: "negative", 1: "neutral", 2: "positive"}
+    config.label2id = {label: index for index, label in config.id2label.items()}
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def _torch_index() -> str | None:
+    """Where the fresh virtualenv's torch comes from (see the module's docstring)."""
+    if os.environ.get("TORCH_INDEX_URL"):
+        return os.environ["TORCH_INDEX_URL"]
+    stamps = sorted(Path(sys.prefix).glob(".torch-*"))
+    return (stamps[0].read_text(encoding="utf-8").strip() or None) if stamps else None
+
+
+@pytest.fixture(scope="module")
+def core_venv(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh virtualenv outside the repository with torch, then the core wheel alone; its Python."""
+    root = tmp_path_factory.mktemp("core-venv")
+    venv = root / "venv"
+    started = time.perf_counter()
+    _run([sys.executable, "-m", "venv", str(venv)], 300)
+    python = venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    release = importlib.metadata.version("torch").split("+")[0]
+    index = _torch_index()
+    _run([*pip, *(["--index-url", index] if index else []), f"torch=={release}"], 900, cwd=root)
+    with_torch = time.perf_counter()
+    report = root / "core-install.json"
+    _run([*pip, "--report", str(report), str(wheels["service"])], 900, cwd=root)
+    installed = sorted(item["metadata"]["name"] for item in json.loads(report.read_text())["install"])
+    finished = time.perf_counter()
+    logger.warning(
+        "core wheel: venv + torch %.0f s, core install %.0f s, %d packages: %s",
+        with_torch - started, finished - with_torch, len(installed), installed,
+    )  # fmt: skip
+    assert "transformer-explain-service" in installed and "transformers" in installed
+    assert not [name for name in installed if TORCH_RELATED.match(name)], "the core wheel pulled a torch package"
+    yield python
+
+
+def _explain_here(folder: Path) -> dict[str, Any]:
+    """What the source tree's explainers give for the checkpoint, in this process."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    inputs = dict(AutoTokenizer.from_pretrained(str(folder))([TEXT], return_tensors="pt"))
+    return {method: explain(model, inputs, method=method).scores[0] for method in available_methods()}
+
+
+def test_the_core_wheel_explains_a_tiny_model_outside_the_repository(core_venv: Path, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "tiny-bert"
+    _tiny_checkpoint(checkpoint)
+    result = _run([str(core_venv), str(PROBE), str(checkpoint), TEXT], 600, cwd=tmp_path)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    site = core_venv.parent.parent / "lib"
+    assert Path(report["explainers_file"]).is_relative_to(site), "imported from the wheel, not the repository"
+    assert report["version"] == report["metadata_version"] == __version__
+    assert report["py_typed"]
+    assert report["present_service_libraries"] == [], "the core install brought the service's libraries"
+    serving = ("profiles.yaml", "metrics.yaml", "config.properties.template")
+    data_files = {*(f"model_store/serving/{name}" for name in serving), "model_store/writer.yaml"}
+    assert data_files <= set(report["data_files"])
+    assert report["tokens"] == ["[CLS]", *TEXT.split(), "[SEP]"]
+    expected = _explain_here(checkpoint)
+    # A method that needs a package beyond torch and transformers (attention_flow: SciPy) is refused by the core
+    # install, naming what to install; every other method explains there as here.
+    for method, refused in report["refused"].items():
+        assert refused["missing"] == list(get_method(method).packages), method
+        assert all(get_method(method).packages[module] in refused["message"] for module in refused["missing"])
+    assert set(report["methods"]) | set(report["refused"]) == set(expected) and len(report["methods"]) >= 8
+    for method, scores in expected.items():
+        if method in report["refused"]:
+            continue
+        served = torch.tensor(report["methods"][method]["scores"])
+        assert served.shape == scores.shape and torch.isfinite(served).all(), method
+        assert torch.allclose(served, scores, atol=1e-6, rtol=1e-5), (method, served, scores)
