@@ -14,8 +14,9 @@ on eager attention).
 ``--memory`` instead reports the peak memory of chosen methods at chosen lengths (batch ``--memory-batch``,
 default 1), each measured in a fresh child process above the memory in use after loading the model
 (:mod:`bench.memory`: the resident set's peak on CPU, the allocator's on CUDA), next to a plain forward's
-(``forward``, no gradient) and a plain input-gradient backward's on the model as loaded (``gradient``: the
-embeddings' gradient of the target logit, no capture, no rules).
+(``forward``, no gradient) and a plain input-gradient backward's on the model as loaded (``plain-gradient``: the
+embeddings' gradient of the target logit, no capture, no rules; not the ``gradient`` method, which is measured as any
+method is).
 
     python -m bench.explainers                      # CPU, batch 1/8/32, length 32/128
     python -m bench.explainers --device cuda --bf16  # GPU, bf16 autocast forward, fp32 attribution maths
@@ -40,7 +41,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from explainers import available_methods, explain
+from explainers import available_methods, explain, get_method
 
 log = logging.getLogger("bench.explainers")
 
@@ -173,8 +174,12 @@ def plain_gradient(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.T
     return gradient
 
 
+#: The memory measurement of a plain input-gradient backward (a name no method has: ``gradient`` is one).
+PLAIN_GRADIENT = "plain-gradient"
+
+
 def _peak_child(args: argparse.Namespace, model: nn.Module, what: str, length: int) -> float:
-    """Peak memory (MiB) of one forward (``forward``), one plain input-gradient backward (``gradient``) or one
+    """Peak memory (MiB) of one forward (``forward``), one plain input-gradient backward (``plain-gradient``) or one
     explanation, above the memory in use after loading the model and making the inputs."""
     from bench.memory import peak_memory
 
@@ -183,7 +188,7 @@ def _peak_child(args: argparse.Namespace, model: nn.Module, what: str, length: i
         if what == "forward":
             with torch.inference_mode():
                 model(**inputs)
-        elif what == "gradient":
+        elif what == PLAIN_GRADIENT:
             plain_gradient(model, inputs)
         else:
             explain(model, inputs, method=what)
@@ -199,12 +204,12 @@ def memory_table(args: argparse.Namespace) -> None:
     rows = []
     for length in args.lengths:
         cells = [str(length)]
-        for what in ["forward", "gradient", *args.methods]:
+        for what in ["forward", PLAIN_GRADIENT, *args.methods]:
             command = [sys.executable, "-m", "bench.explainers", "--memory-child", what, str(length), *args.passthrough]
             done = subprocess.run(command, check=True, capture_output=True, text=True)
             cells.append(f"{json.loads(done.stdout.strip().splitlines()[-1])['mib']:.0f}")
         rows.append(" | ".join(cells))
-    header = ["tokens", "forward MiB", "gradient MiB", *[f"{method} MiB" for method in args.methods]]
+    header = ["tokens", "forward MiB", "plain gradient MiB", *[f"{method} MiB" for method in args.methods]]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
@@ -222,7 +227,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--methods", nargs="+", default=available_methods())
     parser.add_argument("--ig-steps", type=int, default=50)
-    parser.add_argument("--ig-max-batch", type=int, default=8, help="skip integrated gradients above this batch size")
+    parser.add_argument(
+        "--ig-max-batch",
+        type=int,
+        default=8,
+        help="skip the methods that run forwards of their own (integrated gradients, smoothgrad, occlusion) or a "
+        "solver per token (attention flow) above this batch size; they are timed once",
+    )
     parser.add_argument("--alone-batch", type=int, default=8, help="batch size at which per-example cost is shown")
     parser.add_argument("--arch", choices=ARCHITECTURES, help="a random model of this architecture (no checkpoint)")
     parser.add_argument("--layers", type=int, default=6)
@@ -295,11 +306,17 @@ def main(argv: list[str] | None = None) -> None:
             if refusal(model_type, method) is not None:
                 cells.append("refused")
                 continue
+            chosen = get_method(method)
+            limit = chosen.length_limit
+            if limit is not None and length > limit.tokens:
+                cells.append(f"over {limit.tokens}")
+                continue
             options = {"n_steps": args.ig_steps} if method == "integrated_gradients" else {}
-            if method == "integrated_gradients" and batch > args.ig_max_batch:
+            slow = chosen.forwards is not None or limit is not None  # forwards of its own, or a solver per token
+            if slow and batch > args.ig_max_batch:
                 cells.append("-")
                 continue
-            repeats = 1 if method == "integrated_gradients" else args.repeats
+            repeats = 1 if slow else args.repeats
 
             def run(method: str = method, options: dict[str, int] = options, inputs: dict = inputs) -> object:
                 with autocast:

@@ -1,5 +1,6 @@
 """Attributions for Hugging Face Transformers, batched: AttnLRP (the served default) and CP-LRP, Chefer et al.'s
-relevance, GAE, attention rollout, raw attention, and two saliency baselines (gradient × input, integrated gradients).
+relevance, GAE, attention rollout, raw attention, and the baselines the founding papers compare (gradient × input,
+integrated gradients, gradient, SmoothGrad, occlusion, attention flow, GradCAM, full and partial LRP).
 
 This module is the public surface; the names below are all a caller needs.
 

@@ -241,6 +241,7 @@ def explain(
         return logits.argmax(dim=-1) if explicit is None else explicit.to(logits.device)
 
     mask = token_mask(arch, validated, model)
+    chosen.admit(int(mask.sum(dim=-1).max()))
     _budget_check(model, arch, memory_budget_mib)(chosen.name, batch, int(mask.shape[-1]), resolved)
     readout = Readout.of(arch, model, validated, mask)
     fused = fused_implementation(model)  # read before prepared_model switches the model
@@ -326,6 +327,7 @@ def explain_batch(
             continue
         try:
             ask, target = _ask(row, arch, num_labels)
+            ask.method.admit(int(lengths[index]))
             within_budget(ask.method.name, 1, int(lengths[index]), ask.options)
         except ExplainError as error:
             results[index] = error

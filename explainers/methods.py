@@ -22,8 +22,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
+from importlib.util import find_spec
 from typing import Any
 
 import torch
@@ -45,12 +46,12 @@ from .capture import (
     forward_pass,
     rounds_per_call,
 )
-from .errors import InvalidOptionError, UnknownMethodError
-from .inputs import batch_size, full_precision, model_device
+from .errors import InvalidInputError, InvalidOptionError, UnknownMethodError, UnsupportedMethodError
+from .inputs import batch_size, full_precision, input_grid, model_device
 from .rules import maps
-from .rules.lrp import Affine, BlockWeights, attention_relevances
-from .rules.lrp import safe_divide as lrp_safe_divide
-from .tasks.token_relevance import token_relevance_scores
+from .rules.flow import attention_flow_scores
+from .rules.lrp import add_relprop as lrp_add_relprop
+from .tasks.token_relevance import lrp_relevances
 
 Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
 """Modified-gradient rules: attach hooks to the model on the pass's hook stack, return the attention observer."""
@@ -65,6 +66,11 @@ class Option:
     default: Callable[[Architecture], int]
     minimum: Callable[[Architecture], int]
     maximum: Callable[[Architecture], int]
+
+    @classmethod
+    def fixed(cls, name: str, description: str, default: int, minimum: int, maximum: int) -> Option:
+        """An option whose default and range do not depend on the model."""
+        return cls(name, description, lambda arch: default, lambda arch: minimum, lambda arch: maximum)
 
     def resolve(self, value: Any, arch: Architecture) -> int:
         """Validate ``value`` (``None`` means the default) and return the option's value."""
@@ -205,6 +211,14 @@ class Forwards:
 
 
 @dataclass(frozen=True)
+class LengthLimit:
+    """The longest input a method explains (``tokens``), and why (``reason``, with what to use instead)."""
+
+    tokens: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Method:
     """A registered attribution method and its capabilities (see the module docstring)."""
 
@@ -220,6 +234,30 @@ class Method:
     rules: Rules | None = None
     #: Forwards of its own (``None``: the method reads only what the capture pass recorded).
     forwards: Forwards | None = None
+    #: The longest input (tokens, or an image's patches and prefix tokens) it explains, and why (``None``: any).
+    length_limit: LengthLimit | None = None
+    #: Python packages it imports beyond the library's own (torch, transformers): module name -> requirement.
+    packages: Mapping[str, str] = field(default_factory=dict)
+
+    def admit(self, length: int) -> None:
+        """Refuse, before any work, what the method cannot do here: an input longer than its :attr:`length_limit`,
+        or any input when a package of :attr:`packages` is not installed.
+
+        Raises:
+            InvalidInputError: naming the limit, the reason and what to use instead.
+            UnsupportedMethodError: naming the missing package and how to install it.
+        """
+        missing = [requirement for module, requirement in self.packages.items() if find_spec(module) is None]
+        if missing:
+            raise UnsupportedMethodError(
+                f"method {self.name!r} needs {', '.join(missing)}, which is not installed here: "
+                f"pip install {' '.join(repr(requirement) for requirement in missing)} (the serve extra has it)"
+            )
+        if self.length_limit is not None and length > self.length_limit.tokens:
+            raise InvalidInputError(
+                f"method {self.name!r} explains at most {self.length_limit.tokens} tokens, this input has {length}: "
+                f"{self.length_limit.reason}"
+            )
 
     @property
     def reads_maps(self) -> bool:
@@ -268,6 +306,8 @@ def register(
     memory: Memory,
     options: tuple[Option, ...] = (),
     rules: Rules | None = None,
+    length_limit: LengthLimit | None = None,
+    packages: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[[MethodInputs], Tensor]], Callable[[MethodInputs], Tensor]]:
     """Register a method computed from the capture pass under ``name`` (a decorator of its compute function).
 
@@ -279,13 +319,16 @@ def register(
         memory: its memory shape.
         options: its options.
         rules: modified-gradient rules for its gradient pass (``None``: true gradients).
+        length_limit: the longest input it explains (``None``: any).
+        packages: Python packages it imports beyond torch and transformers (module name -> requirement).
 
     Raises:
         ValueError: for a name already registered, or a memory shape that does not fit ``needs``.
     """
 
     def decorate(compute: Callable[[MethodInputs], Tensor]) -> Callable[[MethodInputs], Tensor]:
-        _add(Method(name, summary, class_specific, needs, options, compute, memory, rules))
+        method = Method(name, summary, class_specific, needs, options, compute, memory, rules, None, length_limit)
+        _add(replace(method, packages=packages or {}))
         return compute
 
     return decorate
@@ -360,6 +403,7 @@ def get_method(name: str) -> Method:
 # (part of the activations are freed by then); ``relevance`` also their relevances and what its rules read; a
 # gradient method keeps on eager attention the probabilities its backward needs, and on fused attention no maps.
 _HEAD_MEAN = Memory(Footprint(maps=0.0, transient=2.0, activations=0.0, head_means=1.0))
+_LRP = Memory(Footprint(maps=4.0, transient=3.0, activations=8.0))
 
 
 def _gradient_memory(activations: float) -> Memory:
@@ -413,81 +457,21 @@ def _rollout(ctx: MethodInputs) -> Tensor:
     return maps.rollout_scores(ctx.capture.attentions, ctx.options["start_layer"], ctx.readout) * ctx.mask
 
 
-def _block_weights(arch: Architecture, dtype: torch.dtype) -> list[BlockWeights]:
-    def affine(linear: nn.Linear) -> Affine:
-        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-        return Affine(linear.weight.detach().to(dtype), bias)
-
-    return [
-        BlockWeights(
-            query=affine(block.query),
-            key=affine(block.key),
-            value=affine(block.value),
-            attention_output=affine(block.attention_output),
-            ffn_in=affine(block.ffn_in),
-            ffn_out=affine(block.ffn_out),
-        )
-        for block in arch.blocks
-    ]
-
-
 @register(
     "relevance",
     summary="LRP relevance x attention gradients, rolled out (Chefer, Gur & Wolf, CVPR 2021)",
     class_specific=True,
     needs=frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS}),
-    memory=Memory(Footprint(maps=4.0, transient=3.0, activations=8.0)),
+    memory=_LRP,
     options=(START_LAYER,),
 )
 def _relevance(ctx: MethodInputs) -> Tensor:
-    capture = ctx.capture
-    assert capture.activations is not None and capture.head_inputs is not None
-    assert capture.attention_gradients is not None
+    assert ctx.capture.attention_gradients is not None
     start_layer = ctx.options["start_layer"]
-    dtype = capture.activations[0].hidden.dtype
-    if ctx.terms is not None:  # a token classifier's target: LRP seeded at its tokens (tasks.token_relevance)
-        assert ctx.readout is not None and ctx.read_tokens is not None
-        weights = _block_weights(ctx.arch, dtype)
-        return token_relevance_scores(
-            capture, ctx.arch, weights, ctx.terms, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
-        )
-    one_hot = torch.nn.functional.one_hot(capture.targets, capture.logits.shape[-1]).to(dtype)
-    relevances = attention_relevances(
-        capture.activations,
-        _block_weights(ctx.arch, dtype),
-        capture.head_inputs,
-        [linear.weight.detach().to(dtype) for linear in ctx.arch.head],
-        one_hot,
-        ctx.arch.num_heads,
-        ctx.arch.norm_first,
-        start_layer,
-        masked=ctx.arch.modality == "text",
-        head_paths=ctx.arch.head_paths,
-        head_shares=_head_shares(ctx, dtype),
-    )
+    relevances = lrp_relevances(ctx.capture, ctx.arch, ctx.terms, start_layer).attention
     return maps.relevance_scores(
-        relevances, capture.attention_gradients, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
+        relevances, ctx.capture.attention_gradients, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
     )
-
-
-def _head_shares(ctx: MethodInputs, dtype: torch.dtype) -> list[Tensor] | None:
-    """Per head, its magnitude share ``|z_h| / Σ|z|`` of the target logit, when the model averages several heads."""
-    paths = ctx.arch.head_paths
-    if len(paths) < 2:
-        return None
-    assert ctx.capture.head_inputs is not None
-    targets = ctx.capture.targets.view(-1, 1)
-    magnitudes = []
-    first = 0
-    for _, count in paths:
-        last = ctx.arch.head[first + count - 1]
-        inputs = ctx.capture.head_inputs[first + count - 1].to(dtype)
-        bias = None if last.bias is None else last.bias.detach().to(dtype)
-        logits = torch.nn.functional.linear(inputs, last.weight.detach().to(dtype), bias)
-        magnitudes.append(logits.gather(1, targets).abs())
-        first += count
-    total = torch.stack(magnitudes).sum(dim=0)
-    return [lrp_safe_divide(magnitude, total) for magnitude in magnitudes]
 
 
 @register(
@@ -573,6 +557,59 @@ def _scaled(scale: Tensor) -> Callable[[Tensor], Tensor]:
     return lambda embeddings: embeddings * scale.view(-1, 1, 1)
 
 
+def _gradient_times_input(
+    run: ForwardInputs, chunks: list[tuple[int, Callable[[Tensor], Tensor]]], times_changed: bool
+) -> tuple[Tensor, float]:
+    """``Σ`` over copies of the inputs of ``Σ_hidden input · ∂ objective / ∂ changed input``, for every round and row:
+    the shared loop of the methods that differentiate copies of the input embeddings.
+
+    Args:
+        run: the method's forward inputs.
+        chunks: per forward, ``(copies, change)``: the batch repeated ``copies`` times (copy-major), its input
+            embeddings changed by ``change`` (integrated gradients' path scaling, SmoothGrad's noise).
+        times_changed: multiply each copy's gradient by its changed embeddings (SmoothGrad), or by the unchanged ones
+            (integrated gradients, whose gradients are summed over the copies first).
+
+    Returns:
+        ``(K, B, n)`` the sums, and the seconds the gradient calls took. One batched vector-Jacobian product per chunk
+        of rounds follows each forward (on the model's fused attention where it has one); the score is linear in the
+        gradient, so each chunk adds its share directly (the per-round gradients are never all kept).
+    """
+    rounds = run.objective.rounds
+    batch = batch_size(run.arch, run.inputs)
+    device = model_device(run.model)
+    scores: Tensor | None = None
+    backward = 0.0
+    for steps, change in chunks:
+        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
+        forward = forward_pass(
+            run.model, run.arch, repeated, frozenset({EMBEDDING_GRADIENTS}), embeddings=change, fused=run.fused
+        )
+        assert forward.leaf is not None and forward.leaf.original is not None and forward.leaf.leaf is not None
+        original = forward.leaf.original[:batch]  # (B, n, hidden): the same for every copy
+        changed = forward.leaf.leaf.detach()  # (steps·B, n, hidden)
+        if scores is None:
+            scores = torch.zeros((rounds, batch, original.shape[1]), dtype=run.dtype, device=device)
+        sums = run.objective.values(forward.logits).sum(dim=1)  # (K,): rows do not interact
+        wrt = forward.gradient_inputs
+        chunk = rounds_per_call(wrt, rounds, run.chunk_bytes, maps=False)
+        for first in range(0, rounds, chunk):
+            last = min(first + chunk, rounds)
+            began = time.perf_counter()
+            (gradient,) = batched_gradients(sums[first:last], wrt, retain=last < rounds)
+            backward += time.perf_counter() - began
+            with full_precision(device):
+                if times_changed:
+                    products = (gradient * changed.unsqueeze(0)).sum(dim=-1)  # (rounds, steps·B, n)
+                    contribution = products.view(last - first, steps, batch, -1).sum(dim=1)
+                else:
+                    per_step = gradient.view(last - first, steps, batch, *gradient.shape[2:])
+                    contribution = (per_step.sum(dim=1) * original.unsqueeze(0)).sum(dim=-1)
+            scores[first:last] += contribution.to(scores.dtype)
+    assert scores is not None
+    return scores, backward
+
+
 @register_forwards(
     "integrated_gradients",
     summary="integrated gradients on the input embeddings from a zero baseline, midpoint rule (saliency baseline)",
@@ -609,40 +646,276 @@ def _integrated_gradients(run: ForwardInputs) -> ForwardScores:
     all kept).
     """
     n_steps = run.options["n_steps"]
-    rounds = run.objective.rounds
     batch = batch_size(run.arch, run.inputs)
     device = model_device(run.model)
     steps_per_pass = max(1, run.options["internal_batch_size"] // batch)
-    scores: Tensor | None = None
-    backward = 0.0
+    chunks: list[tuple[int, Callable[[Tensor], Tensor]]] = []
     for start in range(0, n_steps, steps_per_pass):
         points = torch.arange(start, min(start + steps_per_pass, n_steps), dtype=run.dtype, device=device) + 0.5
-        points = points / n_steps
-        steps = points.shape[0]
-        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
-        forward = forward_pass(
-            run.model,
-            run.arch,
-            repeated,
-            frozenset({EMBEDDING_GRADIENTS}),
-            embeddings=_scaled(points.repeat_interleave(batch)),
-            fused=run.fused,
-        )
-        assert forward.leaf is not None and forward.leaf.original is not None
-        original = forward.leaf.original[:batch]  # (B, n, hidden): the same for every step
-        if scores is None:
-            scores = torch.zeros((rounds, batch, original.shape[1]), dtype=run.dtype, device=device)
-        sums = run.objective.values(forward.logits).sum(dim=1)  # (K,): rows do not interact
-        wrt = forward.gradient_inputs
-        chunk = rounds_per_call(wrt, rounds, run.chunk_bytes, maps=False)
-        for first in range(0, rounds, chunk):
-            last = min(first + chunk, rounds)
-            began = time.perf_counter()
-            (gradient,) = batched_gradients(sums[first:last], wrt, retain=last < rounds)
-            backward += time.perf_counter() - began
-            per_step = gradient.view(last - first, steps, batch, *gradient.shape[2:])
-            with full_precision(device):
-                contribution = (per_step.sum(dim=1) * original.unsqueeze(0)).sum(dim=-1)
-            scores[first:last] += contribution.to(scores.dtype)
-    assert scores is not None
+        chunks.append((points.shape[0], _scaled((points / n_steps).repeat_interleave(batch))))
+    scores, backward = _gradient_times_input(run, chunks, times_changed=False)
     return ForwardScores(scores / n_steps, backward)
+
+
+# ---- the baselines of the founding papers (issue 28) ----------------------------------------------------------
+
+
+@register(
+    "gradient",
+    summary="L2 norm over the hidden dimension of the gradient w.r.t. each input embedding (Li et al. 2016)",
+    class_specific=True,
+    needs=frozenset({EMBEDDING_GRADIENTS}),
+    memory=_gradient_memory(activations=5.7),
+)
+def _gradient(ctx: MethodInputs) -> Tensor:
+    """Plain gradient saliency: ``‖∂ target / ∂ e_i‖₂`` of each token's word (patch) embedding ``e_i``."""
+    assert ctx.capture.embedding_gradients is not None
+    return _align(torch.linalg.vector_norm(ctx.capture.embedding_gradients, dim=-1), ctx)
+
+
+def _scored_tokens(ctx: MethodInputs) -> Tensor:
+    """``ctx.mask`` with an image's prefix tokens (class, distillation) left out: the tokens a method scores."""
+    if ctx.arch.modality == "text":
+        return ctx.mask
+    scored = ctx.mask.clone()
+    scored[..., : ctx.arch.prefix_tokens] = 0
+    return scored
+
+
+@register(
+    "gradcam",
+    summary="GradCAM on the last layer's attention, as Chefer et al.'s baseline (their generate_attn_gradcam)",
+    class_specific=True,
+    needs=frozenset({ATTENTIONS, ATTENTION_GRADIENTS}),
+    memory=Memory(Footprint(maps=1.35, transient=2.0, activations=5.7)),
+)
+def _gradcam(ctx: MethodInputs) -> Tensor:
+    """Each head's last-layer map times the mean of its gradient, averaged over heads, negative part dropped, rescaled
+    to [0, 1]: over the whole map for text (the authors' BERT code), over the explained row's patches for images
+    (their ViT code)."""
+    capture = ctx.capture
+    assert capture.attentions is not None and capture.attention_gradients is not None
+    text = ctx.arch.modality == "text"
+    return maps.gradcam_scores(
+        capture.attentions[-1],
+        capture.attention_gradients[-1],
+        _scored_tokens(ctx),
+        ctx.readout,
+        ctx.read_tokens,
+        whole_map=text,
+    )
+
+
+@register(
+    "partial_lrp",
+    summary="partial LRP: last layer's attention relevance, mean over heads (Voita et al. 2019; Chefer et al.'s "
+    "generate_LRP_last_layer)",
+    class_specific=True,
+    needs=frozenset({ATTENTIONS, ACTIVATIONS}),
+    memory=_LRP,
+)
+def _partial_lrp(ctx: MethodInputs) -> Tensor:
+    """Chefer et al.'s LRP down to the last block's attention probabilities only; their positive part, averaged over
+    heads, the explained row with the tokens the head reads set to 0."""
+    last = ctx.arch.num_layers - 1
+    relevance = lrp_relevances(ctx.capture, ctx.arch, ctx.terms, last).attention[last]
+    assert relevance is not None
+    return maps.partial_lrp_scores(relevance, _scored_tokens(ctx), ctx.readout, ctx.read_tokens)
+
+
+@register(
+    "lrp",
+    summary="full LRP to the input of the first block, summed over hidden (Chefer et al.'s generate_full_lrp)",
+    class_specific=True,
+    needs=frozenset({ATTENTIONS, ACTIVATIONS}),
+    memory=_LRP,
+)
+def _lrp(ctx: MethodInputs) -> Tensor:
+    """Chefer et al.'s LRP rules through every block to the first block's input, summed over the hidden dimension; for
+    images the input's relevance is split between the patch (and prefix) embeddings and the position embeddings
+    with the skip-connection rule first, as the authors' ViT code does. The tokens the head reads get 0."""
+    below = lrp_relevances(ctx.capture, ctx.arch, ctx.terms, 0, to_input=True).below
+    assert below is not None and ctx.capture.activations is not None
+    if ctx.arch.input_positions is not None:
+        hidden = ctx.capture.activations[0].hidden
+        positions = ctx.arch.input_positions.detach().to(hidden.dtype).expand_as(hidden)
+        below, _ = lrp_add_relprop(hidden - positions, positions, below)
+    return maps.zero_read_tokens(below.sum(dim=-1), ctx.read_tokens) * _scored_tokens(ctx)
+
+
+#: Attention flow's longest input, chosen from ``python -m bench.attention_flow`` (docs/SERVING.md, "The founding
+#: papers' baselines"): a full batch of 8 rows of 128 tokens takes ~21 s on one core, inside the archives' 60 s
+#: responseTimeout; 256 tokens take ~13.5 s a row, 8 rows ~108 s.
+FLOW_MAX_TOKENS = 128
+
+
+@register(
+    "attention_flow",
+    summary="attention flow (Abnar & Zuidema 2020): exact max-flow through rollout's layer graph, sums to 1",
+    class_specific=False,
+    needs=frozenset({ATTENTIONS}),
+    memory=_HEAD_MEAN,
+    length_limit=LengthLimit(
+        FLOW_MAX_TOKENS,
+        "attention flow solves one exact maximum flow per token over a graph of layers x n^2 edges (about 2.6 s a "
+        "row at 128 tokens, 13.5 s at 256 on one core: docs/SERVING.md, 'The founding papers' baselines'); use "
+        "rollout, which it refines, or a shorter input",
+    ),
+    packages={"scipy": "scipy>=1.11"},
+)
+def _attention_flow(ctx: MethodInputs) -> Tensor:
+    assert ctx.capture.attentions is not None
+    return attention_flow_scores(ctx.capture.attentions, ctx.mask, ctx.readout) * ctx.mask
+
+
+#: SmoothGrad's and occlusion's defaults: noisy copies, noise in percent of the embeddings' deviation, rows per forward.
+SMOOTHGRAD_SAMPLES = 16
+SMOOTHGRAD_PERCENT = 15
+COPIES_PER_PASS = 64
+
+INTERNAL_BATCH = Option.fixed(
+    "internal_batch_size", "rows per forward pass over the copies (bounds memory)", COPIES_PER_PASS, 1, 4096
+)
+
+
+def _copies_per_pass(rows: int, options: Mapping[str, int]) -> int:
+    """Copies of the batch one forward holds: ``internal_batch_size // rows``, at least one."""
+    return max(1, int(options.get("internal_batch_size", COPIES_PER_PASS)) // rows)
+
+
+def _embedding_mask(run: ForwardInputs, like: Tensor) -> Tensor:
+    """``(B, n)`` bool: the input embeddings of real tokens (every patch of an image)."""
+    if run.arch.modality == "image":
+        return torch.ones(like.shape[:2], dtype=torch.bool, device=like.device)
+    return run.inputs["attention_mask"].to(like.device).bool()
+
+
+class _RowNoise:
+    """SmoothGrad's noise: each row's own generator (seeded with ``seed``) draws ``(samples, real tokens, hidden)``
+    standard normals at once, scaled by ``percent``% of the standard deviation of the row's real input embeddings, so
+    a row gets the same noise batched or alone (padding gets none)."""
+
+    def __init__(self, samples: int, percent: int, seed: int) -> None:
+        self.samples, self.percent, self.seed = samples, percent, seed
+        self.noise: Tensor | None = None  # (samples, B, n, hidden), drawn at the first forward
+
+    def draw(self, embeddings: Tensor, mask: Tensor) -> Tensor:
+        if self.noise is None:
+            noise = torch.zeros((self.samples, *embeddings.shape), dtype=embeddings.dtype, device=embeddings.device)
+            for row in range(embeddings.shape[0]):
+                real = embeddings[row][mask[row]]
+                generator = torch.Generator().manual_seed(self.seed)
+                draws = torch.randn((self.samples, *real.shape), generator=generator, dtype=embeddings.dtype)
+                scale = real.std() * (self.percent / 100)
+                noise[:, row, mask[row]] = draws.to(embeddings.device) * scale
+            self.noise = noise
+        return self.noise
+
+
+@register_forwards(
+    "smoothgrad",
+    summary="SmoothGrad (Smilkov et al. 2017) of gradient x input: mean over noisy copies of the input embeddings",
+    class_specific=True,
+    memory=_gradient_memory(activations=5.7),
+    gradients=True,
+    rows_per_pass=lambda rows, options: (
+        rows * min(_copies_per_pass(rows, options), int(options.get("n_samples", SMOOTHGRAD_SAMPLES)))
+    ),
+    options=(
+        Option.fixed("n_samples", "noisy copies of each row", SMOOTHGRAD_SAMPLES, 1, 256),
+        Option.fixed(
+            "stdev_percent",
+            "noise standard deviation, in percent of the row's input-embedding standard deviation (0: grad_x_input)",
+            SMOOTHGRAD_PERCENT,
+            0,
+            1000,
+        ),
+        Option.fixed("seed", "seed of each row's noise", 0, 0, 2**31 - 1),
+        INTERNAL_BATCH,
+    ),
+)
+def _smoothgrad(run: ForwardInputs) -> ForwardScores:
+    """SmoothGrad of gradient × input, as Captum's ``NoiseTunnel(InputXGradient)`` computes it: the mean over
+    ``n_samples`` noisy copies ``x + ε`` of ``Σ_hidden (x + ε) · ∂ objective / ∂(x + ε)``, for every round.
+
+    The copies run ``internal_batch_size`` rows per forward (copy-major, on the model's fused attention where it
+    has one), each followed by one batched vector-Jacobian product per chunk of rounds, as integrated gradients'
+    path points do.
+    """
+    samples = run.options["n_samples"]
+    batch = batch_size(run.arch, run.inputs)
+    per_pass = _copies_per_pass(batch, run.options)
+    noise = _RowNoise(samples, run.options["stdev_percent"], run.options["seed"])
+    chunks: list[tuple[int, Callable[[Tensor], Tensor]]] = []
+    for start in range(0, samples, per_pass):
+        stop = min(start + per_pass, samples)
+
+        def noisy(embeddings: Tensor, start: int = start, stop: int = stop) -> Tensor:
+            original = embeddings[:batch]
+            drawn = noise.draw(original, _embedding_mask(run, original))[start:stop]
+            return embeddings + drawn.reshape(embeddings.shape)
+
+        chunks.append((stop - start, noisy))
+    scores, backward = _gradient_times_input(run, chunks, times_changed=True)
+    return ForwardScores(scores / samples, backward)
+
+
+def _vocabulary(arch: Architecture) -> int:
+    """Rows of a text model's word-embedding table (0 for an image model: no token replaces a patch)."""
+    return int(getattr(arch.input_embeddings, "num_embeddings", 0)) if arch.modality == "text" else 0
+
+
+@register_forwards(
+    "occlusion",
+    summary="leave-one-out occlusion (Li et al. 2017): the target's drop when one input embedding is erased",
+    class_specific=True,
+    memory=Memory(eager=Footprint(maps=0.0, transient=2.0, activations=0.0), fused=Footprint(0.0, 0.0, 0.0)),
+    gradients=False,
+    rows_per_pass=lambda rows, options: rows * _copies_per_pass(rows, options),
+    options=(
+        Option(
+            "baseline_token_id",
+            "token whose word embedding replaces the erased one (-1: zeros; text only)",
+            default=lambda arch: -1,
+            minimum=lambda arch: -1,
+            maximum=lambda arch: _vocabulary(arch) - 1,
+        ),
+        INTERNAL_BATCH,
+    ),
+)
+def _occlusion(run: ForwardInputs) -> ForwardScores:
+    """Leave-one-out erasure: for each input embedding (token or patch), the objective minus the objective with that
+    embedding replaced by zeros (or by the word embedding of ``baseline_token_id``), for every round.
+
+    Forwards only, without gradients: the batch repeated once per erased position plus once unchanged, copy-major,
+    ``internal_batch_size`` rows per forward, on the model's fused attention where it has one.
+    """
+    batch = batch_size(run.arch, run.inputs)
+    device = model_device(run.model)
+    if run.arch.modality == "text":
+        positions = int(run.inputs["input_ids"].shape[1])
+    else:
+        grid_h, grid_w = input_grid(run.arch, run.inputs)
+        positions = grid_h * grid_w
+    token = run.options["baseline_token_id"]
+    baseline = torch.zeros((), device=device)
+    if token >= 0:
+        with torch.no_grad():
+            baseline = run.arch.input_embeddings(torch.tensor([token], device=device))[0]
+    erased = list(range(-1, positions))  # -1: the unchanged copy
+    per_pass = _copies_per_pass(batch, run.options)
+    values: list[Tensor] = []
+    for start in range(0, len(erased), per_pass):
+        chosen = torch.tensor(erased[start : start + per_pass], device=device)
+        steps = chosen.shape[0]
+
+        def erase(embeddings: Tensor, chosen: Tensor = chosen) -> Tensor:
+            where = torch.arange(embeddings.shape[1], device=embeddings.device)
+            hit = (where.view(1, -1) == chosen.view(-1, 1)).repeat_interleave(batch, dim=0).unsqueeze(-1)
+            return torch.where(hit, baseline.to(embeddings.dtype), embeddings)
+
+        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
+        forward = forward_pass(run.model, run.arch, repeated, frozenset(), embeddings=erase, fused=run.fused)
+        values.append(run.objective.values(forward.logits).view(run.objective.rounds, steps, batch))
+    every = torch.cat(values, dim=1).to(run.dtype)  # (K, 1 + positions, B)
+    return ForwardScores((every[:, :1] - every[:, 1:]).permute(0, 2, 1))

@@ -42,6 +42,13 @@ def test_registry_lists_the_issue_methods() -> None:
         "integrated_gradients",
         "attnlrp",
         "cp_lrp",
+        "gradient",
+        "smoothgrad",
+        "occlusion",
+        "attention_flow",
+        "gradcam",
+        "lrp",
+        "partial_lrp",
     }
 
 

@@ -26,14 +26,21 @@ from explainers import (
     explain,
     explain_batch,
 )
+from explainers.architectures.support import refusal
 from explainers.tasks.targets import Targets, explain_targets
 
 from .arch_zoo import FLOAT32_SOFTMAX, PAD, TOKEN_LEVEL_FAMILIES, VOCAB, build_token_level, text_batch
 
 LM_FAMILIES = TOKEN_LEVEL_FAMILIES["causal_lm"]
 TOKEN_FAMILIES = TOKEN_LEVEL_FAMILIES["token_classification"]
-LM_METHODS = [method for method in available_methods() if method != "relevance"]
-FAST: dict[str, dict[str, int]] = {"integrated_gradients": {"n_steps": 3}}
+#: The methods the decoder families accept for causal LMs (the LRP methods are refused there: test_refusals).
+LM_METHODS = [method for method in available_methods() if refusal("llama", method, "causal_lm") is None]
+#: SmoothGrad without noise here: its noise and scale belong to the whole row, so a step's noisy scores are not the
+#: classifier path's on the context alone (tests/test_new_methods.py checks the noisy ones).
+FAST: dict[str, dict[str, int]] = {
+    "integrated_gradients": {"n_steps": 3},
+    "smoothgrad": {"n_samples": 3, "stdev_percent": 0},
+}
 LENGTHS = (7, 3, 9, 5)
 
 

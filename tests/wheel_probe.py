@@ -57,17 +57,26 @@ def explanations(folder: str, text: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from explainers import available_methods, explain
+    from explainers import UnsupportedMethodError, available_methods, explain, get_method
 
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     inputs = dict(tokenizer([text], return_tensors="pt"))
     results: dict[str, Any] = {}
+    refused: dict[str, Any] = {}  # methods that need a package the core does not install, and their message
     for method in available_methods():
+        missing = [module for module in get_method(method).packages if _absent(module)]
+        if missing:
+            try:
+                explain(model, inputs, method=method)
+            except UnsupportedMethodError as error:
+                refused[method] = {"missing": missing, "message": str(error)}
+            continue
         attribution = explain(model, inputs, method=method)
         results[method] = {"scores": attribution.scores[0].tolist(), "target": int(attribution.target[0])}
-    return {"tokens": tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist()), "methods": results}
+    tokens = tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
+    return {"tokens": tokens, "methods": results, "refused": refused}
 
 
 def main(argv: list[str]) -> int:

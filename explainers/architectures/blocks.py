@@ -91,6 +91,7 @@ class BlockStructure:
     head: tuple[nn.Linear, ...]
     head_paths: tuple[tuple[int, int], ...]
     norm_first: bool
+    input_positions: nn.Parameter | None = None
 
 
 def _albert_blocks(base: Any) -> tuple[Block, ...]:
@@ -138,14 +139,17 @@ def sequence_blocks(model: Any) -> BlockStructure | None:
     if model_type == "vit":
         base = model.vit
         layers = base.layers if hasattr(base, "layers") else base.encoder.layer
-        return BlockStructure(_blocks(layers, _VIT_LAYER), _linear_head(model.classifier), ((0, 1),), True)
+        head = _linear_head(model.classifier)
+        return BlockStructure(_blocks(layers, _VIT_LAYER), head, ((0, 1),), True, base.embeddings.position_embeddings)
     if model_type == "deit":
         base = model.deit
         layers = base.layers if hasattr(base, "layers") else base.encoder.layer
         if hasattr(model, "distillation_classifier"):
             head = _linear_head(model.cls_classifier, model.distillation_classifier)
-            return BlockStructure(_blocks(layers, _VIT_LAYER), head, ((0, 1), (1, 1)), True)
-        return BlockStructure(_blocks(layers, _VIT_LAYER), _linear_head(model.classifier), ((0, 1),), True)
+            paths: tuple[tuple[int, int], ...] = ((0, 1), (1, 1))
+        else:
+            head, paths = _linear_head(model.classifier), ((0, 1),)
+        return BlockStructure(_blocks(layers, _VIT_LAYER), head, paths, True, base.embeddings.position_embeddings)
     return None
 
 

@@ -57,6 +57,9 @@ class Architecture:
             them are treated as identity by LRP, as in Chefer et al.'s code).
         head_paths: for relevance, per head ``(token, number of linears in head)``: DeiT with a teacher has two
             heads (class token, distillation token), whose logits the model averages.
+        input_positions: for ``lrp`` on images, the position embeddings ``(1, n, hidden)`` added to the prefix and
+            patch tokens before the first block (Chefer et al.'s ViT code splits the input's relevance between
+            them); ``None`` for text.
     """
 
     model_type: str
@@ -78,6 +81,7 @@ class Architecture:
     head: tuple[nn.Linear, ...] = ()
     head_paths: tuple[tuple[int, int], ...] = ()
     patch: tuple[int, int] | None = None
+    input_positions: nn.Parameter | None = None
 
     @property
     def has_blocks(self) -> bool:
@@ -172,6 +176,7 @@ def describe(model: nn.Module) -> Architecture:
         head=() if lrp is None else lrp.head,
         head_paths=() if lrp is None else lrp.head_paths,
         patch=patch,
+        input_positions=None if lrp is None else lrp.input_positions,
     )
 
 

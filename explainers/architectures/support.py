@@ -50,6 +50,16 @@ TASKS: dict[str, Task] = {
     )
 }
 
+#: The methods that run Chefer et al.'s LRP rules through the blocks (:mod:`explainers.rules.lrp`): a family without
+#: a rule for its blocks refuses them all, for the same reason.
+LRP_METHODS = ("relevance", "lrp", "partial_lrp")
+
+
+def _lrp_refused(reason: str) -> dict[str, str]:
+    """A family's refusals of every method of :data:`LRP_METHODS`, for ``reason``."""
+    return dict.fromkeys(LRP_METHODS, reason)
+
+
 _LRP_DECODER = (
     "Chefer et al.'s LRP rules cover post-LayerNorm encoders and ViT blocks; this decoder's RMSNorm, gated MLP "
     "products and rotary embeddings have no rule here (use gae, rollout or the saliency methods)"
@@ -142,11 +152,11 @@ FAMILIES: dict[str, Family] = {
             "encoder",
             ("ModernBertForSequenceClassification",),
             "ModernBERT (cls or mean pooling, sliding-window layers)",
-            refused={
-                "relevance": "Chefer et al.'s LRP rules cover post-LayerNorm encoders; ModernBERT's pre-norm blocks "
+            refused=_lrp_refused(
+                "Chefer et al.'s LRP rules cover post-LayerNorm encoders; ModernBERT's pre-norm blocks "
                 "with a gated GLU feed-forward and rotary embeddings have no rule here (use gae, rollout or the "
                 "saliency methods)"
-            },
+            ),
             token_classes=("ModernBertForTokenClassification",),
         ),
         Family(
@@ -154,11 +164,11 @@ FAMILIES: dict[str, Family] = {
             "encoder",
             ("DebertaV2ForSequenceClassification",),
             "DeBERTa-v2 / v3",
-            refused={
-                "relevance": "Chefer et al.'s LRP rules have no rule for DeBERTa's disentangled relative-position "
+            refused=_lrp_refused(
+                "Chefer et al.'s LRP rules have no rule for DeBERTa's disentangled relative-position "
                 "terms (content-to-position and position-to-content scores) (use gae, rollout or the saliency "
                 "methods)"
-            },
+            ),
             token_classes=("DebertaV2ForTokenClassification",),
         ),
         Family(
@@ -167,7 +177,7 @@ FAMILIES: dict[str, Family] = {
             ("LlamaForSequenceClassification",),
             "Llama (grouped-query attention)",
             ("left", "right"),
-            {"relevance": _LRP_DECODER},
+            _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("LlamaForCausalLM",),
         ),
         Family(
@@ -176,7 +186,7 @@ FAMILIES: dict[str, Family] = {
             ("Qwen2ForSequenceClassification",),
             "Qwen2",
             ("left", "right"),
-            {"relevance": _LRP_DECODER},
+            _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("Qwen2ForCausalLM",),
         ),
         Family(
@@ -185,7 +195,7 @@ FAMILIES: dict[str, Family] = {
             ("Qwen3ForSequenceClassification",),
             "Qwen3",
             ("left", "right"),
-            {"relevance": _LRP_DECODER},
+            _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("Qwen3ForCausalLM",),
         ),
         Family(
@@ -194,7 +204,7 @@ FAMILIES: dict[str, Family] = {
             ("MistralForSequenceClassification",),
             "Mistral",
             ("left", "right"),
-            {"relevance": _LRP_DECODER},
+            _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("MistralForCausalLM",),
         ),
         Family(
@@ -203,7 +213,7 @@ FAMILIES: dict[str, Family] = {
             ("Gemma2ForSequenceClassification",),
             "Gemma 2 (sliding-window layers, soft-capping)",
             ("left", "right"),
-            {"relevance": _LRP_DECODER},
+            _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("Gemma2ForCausalLM",),
         ),
         Family(
@@ -212,10 +222,10 @@ FAMILIES: dict[str, Family] = {
             ("GPT2ForSequenceClassification",),
             "GPT-2",
             ("left", "right"),
-            {
-                "relevance": "Chefer et al.'s LRP is wired here for encoders and ViT blocks; GPT-2's causal pre-norm "
+            _lrp_refused(
+                "Chefer et al.'s LRP is wired here for encoders and ViT blocks; GPT-2's causal pre-norm "
                 "blocks with a last-token head are not (use gae, rollout or the saliency methods)"
-            },
+            ),
             causal_lm_classes=("GPT2LMHeadModel",),
         ),
         Family("vit", "vision", ("ViTForImageClassification",), "ViT"),
@@ -230,12 +240,12 @@ FAMILIES: dict[str, Family] = {
             "vision",
             ("Dinov2ForImageClassification",),
             "DINOv2 (class token + patch mean)",
-            refused={
-                "relevance": "Chefer et al.'s LRP is wired here for heads that read single tokens; DINOv2's head "
+            refused=_lrp_refused(
+                "Chefer et al.'s LRP is wired here for heads that read single tokens; DINOv2's head "
                 "reads the class token concatenated with the patch mean, and its blocks rescale each branch "
                 "(LayerScale), which this implementation does not propagate (use gae, rollout or the saliency "
                 "methods)"
-            },
+            ),
         ),
     )
 }

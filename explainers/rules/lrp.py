@@ -373,17 +373,10 @@ def attention_relevances(
     Returns:
         One ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``).
     """
-    relevance = torch.zeros_like(blocks[-1].hidden)
-    paths = ((0, len(head_inputs)),) if head_paths is None else head_paths
-    shares = [None] * len(paths) if head_shares is None else list(head_shares)
-    first = 0
-    for (token, count), share in zip(paths, shares, strict=True):
-        path_relevance = logit_relevance if share is None else logit_relevance * share
-        relevance[:, token] += head_relprop(
-            head_inputs[first : first + count], head_weights[first : first + count], path_relevance
-        )
-        first += count
-    return blocks_attention_relevances(blocks, weights, relevance, num_heads, norm_first, start_layer, masked)
+    relevance = sequence_head_relevance(
+        blocks[-1].hidden, head_inputs, head_weights, logit_relevance, head_paths, head_shares
+    )
+    return blocks_relevances(blocks, weights, relevance, num_heads, norm_first, start_layer, masked).attention
 
 
 def token_head_relprop(hidden: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
@@ -405,7 +398,16 @@ def token_head_relprop(hidden: Tensor, weight: Tensor, relevance: Tensor) -> Ten
     return own_share(hidden, linear_relprop(hidden, weight, relevance))
 
 
-def blocks_attention_relevances(
+class Relevances(NamedTuple):
+    """What an LRP pass through the blocks gives: ``attention``, the relevance of each block's attention probabilities
+    (``None`` below ``start_layer``), and ``below``, the relevance of the input of the block at ``start_layer``
+    ``(batch, n, hidden)`` when it was asked (``None`` otherwise)."""
+
+    attention: list[Tensor | None]
+    below: Tensor | None
+
+
+def blocks_relevances(
     blocks: Sequence[BlockActivations],
     weights: Sequence[BlockWeights],
     relevance: Tensor,
@@ -413,23 +415,29 @@ def blocks_attention_relevances(
     norm_first: bool,
     start_layer: int = 0,
     masked: bool = False,
-) -> list[Tensor | None]:
-    """LRP relevance of every block's attention probabilities, from the relevance of the last block's output down.
+    to_input: bool = False,
+) -> Relevances:
+    """LRP relevance of every block's attention probabilities, from the relevance of the last block's output down,
+    and with ``to_input`` the relevance of the input of block ``start_layer`` as well (``start_layer`` 0: the input of
+    the first block, which Chefer et al.'s full LRP reads).
 
     Args:
         blocks: activations of each block, input side first.
         weights: weights of each block.
-        relevance: ``(batch, n, hidden)`` relevance of the last block's output (from :func:`head_relprop` at the
-            tokens a sequence head reads, or :func:`token_head_relprop` for a token head).
+        relevance: ``(batch, n, hidden)`` relevance of the last block's output (from :func:`sequence_head_relevance`
+            at the tokens a sequence head reads, or :func:`token_head_relprop` for a token head).
         num_heads: attention heads.
         norm_first: pre-LayerNorm blocks (ViT) or post-LayerNorm blocks (BERT family).
-        start_layer: the lowest block whose attention relevance is needed; blocks below are not visited.
+        start_layer: the lowest block visited.
         masked: the attention scores pass through an additive mask (text models).
+        to_input: also propagate through block ``start_layer`` to its input.
 
     Returns:
-        One ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``).
+        :class:`Relevances`: one ``(batch, heads, n, n)`` tensor per block (``None`` below ``start_layer``), and the
+        input's relevance when asked.
     """
     cams: list[Tensor | None] = [None] * len(blocks)
+    below: Tensor | None = None
     for index in range(len(blocks) - 1, start_layer - 1, -1):
         below, cams[index] = block_relprop(
             blocks[index],
@@ -437,10 +445,33 @@ def blocks_attention_relevances(
             relevance,
             num_heads,
             norm_first,
-            propagate_below=index > start_layer,
+            propagate_below=to_input or index > start_layer,
             masked=masked,
         )
         if below is None:
             break
         relevance = below
-    return cams
+    return Relevances(cams, below if to_input else None)
+
+
+def sequence_head_relevance(
+    hidden: Tensor,
+    head_inputs: Sequence[Tensor],
+    head_weights: Sequence[Tensor],
+    logit_relevance: Tensor,
+    head_paths: Sequence[tuple[int, int]] | None = None,
+    head_shares: Sequence[Tensor] | None = None,
+) -> Tensor:
+    """The relevance of the last block's output ``(batch, n, hidden)`` (shaped like ``hidden``) from a sequence
+    head's logits: each head's share at the token it reads (see :func:`attention_relevances`)."""
+    relevance = torch.zeros_like(hidden)
+    paths = ((0, len(head_inputs)),) if head_paths is None else head_paths
+    shares = [None] * len(paths) if head_shares is None else list(head_shares)
+    first = 0
+    for (token, count), share in zip(paths, shares, strict=True):
+        path_relevance = logit_relevance if share is None else logit_relevance * share
+        relevance[:, token] += head_relprop(
+            head_inputs[first : first + count], head_weights[first : first + count], path_relevance
+        )
+        first += count
+    return relevance

@@ -211,3 +211,100 @@ def gae_scores(
     for attention, gradient in zip(reversed(attentions[start_layer:]), reversed(gradients[start_layer:]), strict=True):
         row = row + _row_times(row, gradient_weighted(attention, gradient))
     return _suppress_read_tokens(row, mask, read_tokens) * mask
+
+
+def _pair_mask(mask: Tensor) -> Tensor:
+    """``(batch, n)`` → ``(batch, n, n)``: 1 where both the query and the key are real tokens."""
+    real = mask.to(torch.bool)
+    return real.unsqueeze(-1) & real.unsqueeze(-2)
+
+
+def _min_max(values: Tensor, where: Tensor) -> Tensor:
+    """``values`` rescaled to ``[0, 1]`` by their minimum and maximum over ``where`` (per example, every dimension
+    but the first); 0 where the range is empty or the values are all equal."""
+    dims = tuple(range(1, values.dim()))
+    low = values.masked_fill(~where, float("inf")).amin(dim=dims, keepdim=True)
+    high = values.masked_fill(~where, float("-inf")).amax(dim=dims, keepdim=True)
+    spread = high - low
+    scaled = (values - low) / torch.where(spread > 0, spread, torch.ones_like(spread))
+    return torch.where((spread > 0) & where, scaled, torch.zeros_like(scaled))
+
+
+def zero_read_tokens(scores: Tensor, read_tokens: Tensor | None) -> Tensor:
+    """``scores`` with the tokens the head reads set to 0 (``None``: the first token), as the authors' code sets the
+    [CLS] entry."""
+    if read_tokens is None:
+        scores = scores.clone()
+        scores[..., 0] = 0
+        return scores
+    return scores.masked_fill(read_tokens.to(torch.bool), 0.0)
+
+
+def gradcam_scores(
+    attention: Tensor,
+    gradient: Tensor,
+    mask: Tensor,
+    readout: Tensor | None = None,
+    read_tokens: Tensor | None = None,
+    whole_map: bool = True,
+) -> Tensor:
+    """GradCAM on the last layer's attention, as Chefer et al.'s baselines define it (their ``generate_attn_gradcam``
+    for BERT, ``generate_cam_attn`` for ViT, hila-chefer/Transformer-Explainability).
+
+    Each head's map is weighted by the mean of its gradient, averaged over heads, its negative part dropped, and
+    rescaled to ``[0, 1]`` by its minimum and maximum:
+
+    * ``whole_map`` (their BERT code): the gradient mean and the rescaling run over the whole ``n × n`` map of the
+      real tokens; the explained row is read from the rescaled map and the tokens the head reads get 0;
+    * otherwise (their ViT code): both run over the explained row's entries of the patches only (``mask`` marks
+      them), and the row is returned.
+
+    Args:
+        attention: ``(batch, heads, n, n)`` the last layer's attention probabilities.
+        gradient: ``(batch, heads, n, n)`` the target's gradient with respect to them.
+        mask: ``(batch, n)`` 1 for the tokens scored (real tokens; the patches of an image).
+        readout: ``(batch, n)`` weights of the explained row (``None``: the first token).
+        read_tokens: ``(batch, n)`` bool, the tokens the head reads (``None``: the first token).
+        whole_map: the BERT variant (text) or the ViT variant (images).
+
+    Returns:
+        ``(batch, n)`` scores in ``[0, 1]``, exactly 0 outside ``mask``.
+    """
+    rows = _readout(readout, attention[:, 0])
+    if whole_map:
+        pairs = _pair_mask(mask)
+        counts = pairs.sum(dim=(-2, -1)).clamp(min=1).to(gradient.dtype).view(-1, 1, 1, 1)
+        weights = (gradient * pairs.unsqueeze(1)).sum(dim=(-2, -1), keepdim=True) / counts
+        cam = (attention * weights).mean(dim=1).clamp(min=0)
+        row = _row_times(rows, _min_max(cam, pairs))
+        return zero_read_tokens(row, read_tokens) * mask
+    real = mask.to(torch.bool)
+    heads = attention.shape[1]
+    picked = rows.unsqueeze(1).expand(-1, heads, -1).unsqueeze(2)  # (batch, heads, 1, n)
+    row_attention = (picked @ attention).squeeze(2)  # (batch, heads, n)
+    row_gradient = (picked @ gradient).squeeze(2)
+    counts = real.sum(dim=-1).clamp(min=1).to(gradient.dtype).view(-1, 1, 1)
+    weights = (row_gradient * real.unsqueeze(1)).sum(dim=-1, keepdim=True) / counts
+    cam = (row_attention * weights).mean(dim=1).clamp(min=0)
+    return _min_max(cam, real) * mask
+
+
+def partial_lrp_scores(
+    relevance: Tensor, mask: Tensor, readout: Tensor | None = None, read_tokens: Tensor | None = None
+) -> Tensor:
+    """Partial LRP (Voita et al. 2019, as Chefer et al.'s baseline ``generate_LRP_last_layer``): the LRP relevance of
+    the last layer's attention probabilities, its negative part dropped, averaged over heads, the explained row with
+    the tokens the head reads set to 0.
+
+    Args:
+        relevance: ``(batch, heads, n, n)`` relevance of the last layer's attention probabilities.
+        mask: ``(batch, n)`` 1 for the real tokens.
+        readout: ``(batch, n)`` weights of the explained row (``None``: the first token).
+        read_tokens: ``(batch, n)`` bool, the tokens the head reads (``None``: the first token).
+
+    Returns:
+        ``(batch, n)`` scores, exactly 0 at padding.
+    """
+    cam = relevance.clamp(min=0).mean(dim=1)
+    row = _row_times(_readout(readout, cam), cam)
+    return zero_read_tokens(row, read_tokens) * mask

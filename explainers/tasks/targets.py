@@ -12,7 +12,8 @@ log-probability of a whole continuation, the difference between a token and a fo
 * gradient methods (``grad_x_input``, ``attnlrp``, ``cp_lrp``, ``gae``) need one vector-Jacobian product per
   target. The rows of a batch do not interact, so one backward of ``Σ_b objective[k, b]`` gives every row its
   gradient for round ``k``; the ``K`` rounds are batched into one ``torch.autograd.grad(..., is_grads_batched=True)``
-  call (a vmap over the backward), in chunks of rounds whose gradients fit :data:`CHUNK_BYTES`;
+  call (a vmap over the backward), in chunks of rounds whose gradients fit :data:`CHUNK_BYTES`. A class-specific
+  method without gradients (``partial_lrp``, ``lrp``) seeds its own LRP pass at each target instead;
 * a method that runs forwards of its own (``integrated_gradients``: :attr:`explainers.methods.Method.forwards`) gets
   every round as its objective: its one implementation, the classifier path's, runs its path forwards once for all
   targets, each followed by the same batched products.
@@ -290,6 +291,7 @@ def explain_targets(
     resolved = chosen.resolve_options(options, arch)
     validated = validate_inputs(arch, model, inputs)
     mask = validated["attention_mask"]
+    chosen.admit(int(mask.sum(dim=-1).max()))
     needs = chosen.needs
     fused = fused_implementation(model)  # read before prepared_model switches the model
     with prepared_model(model):
@@ -307,11 +309,13 @@ def explain_targets(
             scores = timed.scores
             if chosen.forwards.gradients and bool(explained.active.any()):
                 seconds["backward"] = timed.seconds
-        elif not needs & GRADIENT_NEEDS:
+        elif not needs & GRADIENT_NEEDS and not chosen.class_specific:
             scores = _map_scores(call, forward)
         else:
-            timed = _gradient_scores(call, forward, values)
-            scores, seconds["backward"] = timed.scores, timed.seconds
+            timed = _target_scores(call, forward, values)
+            scores = timed.scores
+            if needs & GRADIENT_NEEDS:
+                seconds["backward"] = timed.seconds
         seconds["attribution"] = time.perf_counter() - started - seconds.get("backward", 0.0)
     visible = explained.visible & mask.bool().unsqueeze(0) & explained.active.unsqueeze(-1)
     return TargetExplanation(
@@ -426,9 +430,10 @@ def _virtual_rows(
     return virtual
 
 
-def _gradient_scores(call: _Call, forward: Forward, values: Tensor) -> _Timed:
-    """Scores of a gradient method: one batched vector-Jacobian call per chunk of rounds, each (round, row) then
-    scored by the method as a virtual row."""
+def _target_scores(call: _Call, forward: Forward, values: Tensor) -> _Timed:
+    """Scores of a class-specific method read from the forward: for a gradient method one batched vector-Jacobian call
+    per chunk of rounds (none for a method that seeds its own pass at the target, as ``partial_lrp`` does), each
+    (round, row) then scored by the method as a virtual row."""
     method, arch, targets = call.method, call.arch, call.targets
     rounds, batch = targets.active.shape
     mask = call.inputs["attention_mask"].bool()
@@ -451,9 +456,11 @@ def _gradient_scores(call: _Call, forward: Forward, values: Tensor) -> _Timed:
         picked, rows = targets.active[start:stop].nonzero(as_tuple=True)
         if picked.numel() == 0:
             continue
-        began = time.perf_counter()
-        gradients = batched_gradients(sums[start:stop], wrt, retain=stop <= last_round)
-        backward += time.perf_counter() - began
+        gradients: tuple[Tensor, ...] = ()
+        if wrt:
+            began = time.perf_counter()
+            gradients = batched_gradients(sums[start:stop], wrt, retain=stop <= last_round)
+            backward += time.perf_counter() - began
         virtual = _virtual_rows(base, gradients, arch, method.needs, picked, rows)
         virtual = replace(
             virtual, logits=values[start + picked, rows].detach().view(-1, 1), targets=torch.zeros_like(rows)
