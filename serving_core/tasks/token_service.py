@@ -1,4 +1,4 @@
-"""The serving core of token classifiers (handler task ``token_classification``): entities with character offsets
+"""The token classification service (handler task ``token_classification``): entities with character offsets
 and, when a row asks, each entity's attribution.
 
 The service loads the checkpoint as every task does (:mod:`serving_core.loading`: local safetensors, the library's
