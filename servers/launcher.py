@@ -186,22 +186,36 @@ def stop(run_dir: Path, timeout: float = 30.0) -> bool:
     return stopped
 
 
+# The request bodies the usage lines show, by task: (OIP v2 infer, KServe v1 explain).
+_EXAMPLE_BODIES: dict[str, tuple[str, str]] = {
+    "text": (
+        '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["what a lovely day"]}], '
+        '"parameters": {"explain_method": "default"}}',
+        '{"instances": ["what a lovely day"]}',
+    ),
+    "token_classification": (
+        '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Ada Lovelace lived in London"]}], '
+        '"parameters": {"explain_method": "default"}}',
+        '{"instances": [{"text": "Ada Lovelace lived in London"}]}',
+    ),
+    "generation": (
+        '{"inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["The capital of France is"]}], '
+        '"parameters": {"max_new_tokens": 8, "explain_method": "default"}}',
+        '{"instances": [{"prompt": "The capital of France is", "max_new_tokens": 8}]}',
+    ),
+    "image": (
+        '{"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["<base64 PNG>"]}], '
+        '"parameters": {"explain_method": "default"}}',
+        '{"instances": [{"image": {"b64": "<base64 PNG>"}}]}',
+    ),
+}
+
+
 def usage(door: Door, example: tuple[str, str] = ("sentiment", "text")) -> str:
     """How to call the running door (printed by ``make serve SERVER=...``)."""
     model, task = example
     url = door.url
-    if task == "text":
-        body = (
-            '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["what a lovely day"]}], '
-            '"parameters": {"explain_method": "attnlrp"}}'
-        )
-        v1_body = '{"instances": ["what a lovely day"]}'
-    else:
-        body = (
-            '{"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["<base64 PNG>"]}], '
-            '"parameters": {"explain_method": "default"}}'
-        )
-        v1_body = '{"instances": [{"image": {"b64": "<base64 PNG>"}}]}'
+    body, v1_body = _EXAMPLE_BODIES.get(task, _EXAMPLE_BODIES["image"])
     door_name = "KServe model server" if door.server == "kserve" else "KServe door in front of Ray Serve replicas"
     openai = (
         f"  OpenAI API: {url}/v1 (chat/completions, completions, models; any API key)\n" if task == "generation" else ""
