@@ -124,7 +124,8 @@ def refuse_if_running(pid_files: Iterable[Path], what: str = "a server") -> None
     for pid_file in pid_files:
         if running_pid(pid_file) is not None:
             raise AlreadyRunningError(
-                f"{what} already runs from {pid_file.parent} (pid file {pid_file}); run `make stop` first"
+                f"{what} already runs from {pid_file.parent} (pid file {pid_file}); stop it first (`make stop`, or "
+                "Ctrl-C where explain-serve runs)"
             )
 
 
