@@ -11,6 +11,9 @@
 # Changing GPU or TORCH_VERSION reinstalls torch in the existing virtualenv on the next make command.
 PYTHON ?=
 VENV ?= .venv
+# The service's working directory (models in model_store/build, run state in run/): this clone, whichever folder a
+# command below runs in (supervise/workdir.py; explain-serve --workdir elsewhere).
+export EXPLAIN_WORKDIR := $(CURDIR)
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 GPU ?=

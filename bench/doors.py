@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.load import make_texts, percentile, run_cell
-from model_store.serving.config import DEFAULT_MODEL_STORE, Ports
+from model_store.serving.config import Ports, default_model_store
 
 logger = logging.getLogger(__name__)
 
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("scale", "side"))
     parser.add_argument("--tiny", action="store_true", help="the tiny test model instead of the default sentiment")
     parser.add_argument("--minilm", action="store_true", help="the sentiment model's network, head not fine-tuned")
-    parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
+    parser.add_argument("--model-store", type=Path, default=default_model_store())
     parser.add_argument("--requests", type=int, default=96, help="requests per cell (concurrency > 1)")
     parser.add_argument("--requests-c1", type=int, default=24, help="requests per cell at concurrency 1")
     parser.add_argument("--concurrency", nargs="+", type=int, default=None)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import yaml
 
-from model_store.serving.config import DEFAULT_MODEL_STORE, Ports, load_profile
+from model_store.serving.config import Ports, default_model_store, load_profile
 from model_store.serving.process import Server, start, stop
 
 logger = logging.getLogger(__name__)
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="use the tiny test archives (no real model needed)")
-    parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
+    parser.add_argument("--model-store", type=Path, default=default_model_store())
     parser.add_argument("--requests", type=int, default=64, help="requests per cell at concurrency 16")
     parser.add_argument("--requests-c1", type=int, default=24, help="requests per cell at concurrency 1")
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), help="'none' = prediction only")

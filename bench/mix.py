@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.load import _document, _rest_caller, cpu_profile, make_texts, percentile, sentiment_archive
-from model_store.serving.config import DEFAULT_MODEL_STORE, POOL_KEY, POOL_SETTINGS, Ports
+from model_store.serving.config import POOL_KEY, POOL_SETTINGS, Ports, default_model_store
 from model_store.serving.process import Server, start, stop
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="python -m bench.mix", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="use the tiny test archives (no real model needed)")
-    parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
+    parser.add_argument("--model-store", type=Path, default=default_model_store())
     parser.add_argument("--method", default="attnlrp")
     parser.add_argument("--shares", type=float, nargs="+", default=[0.0, 0.25])
     parser.add_argument("--requests", type=int, default=96, help="requests per share and round")

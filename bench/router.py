@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.load import _rest_caller, cpu_profile, make_texts, percentile, run_cell, sentiment_archive
-from model_store.serving.config import DEFAULT_MODEL_STORE, Ports
+from model_store.serving.config import Ports, default_model_store
 from model_store.serving.process import start, stop
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="python -m bench.router", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="the tiny test archive (no real model needed)")
-    parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
+    parser.add_argument("--model-store", type=Path, default=default_model_store())
     parser.add_argument("--requests", type=int, default=200, help="per path, concurrency and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])

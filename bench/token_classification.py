@@ -112,9 +112,9 @@ def parse(marked: str) -> Sentence:
 
 def default_checkpoint() -> Path | None:
     """The default NER model's checkpoint folder when it has been built (``make models``), else ``None``."""
-    from model_store import DEFAULT_BUILD_DIR
+    from model_store import default_build_dir
 
-    folder = DEFAULT_BUILD_DIR / "entities" / "model"
+    folder = default_build_dir() / "entities" / "model"
     return folder if (folder / "config.json").is_file() else None
 
 

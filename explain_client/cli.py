@@ -10,7 +10,8 @@ Examples::
     explain --input tweets.txt --method rollout --jsonl results.jsonl      # one text per line, or JSON lines
 
 Where the server is: ``--url``/``--grpc-address`` (or ``$EXPLAIN_URL``/``$EXPLAIN_GRPC_ADDRESS``), else the server
-started by ``make start`` (``--run-dir``, default ``./run``: its ports and token file). The token: ``--token=KEY``,
+started by ``make start`` or ``explain-serve`` (``--run-dir``, default ``$EXPLAIN_WORKDIR/run``, else ``./run``: its
+ports and token file). The token: ``--token=KEY``,
 ``$EXPLAIN_TOKEN``, ``--token-file``, ``$EXPLAIN_TOKEN_FILE``, else the run folder's ``key_file.json`` (also for an
 explicit ``--url``/``--grpc-address``). TorchServe keys may begin with ``-``; ``--token=KEY`` always works, and
 ``--token KEY`` does too unless KEY is one of this command's options.
@@ -40,7 +41,15 @@ from .words import MERGE_RULE
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_RUN_DIR = Path("run")
+#: The service's working directory, where ``explain-serve --workdir`` or ``make start`` keeps ``run/``.
+WORKDIR_ENV = "EXPLAIN_WORKDIR"
+
+
+def default_run_dir() -> Path:
+    """The run folder of a service started here: ``$EXPLAIN_WORKDIR/run``, else ``./run``."""
+    return Path(os.environ.get(WORKDIR_ENV) or ".") / "run"
+
+
 #: Options whose value may begin with "-" (a TorchServe key is base64url): ``--token -Uz…`` is read as a value.
 DASH_VALUE_OPTIONS = ("--token",)
 
@@ -138,7 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("EXPLAIN_GRPC_ADDRESS"),
         help=f"gRPC host:port ({DEFAULT_GRPC_ADDRESS})",
     )
-    parser.add_argument("--run-dir", type=Path, help="folder of a server started by `make start` (default: ./run)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="folder of a server started by `make start` or explain-serve (default: $EXPLAIN_WORKDIR/run, else ./run)",
+    )
     parser.add_argument(
         "--token",
         metavar="KEY",
@@ -174,7 +187,7 @@ def make_client(args: argparse.Namespace) -> ExplainClient:
         common["token"] = args.token
     elif args.token_file:
         common["token_file"] = args.token_file
-    run_dir = args.run_dir or DEFAULT_RUN_DIR
+    run_dir = args.run_dir or default_run_dir()
     given = "token" in common or "token_file" in common or os.environ.get(TOKEN_ENV) or os.environ.get(TOKEN_FILE_ENV)
     if not given and (run_dir / "key_file.json").is_file():
         common["token_file"] = run_dir / "key_file.json"

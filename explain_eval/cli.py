@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from explain_client import ExplainClient
+from supervise.workdir import model_store_dir
 
 from . import evaluate as _evaluate
 from .evaluate import (
-    DEFAULT_BUILD_DIR,
     DEFAULT_METHODS,
     RANDOM,
     Dataset,
@@ -42,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="explain-eval", description=(_evaluate.__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", action="append", help="sentiment and/or digits (repeatable; default sentiment)")
     parser.add_argument("--model-dir", type=Path, help="checkpoint folder (one --model only; default: the build's)")
-    parser.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="model_store build folder")
+    parser.add_argument(
+        "--build-dir",
+        type=Path,
+        default=model_store_dir(),
+        help="the default models' build folder (default: model_store/build of the working directory: "
+        "$EXPLAIN_WORKDIR, else the current one)",
+    )
     parser.add_argument(
         "--methods",
         help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)}; --generation: all but relevance)",

@@ -39,8 +39,6 @@ from .faithfulness import (
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_BUILD_DIR = REPO_ROOT / "model_store" / "build"
 DEFAULT_METHODS = ("attention", "rollout", "relevance", "gae", "grad_x_input", "attnlrp", "cp_lrp")
 RANDOM = "random"
 Removal = Literal["mask", "delete"]

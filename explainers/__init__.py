@@ -13,7 +13,8 @@ This module is the public surface; the names below are all a caller needs.
   located in the prompt), :func:`explain_units` (any explanation's tokens grouped into words or sentences, scores
   summed).
 - Any token-level head: :func:`explain_targets`, many :class:`Targets` from one forward.
-- The registry: :func:`available_methods`, :func:`get_method`, :func:`supported_methods`; the support matrix:
+- The registry: :func:`available_methods`, :func:`get_method`, :func:`supported_methods`, and
+  :data:`DEFAULT_METHOD` (``attnlrp``), the method every entry point uses when none is named; the support matrix:
   :data:`FAMILIES`, :func:`support_table`.
 
 Behind it: ``api``, ``plan`` and ``execution`` (the classifier path), ``methods`` (the registry and what each method
@@ -22,7 +23,7 @@ maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/``
 ``chat`` (text: words, sentences, rendered chats).
 
 >>> from explainers import explain, available_methods
->>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True), method="attnlrp")
+>>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True))  # DEFAULT_METHOD: attnlrp
 """
 
 from ._version import __version__
@@ -56,6 +57,7 @@ from .chat import (
     render_prompt,
 )
 from .confidence import RowSkipped, prediction_confidence
+from .defaults import DEFAULT_METHOD
 from .errors import (
     ExplainError,
     InvalidInputError,
@@ -95,6 +97,7 @@ def supported_methods(model_type: str, task: str = "sequence_classification") ->
 
 __all__ = [
     "CAPTURE_IMPLEMENTATION",
+    "DEFAULT_METHOD",
     "FAMILIES",
     "FUSED_CAPTURE_IMPLEMENTATION",
     "GRANULARITIES",

@@ -20,6 +20,7 @@ from .architectures.heads import head_probabilities
 from .architectures.support import TASKS, check_method, supported_methods
 from .capture import bind_rules, prepared_model, run_capture
 from .confidence import RowSkipped, check_below
+from .defaults import DEFAULT_METHOD
 from .errors import (
     ExplainError,
     InvalidInputError,
@@ -195,7 +196,7 @@ def _budget_check(
 def explain(
     model: nn.Module,
     inputs: Mapping[str, Any],
-    method: str = "relevance",
+    method: str = DEFAULT_METHOD,
     target: Any = None,
     *,
     memory_budget_mib: int | None = None,
@@ -213,7 +214,8 @@ def explain(
         inputs: a tokenizer's output (``input_ids``, optional ``attention_mask``, optional ``token_type_ids`` for
             sentence pairs where the model has them) or an image processor's (``pixel_values``). Encoders take
             right padding; decoder classifiers take left or right padding.
-        method: one of :func:`available_methods`.
+        method: one of :func:`available_methods`; default :data:`~explainers.DEFAULT_METHOD` (``attnlrp``), which
+            every supported family accepts.
         target: ``None`` (each row's predicted class), an ``int`` for every row, or a ``LongTensor (batch,)``.
         memory_budget_mib: refuse, before anything is allocated, a batch whose estimated peak memory
             (:mod:`explainers.memory`) exceeds this many MiB (``None``: no budget).

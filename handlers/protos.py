@@ -5,8 +5,9 @@
   copy of each message is loaded in a process and the handlers decode exactly what the client encodes.
 - TorchServe's ``management.proto``, read from inside the installed TorchServe package (never copied into the
   repository): generated here. ``python -m handlers.protos [--out DIR]`` (``make protos``) generates it (and
-  refreshes the client's stubs); :func:`management_stubs` generates it on first use if missing, into a git-ignored
-  folder (default ``build/protos``; ``EXPLAIN_PROTO_DIR`` overrides).
+  refreshes the client's stubs); :func:`management_stubs` generates it on first use if missing, into
+  ``build/protos`` of the working directory (:mod:`supervise.workdir`; git-ignored in a clone; ``EXPLAIN_PROTO_DIR``
+  overrides).
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from pathlib import Path
 from types import ModuleType
 
 from explain_client import protos as explain_client_protos
+from supervise.workdir import protos_dir
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "build" / "protos"
 #: Generated here from TorchServe's jar. Its inference.proto is not: the client's own description of it is used
 #: (tests/test_client_package.py checks the two are wire-compatible), and both in one process would clash.
 TORCHSERVE_PROTOS = ("management.proto",)
@@ -35,8 +35,9 @@ _STAMP = ".generated"
 
 
 def output_dir() -> Path:
-    """Where the stubs live: ``$EXPLAIN_PROTO_DIR`` or ``build/protos`` in the repository."""
-    return Path(os.environ.get("EXPLAIN_PROTO_DIR", DEFAULT_OUT))
+    """Where the stubs live: ``$EXPLAIN_PROTO_DIR``, else ``build/protos`` of the working directory."""
+    value = os.environ.get("EXPLAIN_PROTO_DIR")
+    return Path(value) if value else protos_dir()
 
 
 def torchserve_jar() -> Path:
@@ -129,7 +130,12 @@ def management_stubs() -> tuple[ModuleType, ModuleType]:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="python -m handlers.protos", description="generate the gRPC stubs")
-    parser.add_argument("--out", type=Path, default=None, help=f"output folder (default: {DEFAULT_OUT})")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: $EXPLAIN_PROTO_DIR, else build/protos of the working directory)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     generate(args.out)

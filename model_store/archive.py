@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
+from explainers import DEFAULT_METHOD
 from model_store.files import make_readable
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class ServingConfig:
         image_size: Image only: ``[height, width]`` of the model input.
         max_image_bytes: Image only: largest accepted encoded image.
         model_dir: Checkpoint folder inside the archive.
-        default_method: Attribution method used when a request names none.
+        default_method: Attribution method used when a request names none (:data:`explainers.DEFAULT_METHOD`).
         device: ``auto``, ``cpu`` or ``cuda``.
         autocast_bf16: Run the forward under bf16 autocast (GPU).
         min_workers: TorchServe ``minWorkers``.
@@ -66,7 +67,7 @@ class ServingConfig:
     image_size: tuple[int, int] | None = None
     max_image_bytes: int | None = None
     model_dir: str = "model"
-    default_method: str = "attnlrp"
+    default_method: str = DEFAULT_METHOD
     device: Literal["auto", "cpu", "cuda"] = "auto"
     autocast_bf16: bool = False
     min_workers: int = 1

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from model_store import DEFAULT_BUILD_DIR, REPO_ROOT
+from model_store import REPO_ROOT, default_build_dir
 from model_store.archive import MANIFEST_PATH, ServingConfig, make_archive
 from model_store.files import file_sha256
 from model_store.fingerprint import (
@@ -385,7 +385,7 @@ def _changes(stored: dict[str, Any], document: dict[str, Any]) -> str:
 
 
 def build_all(
-    out_dir: Path = DEFAULT_BUILD_DIR,
+    out_dir: Path | None = None,
     *,
     only: Sequence[str] = DEFAULT_NAMES,
     tiny: bool = False,
@@ -396,7 +396,9 @@ def build_all(
     image_handler: Path = DEFAULT_IMAGE_HANDLER,
     token_handler: Path = DEFAULT_TOKEN_HANDLER,
 ) -> dict[str, BuildResult]:
-    """Build (or reuse) the named models; see :func:`build_model`. Returns the results by model name."""
+    """Build (or reuse) the named models under ``out_dir`` (default: :func:`model_store.default_build_dir`); see
+    :func:`build_model`. Returns the results by model name."""
+    out_dir = out_dir if out_dir is not None else default_build_dir()
     specs = model_specs(tiny=tiny, text_handler=text_handler, image_handler=image_handler, token_handler=token_handler)
     unknown = sorted(set(only) - set(specs))
     if unknown:
@@ -466,7 +468,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"opt-in: {', '.join(OPT_IN_NAMES)})",
     )
     parser.add_argument("--tiny", action="store_true", help="build the seconds-long tiny test models instead")
-    parser.add_argument("--out", type=Path, default=DEFAULT_BUILD_DIR, help="build root (default: %(default)s)")
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help="build root (default: model_store/build of the working directory: $EXPLAIN_WORKDIR, else the current one)",
+    )  # fmt: skip
     parser.add_argument("--force", action="store_true", help="rebuild even if nothing changed")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads while training (default: one per core; 1 with --tiny)"
@@ -489,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(message)s")
+    args.out = args.out if args.out is not None else default_build_dir()
     progress: ProgressSetting = False if args.no_progress else (True if args.progress == "auto" else args.progress)
     specs = model_specs(tiny=args.tiny, text_handler=args.text_handler, image_handler=args.image_handler)
     threads = 1 if args.tiny and args.threads is None else args.threads  # tiny models gain nothing from threads

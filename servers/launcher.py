@@ -26,7 +26,6 @@ from pathlib import Path
 
 from supervise.environment import bind_address, env_port, name_value, run_dir_from_env
 from supervise.processes import (
-    REPO_ROOT,
     Launch,
     http_get,
     loopback,
@@ -38,6 +37,7 @@ from supervise.processes import (
 )
 from supervise.supervisor import Child, Supervisor, claimed, start_in_background, stop_supervisor, write_status
 from supervise.watchdog import owner_pid, watch
+from supervise.workdir import workdir
 
 from .process import DOORS, DoorConfig
 
@@ -125,7 +125,7 @@ def start(
     process_env = python_env({"RAY_USAGE_STATS_ENABLED": "0", **(env or {})})
     process_env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the door's metrics live in its own process
     launch = Launch(
-        f"the {server} door", (sys.executable, "-m", "servers.process", str(config_path)), REPO_ROOT, process_env,
+        f"the {server} door", (sys.executable, "-m", "servers.process", str(config_path)), workdir(), process_env,
         run_dir / LOG_FILE, run_dir / PID_FILE,
     )  # fmt: skip
     process = spawn(launch)

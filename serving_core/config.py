@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from explainers import available_methods
+from explainers import DEFAULT_METHOD, available_methods
 
 from .registry import task_names
 
 #: Multi-label threshold when neither the user nor the checkpoint's config sets one.
 DEFAULT_THRESHOLD = 0.5
-#: The served default method (a request that asks for an explanation without naming one gets it): AttnLRP, the most
-#: faithful method measured here, at one forward and one gradient pass, on every supported architecture.
-DEFAULT_METHOD = "attnlrp"
+#: The environment variable that sets the default method of every model a process serves (``explain-serve
+#: --default-method``); it takes precedence over each model's ``handler.default_method``. Unset: each model's setting,
+#: else the library's :data:`explainers.DEFAULT_METHOD` (``attnlrp``), re-exported here as :data:`DEFAULT_METHOD`.
+DEFAULT_METHOD_ENV = "EXPLAIN_DEFAULT_METHOD"
 
 #: The handler tasks (:data:`serving_core.registry.TASKS`): ``text`` (sequence classifiers), ``image``,
 #: ``token_classification`` (NER, PII detection: a label per token, explained per entity) and ``generation`` (causal
@@ -60,7 +62,10 @@ class HandlerConfig:
     Attributes:
         task: ``text``, ``image``, ``token_classification`` or ``generation`` (:data:`TASKS`).
         model_dir: The Hugging Face checkpoint folder, relative to the archive.
-        default_method: Method used when a request asks for an explanation without naming one.
+        default_method: Method used when a request asks for an explanation without naming one:
+            ``$EXPLAIN_DEFAULT_METHOD`` where set (every model of the deployment), else ``handler.default_method``, else
+            :data:`explainers.DEFAULT_METHOD` (``attnlrp``). Checked against the model's family when it loads
+            (:func:`serving_core.loading.check_default_method`).
         labels: Class names in index order.
         max_length: Text: tokens per input (special tokens included); longer texts are truncated and the response
             says ``truncated: true``.
@@ -114,8 +119,14 @@ class HandlerConfig:
     max_documents: int = 16
 
     @classmethod
-    def from_model_yaml(cls, model_yaml: Mapping[str, Any] | None) -> HandlerConfig:
+    def from_model_yaml(
+        cls, model_yaml: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+    ) -> HandlerConfig:
         """Build the config from the parsed ``model-config.yaml`` (``context.model_yaml_config``).
+
+        Args:
+            model_yaml: the parsed ``model-config.yaml``.
+            environ: the environment :data:`DEFAULT_METHOD_ENV` is read from (default: this process's).
 
         Raises:
             ConfigError: naming the key that is missing or wrong and what it should be.
@@ -138,9 +149,7 @@ class HandlerConfig:
         assert isinstance(labels, list)
         if len(set(labels)) != len(labels):
             raise ConfigError(f"handler.labels must be distinct, got {labels}")
-        default_method = section.get("default_method", DEFAULT_METHOD)
-        if default_method not in available_methods():
-            raise ConfigError(f"handler.default_method {default_method!r} is not one of {available_methods()}")
+        default_method = default_method_setting(section, os.environ if environ is None else environ)
         device = section.get("device", "auto")
         if device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"handler.device must be auto, cpu or cuda, got {device!r}")
@@ -193,6 +202,22 @@ class HandlerConfig:
     def input_kind(self) -> Literal["text", "image"]:
         """What a request carries: ``image`` for the image task, ``text`` for every other task."""
         return "image" if self.task == "image" else "text"
+
+
+def default_method_setting(section: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+    """The default method a model's ``handler:`` section and the environment give (see
+    :attr:`HandlerConfig.default_method`).
+
+    Raises:
+        ConfigError: if it is not a registered method (naming where it was set and the registered ones).
+    """
+    from_env = environ.get(DEFAULT_METHOD_ENV, "").strip()
+    method, where = (from_env, DEFAULT_METHOD_ENV) if from_env else (
+        section.get("default_method", DEFAULT_METHOD), "handler.default_method"
+    )  # fmt: skip
+    if method not in available_methods():
+        raise ConfigError(f"{where} {method!r} is not a method; choose one of {', '.join(available_methods())}")
+    return str(method)
 
 
 def _positive_int(value: Any) -> bool:

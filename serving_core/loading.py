@@ -3,7 +3,8 @@
 A worker (TorchServe's, a KServe door's, a Ray Serve replica) first sets its torch threads and picks its device
 (:func:`worker_device`); a task then loads its checkpoint folder with :func:`load_model` (local safetensors only —
 never a download, never a pickle file — in eval mode, refused early if the architecture is not supported) and its
-tokenizer with :func:`load_tokenizer` (the configured pad token applied to tokenizer and model alike).
+tokenizer with :func:`load_tokenizer` (the configured pad token applied to tokenizer and model alike). A model whose
+family or task refuses its default method fails to load (:func:`check_default_method`), not at its first request.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from transformers import (
     AutoTokenizer,
 )
 
-from explainers import FAMILIES, describe
+from explainers import FAMILIES, UnsupportedMethodError, available_methods, describe
+from explainers.architectures.support import check_method
 
-from .config import HandlerConfig
+from .config import DEFAULT_METHOD_ENV, ConfigError, HandlerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,31 @@ def load_model(model_class: Any, model_dir: Path, device: torch.device, **kwargs
     return model
 
 
+#: The explainers' task (:data:`explainers.TASKS`) that explains each serving task's models.
+EXPLAINED_AS = {
+    "text": "sequence_classification",
+    "image": "sequence_classification",
+    "token_classification": "token_classification",
+    "generation": "causal_lm",
+}
+
+
+def check_default_method(method: str, model_type: str, task: str) -> None:
+    """Refuse a default method that cannot explain ``model_type`` models of the serving ``task`` (the support
+    registry's refusals, :mod:`explainers.architectures.support`).
+
+    Raises:
+        ConfigError: naming the method, why it is refused, the methods that work there and the settings to change.
+    """
+    try:
+        check_method(model_type, method, available_methods(), EXPLAINED_AS[task])
+    except UnsupportedMethodError as error:
+        raise ConfigError(
+            f"default method {method!r} cannot explain this model: {error}. Set the model's default_method (or "
+            f"{DEFAULT_METHOD_ENV}, explain-serve --default-method) to one of those"
+        ) from None
+
+
 def classifier_class(model_config: Any, task: str) -> Any:
     """The class a checkpoint is loaded with: the one ``config.architectures`` names when the explainers accept it for
     its model type (e.g. ``DeiTForImageClassificationWithTeacher``, which the Auto class would not pick), else the
@@ -94,8 +121,10 @@ def load_classifier(config: HandlerConfig, model_dir: Path, device: torch.device
 
     Raises:
         ValueError: if the checkpoint's labels disagree with ``config.labels``.
+        ConfigError: if the model's family refuses ``config.default_method`` (:func:`check_default_method`).
     """
     checkpoint_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    check_default_method(config.default_method, str(checkpoint_config.model_type), config.task)
     model = load_model(classifier_class(checkpoint_config, config.task), model_dir, device)
     labels = checkpoint_labels(model)
     if labels != config.labels:

@@ -1,4 +1,5 @@
-"""What every launcher reads the same way: from the environment, the run folder, the addresses servers bind and the
+"""What every launcher reads the same way: from the environment, the run folder (in the working directory,
+:mod:`supervise.workdir`), the addresses servers bind and the
 ports of the public listeners; from its command line, ``NAME=VALUE`` pairs (``--archive``, ``--example``).
 
 Everything binds 127.0.0.1 unless ``INFERENCE_ADDRESS`` / ``METRICS_ADDRESS`` say otherwise (containers and pods).
@@ -11,10 +12,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from supervise.processes import REPO_ROOT
-
-#: The run folder (``RUN_DIR``): pid files, logs, configs and tokens of the running service (git-ignored).
-DEFAULT_RUN_DIR = REPO_ROOT / "run"
+from supervise.workdir import run_dir
 
 
 def bind_address(variable: str) -> str:
@@ -38,8 +36,9 @@ def env_port(name: str, default: int) -> int:
 
 
 def run_dir_from_env() -> Path:
-    """The run folder ``RUN_DIR`` names, else :data:`DEFAULT_RUN_DIR`."""
-    return Path(os.environ.get("RUN_DIR") or DEFAULT_RUN_DIR)
+    """The run folder (pid files, logs, configs and tokens of the running service): ``RUN_DIR`` where set, else
+    ``run/`` of the working directory (:func:`supervise.workdir.run_dir`)."""
+    return Path(os.environ.get("RUN_DIR") or run_dir())
 
 
 def name_value(text: str) -> tuple[str, str]:

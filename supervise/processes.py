@@ -3,7 +3,8 @@ session, pid files, waiting until it answers, stopping its process group, and te
 
 - :func:`spawn` starts a :class:`Launch` (command, folder, environment, log, pid file) in its own session, so that
   :func:`terminate` can end the whole group (TorchServe's workers too); :func:`python_env` is the environment with
-  this repository first on ``PYTHONPATH``.
+  this checkout first on ``PYTHONPATH`` (an installed package adds nothing: its modules are found where they are).
+  The launchers start every process in the working directory (:mod:`supervise.workdir`), by module (``-m``).
 - :func:`read_pid`, :func:`running_pid` and :func:`refuse_if_running` read the pid files a run folder keeps.
 - :func:`wait_until` polls a readiness condition while watching that the processes it depends on still run.
 - :func:`pid_alive` is true for a running process only: a zombie (ended, not yet reaped by its parent) is dead.
@@ -26,8 +27,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The repository's root: first on the ``PYTHONPATH`` of every process a launcher starts.
+#: The folder that holds the project's packages: the repository's root in a clone, ``site-packages`` when installed.
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: Whether the packages run from a source checkout (a clone, an editable install), which every process a launcher
+#: starts then finds first on its ``PYTHONPATH``.
+FROM_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file()
 
 
 class AlreadyRunningError(RuntimeError):
@@ -62,9 +66,11 @@ class Launch:
 
 
 def python_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``base`` (default: this process's environment) with this repository first on ``PYTHONPATH``, then ``extra``."""
+    """``base`` (default: this process's environment) with this checkout first on ``PYTHONPATH`` (where the packages
+    run from one: :data:`FROM_CHECKOUT`), then ``extra``."""
     environment = dict(os.environ if base is None else base)
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
+    if FROM_CHECKOUT:
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
     environment.update(extra or {})
     return environment
 
@@ -118,7 +124,8 @@ def refuse_if_running(pid_files: Iterable[Path], what: str = "a server") -> None
     for pid_file in pid_files:
         if running_pid(pid_file) is not None:
             raise AlreadyRunningError(
-                f"{what} already runs from {pid_file.parent} (pid file {pid_file}); run `make stop` first"
+                f"{what} already runs from {pid_file.parent} (pid file {pid_file}); stop it first (`make stop`, or "
+                "Ctrl-C where explain-serve runs)"
             )
 
 

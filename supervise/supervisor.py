@@ -31,7 +31,6 @@ from types import FrameType
 from typing import Any
 
 from supervise.processes import (
-    REPO_ROOT,
     ExitedEarlyError,
     Launch,
     exit_description,
@@ -44,6 +43,7 @@ from supervise.processes import (
     wait_until,
     write_pid,
 )
+from supervise.workdir import workdir
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def start_in_background(command: Sequence[str], run_dir: Path, timeout: float = 
     pid_file = run_dir / SUPERVISOR_PID
     refuse_if_running([pid_file], "the service")
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
-    launch = Launch("the supervisor", tuple(command), REPO_ROOT, python_env(), run_dir / LOG_FILE, pid_file)
+    launch = Launch("the supervisor", tuple(command), workdir(), python_env(), run_dir / LOG_FILE, pid_file)
     process = spawn(launch)
 
     def settled() -> bool:

@@ -5,10 +5,15 @@ data file its code reads at run time, ``py.typed``, the licence and the one vers
 only torch (a range) and transformers. A fresh virtualenv then gets torch first, then the core wheel alone (pip
 installs nothing torch-related and none of the service's libraries), and explains a tiny BERT, written by the test
 with a handful-of-words vocabulary, by every method: the same scores as the source tree gives in this process.
+The serving and evaluation extras then go into the same virtualenv: ``explain-eval`` runs, and ``explain-serve``
+serves a tiny checkpoint from an empty temporary directory (one explanation over REST with the inference token; the
+working directory holds the archive and the run state; nothing is written under ``site-packages``; the service is
+stopped by its pid).
 
-Slow (two to five minutes: a virtualenv, torch and transformers from pip's sources). torch comes from
-``$TORCH_INDEX_URL`` where it is set (``.ci/run`` sets it), else from the index the Makefile installed the running
-virtualenv's torch from (its ``.torch-*`` stamp: PyTorch's CPU index by default), else from pip's own configuration.
+Slow (three to seven minutes: a virtualenv, torch, transformers and the extras from pip's sources, TorchServe). torch
+comes from ``$TORCH_INDEX_URL`` where it is set (``.ci/run`` sets it), else from the index the Makefile installed the
+running virtualenv's torch from (its ``.torch-*`` stamp: PyTorch's CPU index by default), else from pip's own
+configuration.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import tomllib
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +40,8 @@ import torch
 
 from explainers import available_methods, explain, get_method
 from explainers._version import __version__
+from model_store.serving.config import Ports
+from supervise.processes import pid_alive, read_pid
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +58,22 @@ TEXT = "the crew was rude and the flight late"
 WORDS = ("the", "crew", "was", "rude", "and", "flight", "late", "lovely", "staff")
 #: What the fresh virtualenv must not get from the core wheel.
 TORCH_RELATED = re.compile(r"^(torch|nvidia|cuda|triton)", re.IGNORECASE)
+#: What the extras must not bring beside the installed torch (TorchServe's own packages are ``torch``-named).
+ANOTHER_TORCH = re.compile(r"^(torch|triton)$|^(nvidia|cuda)", re.IGNORECASE)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
+#: The repository's settings of where the service writes, which a user's shell does not have.
+WORKDIR_SETTINGS = ("EXPLAIN_WORKDIR", "MODEL_STORE", "RUN_DIR", "EXPLAIN_PROTO_DIR", "EXPLAIN_DEFAULT_METHOD")
+
+
 def _environment() -> dict[str, str]:
-    """This environment without the test virtualenv's or the repository's Python settings."""
-    return {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    """This environment without the test virtualenv's or the repository's Python and working-directory settings."""
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PYTHON", "VIRTUAL_ENV")) and key not in WORKDIR_SETTINGS
+    }
 
 
 def _run(command: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -213,3 +232,91 @@ def test_the_core_wheel_explains_a_tiny_model_outside_the_repository(core_venv: 
         served = torch.tensor(report["methods"][method]["scores"])
         assert served.shape == scores.shape and torch.isfinite(served).all(), method
         assert torch.allclose(served, scores, atol=1e-6, rtol=1e-5), (method, served, scores)
+
+
+@pytest.fixture(scope="module")
+def serve_venv(core_venv: Path, wheels: dict[str, Path]) -> Path:
+    """The core virtualenv with the serving and evaluation extras installed from the wheels; its Python."""
+    root = core_venv.parent.parent.parent
+    pip = [str(core_venv), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    report = root / "serve-install.json"
+    started = time.perf_counter()
+    find_links = ["--find-links", str(wheels["client"].parent)]
+    _run([*pip, *find_links, "--report", str(report), f"{wheels['service']}[serve,eval]"], 900, cwd=root)
+    installed = sorted(item["metadata"]["name"] for item in json.loads(report.read_text())["install"])
+    logger.warning("serve and eval extras: %.0f s, %d packages: %s", time.perf_counter() - started, len(installed),
+                   installed)  # fmt: skip
+    assert {"torchserve", "transformer-explain-client", "matplotlib"} <= set(installed)
+    assert not [name for name in installed if ANOTHER_TORCH.match(name)], "an extra pulled another torch"
+    return core_venv
+
+
+def test_explain_eval_runs_from_the_wheel(serve_venv: Path, tmp_path: Path) -> None:
+    result = _run([str(serve_venv.parent / "explain-eval"), "--help"], 300, cwd=tmp_path)
+    assert "usage: explain-eval" in result.stdout and "--build-dir" in result.stdout
+
+
+def _site_files(python: Path) -> set[str]:
+    """Every file under the virtualenv's ``site-packages``."""
+    purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], 60).stdout
+    site = Path(purelib.strip())
+    return {str(path.relative_to(site)) for path in site.rglob("*") if path.is_file()}
+
+
+def _post(url: str, token: str, document: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    request = urllib.request.Request(url, data=json.dumps(document).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return int(response.status), json.loads(response.read())
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="TorchServe's frontend needs Java (17 or 21)")
+def test_explain_serve_serves_a_checkpoint_from_an_empty_directory(serve_venv: Path, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "tiny-bert"
+    _tiny_checkpoint(checkpoint)
+    here = tmp_path / "empty"
+    here.mkdir()
+    before = _site_files(serve_venv)
+    ports = Ports.free()
+    env = _environment() | {
+        "MANAGEMENT_PORT": str(ports.management), "METRICS_PORT": str(ports.metrics),
+        "GRPC_MANAGEMENT_PORT": str(ports.grpc_management), "EXPORTER_PORT": str(ports.exporter),
+    }  # fmt: skip
+    command = [
+        str(serve_venv.parent / "explain-serve"),
+        "--models",
+        f"tiny={checkpoint}",
+        "--default-method",
+        "rollout",
+    ]
+    command += ["--port", str(ports.inference), "--grpc-port", str(ports.grpc_inference)]
+    log_path = tmp_path / "explain-serve.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, cwd=here, env=env, stdout=log, stderr=subprocess.STDOUT)
+    run = here / "run"
+    try:
+        deadline = time.monotonic() + 420
+        while "The explanation service is up" not in log_path.read_text(errors="replace"):
+            assert process.poll() is None, f"explain-serve exited with {process.returncode}:\n{log_path.read_text()}"
+            assert time.monotonic() < deadline, f"explain-serve not up in time:\n{log_path.read_text()[-4000:]}"
+            time.sleep(1)
+        assert f"{run}/key_file.json" in log_path.read_text(), "it says where the tokens are"
+        token = json.loads((run / "key_file.json").read_text())["inference"]["key"]
+        status, answer = _post(f"http://127.0.0.1:{ports.inference}/explanations/tiny", token, {"text": TEXT})
+        assert status == 200 and answer["explanation"]["method"] == "rollout", answer  # --default-method
+        assert answer["explanation"]["tokens"] == ["[CLS]", *TEXT.split(), "[SEP]"]
+        served = [read_pid(run / name) for name in ("torchserve.pid", "exporter.pid")]
+    finally:
+        process.send_signal(signal.SIGTERM)  # stopped by its pid, as Ctrl-C would
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, log_path.read_text()[-4000:]
+    assert not [pid for pid in served if pid is not None and pid_alive(pid)], "the servers were stopped"
+    written = sorted(_site_files(serve_venv) - before)
+    assert written == [], f"files written under site-packages: {written[:20]}"
+    assert (here / "model_store/build/packages/tiny/MAR-INF/MANIFEST.json").is_file()
+    assert (run / "config.properties").is_file() and (run / "logs").is_dir()
+    assert (here / "build/protos/management_pb2.py").is_file(), "TorchServe's stubs are generated in the workdir"

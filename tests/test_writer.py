@@ -80,9 +80,12 @@ def test_the_gguf_file_is_where_the_package_ships_it() -> None:
 
 
 def test_the_writer_models_file_names_the_build_folder_and_a_long_timeout() -> None:
-    from model_store import DEFAULT_BUILD_DIR, PACKAGE_DIR
+    from model_store import PACKAGE_DIR, REPO_ROOT
     from model_store.package import read_models_file
 
     (entry,) = read_models_file(PACKAGE_DIR / "writer.yaml")
-    assert entry.name == "writer" and Path(entry.path).resolve() == (DEFAULT_BUILD_DIR / "writer" / "model").resolve()
+    assert (
+        entry.name == "writer"
+        and Path(entry.path).resolve() == (REPO_ROOT / "model_store/build/writer/model").resolve()
+    )
     assert entry.settings.response_timeout >= 300 and entry.settings.max_new_tokens == 64

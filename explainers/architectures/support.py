@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..defaults import DEFAULT_METHOD
 from ..errors import UnsupportedMethodError
 
 Kind = Literal["encoder", "decoder", "vision"]
@@ -296,8 +297,9 @@ def check_method(model_type: str, method: str, methods: Sequence[str], task: str
             where, there = f"model type {model_type!r}", repr(model_type)
         else:
             where = there = f"{model_type!r} {TASKS[task].title}s"
+        named = f"method {method!r}" + (" (the default method)" if method == DEFAULT_METHOD else "")
         raise UnsupportedMethodError(
-            f"method {method!r} is not supported for {where}: {reason}; methods that work on {there}: {working}"
+            f"{named} is not supported for {where}: {reason}; methods that work on {there}: {working}"
         )
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..chat import RenderedPrompt
+from ..defaults import DEFAULT_METHOD
 from ..errors import InvalidTargetError
 from ..units import token_units
 from .targets import Targets, explain_targets
@@ -139,7 +140,7 @@ def explain_spans(
     made: Continuation,
     spans: Spans,
     *,
-    method: str,
+    method: str = DEFAULT_METHOD,
     options: Mapping[str, Any] | None = None,
 ) -> SpanExplanation:
     """Explain every span of every row (each the summed log-probability of its steps' tokens) with one forward.
@@ -148,7 +149,8 @@ def explain_spans(
         model: the causal LM (a supported decoder family); left exactly as it was found.
         made: the prompts and their continuations.
         spans: per row, its spans of steps ``(start, stop)``.
-        method: one of :func:`explainers.available_methods` that the family supports.
+        method: one of :func:`explainers.available_methods` that the family supports; default
+            :data:`~explainers.DEFAULT_METHOD` (``attnlrp``).
         options: the method's options.
 
     Raises:
@@ -270,7 +272,7 @@ def explain_citations(
     prompt: str | None = None,
     answer: str | Sequence[int] | None = None,
     max_new_tokens: int = 64,
-    method: str = "attnlrp",
+    method: str = DEFAULT_METHOD,
     chat_template: str | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> Citations:
@@ -288,7 +290,7 @@ def explain_citations(
         answer: the answer, as text (tokenized without special tokens) or token ids; ``None``: generated (greedy,
             at most ``max_new_tokens``).
         max_new_tokens: the generation's budget when no answer is given.
-        method: the attribution method.
+        method: the attribution method (default :data:`~explainers.DEFAULT_METHOD`, ``attnlrp``).
         chat_template: a chat template instead of the tokenizer's.
         options: the method's options.
 

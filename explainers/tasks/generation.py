@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..defaults import DEFAULT_METHOD
 from ..errors import InvalidTargetError, UnsupportedModelError
 from .continuation import (
     Continuation,
@@ -199,7 +200,7 @@ def explain_generation(
     model: nn.Module,
     inputs: Mapping[str, Any],
     *,
-    method: str,
+    method: str = DEFAULT_METHOD,
     max_new_tokens: int | Sequence[int] | None = None,
     continuation: Any = None,
     steps: Steps = None,
@@ -215,7 +216,8 @@ def explain_generation(
             it was found.
         inputs: a tokenizer batch of prompts (``input_ids``, ``attention_mask``; left padding as decoder tokenizers
             pad, or right padding).
-        method: one of :func:`explainers.available_methods` that the family supports.
+        method: one of :func:`explainers.available_methods` that the family supports; default
+            :data:`~explainers.DEFAULT_METHOD` (``attnlrp``).
         max_new_tokens: the most tokens each row generates (one for all rows, or one per row; default
             :data:`~explainers.tasks.continuation.DEFAULT_MAX_NEW_TOKENS`); ignored with ``continuation``.
         continuation: ``(batch, T)`` token ids produced elsewhere (or a mapping with ``input_ids`` and a right-padded

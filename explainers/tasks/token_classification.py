@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from ..architectures.description import describe, model_config
 from ..capture import forward_pass, prepared_model
+from ..defaults import DEFAULT_METHOD
 from ..errors import InvalidInputError, InvalidTargetError, UnsupportedModelError
 from ..inputs import validate_inputs
 from .tagging import LabelScheme, Span, group_spans, label_scheme, span_tags
@@ -249,7 +250,7 @@ def explain_tokens(
     model: nn.Module,
     inputs: Mapping[str, Any],
     *,
-    method: str,
+    method: str = DEFAULT_METHOD,
     positions: Any = None,
     entities: bool = True,
     **options: Any,
@@ -262,7 +263,8 @@ def explain_tokens(
             left exactly as it was found.
         inputs: a tokenizer's right-padded batch (``input_ids``, ``attention_mask``, optional ``token_type_ids``),
             optionally with ``special_tokens_mask`` (those tokens are never in a predicted span).
-        method: one of :func:`explainers.available_methods` that the family accepts for token classifiers.
+        method: one of :func:`explainers.available_methods` that the family accepts for token classifiers; default
+            :data:`~explainers.DEFAULT_METHOD` (``attnlrp``).
         positions: ``None`` (explain the predicted spans) or per row a list of ``(start, end, label)``: token
             positions, ``end`` exclusive, ``label`` an index of ``id2label`` (the form of the result's ``spans``).
         entities: with predicted spans, group the tags into entities by the scheme of ``id2label`` (``O`` skipped;

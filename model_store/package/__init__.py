@@ -1,7 +1,8 @@
 """Package your own Hugging Face checkpoint folder as a TorchServe archive of the explanation service.
 
 ``python -m model_store.package PATH --name NAME [--out DIR] [options]`` validates the folder, then writes the
-TorchServe ``no-archive`` folder ``DIR/NAME/`` (default ``DIR``: ``model_store/build/packages``), which any
+TorchServe ``no-archive`` folder ``DIR/NAME/`` (default ``DIR``: ``model_store/build/packages`` of the working
+directory, :mod:`supervise.workdir`), which any
 TorchServe 0.12 with this project installed serves: ``torchserve --model-store DIR --models NAME=NAME``.
 ``python -m model_store.package --config models.yaml`` packages every model of a YAML file (docs/SERVING.md,
 "Serve your own model"). ``make serve MODELS="name=path,..."`` calls the same code.
@@ -24,13 +25,12 @@ This module is the public surface: import from ``model_store.package``.
 from model_store.package.checkpoint_files import PICKLE_SUFFIXES, SAFE_SUFFIXES
 from model_store.package.cli import main
 from model_store.package.models_file import ModelEntry, parse_models, read_models_file
-from model_store.package.packaging import DEFAULT_OUT, FINGERPRINTS_DIR, Packaged, fingerprint, package, serving_config
+from model_store.package.packaging import FINGERPRINTS_DIR, Packaged, default_out, fingerprint, package, serving_config
 from model_store.package.settings import NAME_PATTERN, PackageError, Settings, Task, check_name
 from model_store.package.validate import DEFAULT_MAX_LENGTH, Checkpoint, validate
 
 __all__ = [
     "DEFAULT_MAX_LENGTH",
-    "DEFAULT_OUT",
     "FINGERPRINTS_DIR",
     "NAME_PATTERN",
     "PICKLE_SUFFIXES",
@@ -42,6 +42,7 @@ __all__ = [
     "Settings",
     "Task",
     "check_name",
+    "default_out",
     "fingerprint",
     "main",
     "package",

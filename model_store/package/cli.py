@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from model_store.package.models_file import ModelEntry, read_models_file
-from model_store.package.packaging import DEFAULT_OUT, package
+from model_store.package.packaging import default_out, package
 from model_store.package.settings import PackageError, Settings, check_name
 from model_store.package.validate import validate
 
@@ -51,7 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("path", nargs="?", type=str, help="the checkpoint folder (config.json, *.safetensors, ...)")
     parser.add_argument("--name", help="model name (the archive folder and the URL: /predictions/NAME)")
     parser.add_argument("--config", type=Path, help="a YAML file of several models (instead of PATH and --name)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="model store folder (default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="model store folder (default: model_store/build/packages of the working "
+        "directory: $EXPLAIN_WORKDIR, else the current one)",
+    )
     parser.add_argument("--default-method", help="method used when a request names none (default: attnlrp)")
     parser.add_argument("--max-length", type=int, help="tokens per text input, longer is truncated (default: 128)")
     parser.add_argument("--batch-size", type=int, help="TorchServe batchSize (default: 8)")
@@ -80,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(message)s")
+    args.out = args.out if args.out is not None else default_out()
     try:
         if args.config is not None:
             if args.path or args.name:

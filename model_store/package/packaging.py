@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_store import DEFAULT_BUILD_DIR, REPO_ROOT
+from model_store import REPO_ROOT, default_build_dir
 from model_store.archive import MANIFEST_PATH, ServingConfig, make_archive
 from model_store.files import file_sha256
 from model_store.fingerprint import digest, package_versions
@@ -25,13 +25,17 @@ from model_store.package.validate import Checkpoint, validate
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_OUT = DEFAULT_BUILD_DIR / "packages"
 FINGERPRINTS_DIR = ".fingerprints"
 TEXT_HANDLER = REPO_ROOT / "handlers" / "text_handler.py"
 IMAGE_HANDLER = REPO_ROOT / "handlers" / "image_handler.py"
 TOKEN_HANDLER = REPO_ROOT / "handlers" / "token_handler.py"
 GENERATION_HANDLER = REPO_ROOT / "handlers" / "generation_handler.py"
 PACKAGE_CODE_DIR = Path(__file__).resolve().parent
+
+
+def default_out() -> Path:
+    """Where archives are packaged by default: ``WORKDIR/model_store/build/packages`` (:mod:`supervise.workdir`)."""
+    return default_build_dir() / "packages"
 
 
 def _code_files() -> tuple[str, ...]:
@@ -114,12 +118,12 @@ class Packaged:
 def package(
     path: Path | str,
     name: str,
-    out: Path = DEFAULT_OUT,
+    out: Path | None = None,
     settings: Settings | None = None,
     checkpoint: Checkpoint | None = None,
 ) -> Packaged:
     """Validate ``path`` (unless ``checkpoint`` is its validation already) and write (or reuse) its archive
-    ``out/name``.
+    ``out/name`` (default ``out``: :func:`default_out`).
 
     Raises:
         PackageError: if the checkpoint is refused; nothing is written then.
@@ -131,6 +135,7 @@ def package(
         logger.warning("%s: %s", name, warning)
     if checkpoint.left_out:
         logger.info("%s: not packaged (not a safe checkpoint file): %s", name, ", ".join(checkpoint.left_out))
+    out = out if out is not None else default_out()
     archive = out / name
     stamp = out / FINGERPRINTS_DIR / f"{name}.json"
     expected, document = fingerprint(checkpoint, settings, name)

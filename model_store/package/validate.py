@@ -344,8 +344,8 @@ def _validate_staged(
     import torch
     from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
-    from explainers import ExplainError, describe, head_type, supported_methods
-    from serving_core.config import DEFAULT_METHOD, DEFAULT_THRESHOLD
+    from explainers import DEFAULT_METHOD, ExplainError, describe, head_type, supported_methods
+    from serving_core.config import DEFAULT_THRESHOLD
     from serving_core.loading import classifier_class
 
     try:
@@ -378,7 +378,9 @@ def _validate_staged(
         _check_lm_head(skeleton, shapes, architecture)
     else:
         _check_head(skeleton, shapes, architecture)
-    explained_as = "token_classification" if task == "token_classification" else "sequence_classification"
+    explained_as = {"token_classification": "token_classification", "generation": "causal_lm"}.get(
+        task, "sequence_classification"
+    )
     methods = supported_methods(str(config.model_type), explained_as)
     default_method = settings.default_method or (DEFAULT_METHOD if DEFAULT_METHOD in methods else "gae")
     if default_method not in methods:

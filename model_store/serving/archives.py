@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -11,13 +12,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from model_store.serving.config import DEFAULT_MODEL_STORE, REPO_ROOT
+from supervise.workdir import workdir
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODELS = {"sentiment": "sentiment/archive", "digits": "digits/archive", "entities": "entities/archive"}
 
-__all__ = ["DEFAULT_MODELS", "DEFAULT_MODEL_STORE", "ensure_models", "missing_archives", "package_own_models"]
+__all__ = ["DEFAULT_MODELS", "check_served_default", "ensure_models", "missing_archives", "package_own_models"]
 
 
 def missing_archives(model_store: Path, models: Mapping[str, str]) -> list[str]:
@@ -55,7 +56,7 @@ def ensure_models(model_store: Path, models: Mapping[str, str]) -> None:
     command = [sys.executable, "-m", "model_store.build", "--out", str(model_store)]
     for name in models:
         command += ["--only", name]
-    subprocess.run(command, cwd=REPO_ROOT, check=True)
+    subprocess.run(command, cwd=workdir(), check=True)
 
 
 def package_own_models(
@@ -82,3 +83,29 @@ def package_own_models(
         models[entry.name] = str(result.archive.relative_to(model_store))
     pairs = [(entry.name, checkpoint.task) for entry, checkpoint in zip(entries, checked, strict=True)]
     return models, next((pair for pair in pairs if pair[1] == "text"), pairs[0])
+
+
+def check_served_default(model_store: Path, models: Mapping[str, str], method: str) -> None:
+    """Refuse, before anything starts, a default method for every model (``EXPLAIN_DEFAULT_METHOD``,
+    ``explain-serve --default-method``) that is not registered or that a served model's family refuses: the check each
+    worker makes when it loads (:func:`serving_core.loading.check_default_method`), made here from the archives'
+    ``model-config.yaml`` and ``config.json`` without loading a model.
+
+    Raises:
+        ConfigError: naming the model, the method and the methods that work on it.
+    """
+    import yaml
+
+    from serving_core.config import DEFAULT_METHOD_ENV, ConfigError, default_method_setting
+    from serving_core.loading import check_default_method
+
+    default_method_setting({}, {DEFAULT_METHOD_ENV: method})  # a registered method
+    for name, path in models.items():
+        archive = model_store / path
+        handler = (yaml.safe_load((archive / "model-config.yaml").read_text(encoding="utf-8")) or {}).get("handler", {})
+        checkpoint = archive / str(handler.get("model_dir", "model")) / "config.json"
+        model_type = str(json.loads(checkpoint.read_text(encoding="utf-8")).get("model_type", ""))
+        try:
+            check_default_method(method, model_type, str(handler.get("task", "text")))
+        except ConfigError as error:
+            raise ConfigError(f"model {name!r}: {error}") from None

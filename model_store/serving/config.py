@@ -21,13 +21,20 @@ from typing import Any
 import yaml
 
 from supervise.environment import bind_address, env_port
+from supervise.workdir import model_store_dir
 
+#: This package's folder: the files below are read from the installed package, never written.
 SERVING_DIR = Path(__file__).resolve().parent
-REPO_ROOT = SERVING_DIR.parent.parent
 TEMPLATE = SERVING_DIR / "config.properties.template"
 METRICS_YAML = SERVING_DIR / "metrics.yaml"
 PROFILES = SERVING_DIR / "profiles.yaml"
-DEFAULT_MODEL_STORE = REPO_ROOT / "model_store" / "build"
+
+
+def default_model_store() -> Path:
+    """The model store served by default: ``MODEL_STORE`` where set, else ``model_store/build`` of the working
+    directory (:mod:`supervise.workdir`)."""
+    value = os.environ.get("MODEL_STORE")
+    return Path(value).resolve() if value else model_store_dir()
 
 
 @dataclass(frozen=True)

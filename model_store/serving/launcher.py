@@ -8,6 +8,9 @@ Commands: ``serve`` (foreground, Ctrl-C stops), ``start`` (background), ``stop``
 folders instead of the two default models: each is validated and packaged by :mod:`model_store.package` (reused
 while unchanged) first.
 
+``EXPLAIN_DEFAULT_METHOD`` (``explain-serve --default-method``) sets the default method of every model served; one
+that a model's family refuses stops the launcher before anything starts (exit status 2).
+
 ``--server kserve|ray`` (``make serve SERVER=...``): the archives are resolved here, then this process becomes
 ``python -m servers`` (the other doors' launcher, :mod:`servers.launcher`) with them; the two launchers share their
 process mechanics (:mod:`supervise`) and import nothing of each other.
@@ -28,13 +31,14 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from model_store.serving.archives import DEFAULT_MODELS, ensure_models, package_own_models
-from model_store.serving.config import DEFAULT_MODEL_STORE, load_profile
+from model_store.serving.archives import DEFAULT_MODELS, check_served_default, ensure_models, package_own_models
+from model_store.serving.config import default_model_store, load_profile
 from model_store.serving.process import Server, start, stop
 from model_store.serving.supervision import supervise
 from supervise.environment import name_value, run_dir_from_env
-from supervise.processes import REPO_ROOT, python_env
+from supervise.processes import python_env
 from supervise.supervisor import claimed, start_in_background, write_status
+from supervise.workdir import workdir
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="--server ray: replicas per model (default: each model's workers setting)",
     )
     parser.add_argument("--run-dir", type=Path, default=run_dir_from_env())
-    parser.add_argument("--model-store", type=Path, default=Path(os.environ.get("MODEL_STORE") or DEFAULT_MODEL_STORE))
+    parser.add_argument(
+        "--model-store",
+        type=Path,
+        default=default_model_store(),
+        help="where archives are built and packaged (default: $MODEL_STORE, else model_store/build of the working "
+        "directory)",
+    )
     parser.add_argument(
         "--profile", default=os.environ.get("PROFILE") or "archive", help="archive (default), cpu, cpu-pooled or gpu"
     )
@@ -155,12 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     args = build_parser().parse_args(argv)
+    args.run_dir, args.model_store = args.run_dir.resolve(), args.model_store.resolve()  # children run elsewhere
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.command == "stop":
         stopped = stop(args.run_dir)
         if (args.run_dir / "doors.pid").is_file():  # a KServe/Ray door left by its launcher: that launcher stops it
             door = [sys.executable, "-m", "servers", "stop", "--run-dir", str(args.run_dir)]
-            result = subprocess.run(door, cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True, check=False)
+            result = subprocess.run(door, cwd=workdir(), env=python_env(), capture_output=True, text=True, check=False)
             stopped = stopped or result.stdout.strip() == "stopped"
         print("stopped" if stopped else "not running")
         return 0
@@ -187,6 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         models, example = dict(DEFAULT_MODELS), ("sentiment", "text")
         ensure_models(args.model_store, models)
+    method = os.environ.get("EXPLAIN_DEFAULT_METHOD", "").strip()  # serving_core.config.DEFAULT_METHOD_ENV
+    if method:  # the default method of every model: refused here, before anything starts, where it cannot apply
+        try:
+            check_served_default(args.model_store, models, method)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     if args.server != "torchserve":
         archives = {name: args.model_store / path for name, path in models.items()}
         command = door_command(args, archives, example)

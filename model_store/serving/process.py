@@ -7,8 +7,8 @@ under ``serve``).
 TorchServe's own ``torchserve`` command keeps one pid file per machine (``$TMPDIR/.model_server.pid``) and refuses
 to start a second server, so the Java frontend is run here directly (the same command line) with a private temp
 folder, which lets tests start servers on free ports beside a running one. Runtime state lives in the run folder
-(default ``run/``, git-ignored): ``config.properties``, ``key_file.json`` (tokens), ``logs/``, the pid files and
-``prometheus/`` (the workers' metric files).
+(default ``run/`` of the working directory, :mod:`supervise.workdir`; git-ignored in a clone): ``config.properties``,
+``key_file.json`` (tokens), ``logs/``, the pid files and ``prometheus/`` (the workers' metric files).
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ from typing import Any
 
 from model_store.serving.archives import DEFAULT_MODELS, missing_archives
 from model_store.serving.config import (
-    DEFAULT_MODEL_STORE,
     MAX_REQUEST_SIZE,
-    REPO_ROOT,
     Ports,
+    default_model_store,
     link_store,
     write_config,
 )
-from supervise.environment import DEFAULT_RUN_DIR, bind_address
+from supervise.environment import bind_address, run_dir_from_env
 from supervise.processes import (
     Launch,
     accepting,
@@ -46,6 +45,7 @@ from supervise.processes import (
 )
 from supervise.supervisor import stop_supervisor
 from supervise.watchdog import owner_pid, watch
+from supervise.workdir import workdir
 
 TS_PID = "torchserve.pid"
 EXPORTER_PID = "exporter.pid"
@@ -114,8 +114,8 @@ def java_command(config: Path, model_store: Path, tmp_dir: Path, models: list[st
 
 
 def start(
-    run_dir: Path = DEFAULT_RUN_DIR,
-    model_store: Path = DEFAULT_MODEL_STORE,
+    run_dir: Path | None = None,
+    model_store: Path | None = None,
     models: Mapping[str, str] | None = None,
     ports: Ports | None = None,
     timeout: float = 180.0,
@@ -128,8 +128,10 @@ def start(
     :mod:`~supervise.watchdog` ends both process groups when that process ends, however it ends.
 
     Args:
-        run_dir: Folder for runtime state (created; the previous metric files are cleared).
-        model_store: TorchServe model store; ``models`` paths are relative to it.
+        run_dir: Folder for runtime state (created; the previous metric files are cleared). Default:
+            :func:`~supervise.environment.run_dir_from_env` (``RUN_DIR``, else ``run/`` of the working directory).
+        model_store: TorchServe model store; ``models`` paths are relative to it. Default:
+            :func:`~model_store.serving.config.default_model_store`.
         models: Model name → archive folder (default: the two default models).
         ports: Ports (default: :meth:`Ports.from_env`).
         timeout: Seconds to wait for readiness.
@@ -144,7 +146,9 @@ def start(
     """
     models = dict(models or DEFAULT_MODELS)
     ports = ports or Ports.from_env()
-    run_dir = run_dir.resolve()
+    run_dir = (run_dir or run_dir_from_env()).resolve()
+    model_store = model_store or default_model_store()
+    cwd = workdir()
     run_dir.mkdir(parents=True, exist_ok=True)
     refuse_if_running([run_dir / name for name in (TS_PID, EXPORTER_PID, ROUTER_PID)], "TorchServe")
     missing = missing_archives(model_store, models)
@@ -170,7 +174,7 @@ def start(
     config = write_config(run_dir, ports, store.path, behind_router=routed)
     launches = {
         "exporter": Launch(
-            "the metrics exporter", tuple(exporter_command(ports, metrics_dir)), REPO_ROOT, env,
+            "the metrics exporter", tuple(exporter_command(ports, metrics_dir)), cwd, env,
             run_dir / "exporter.log", run_dir / EXPORTER_PID,
         ),
         "torchserve": Launch(
@@ -180,7 +184,7 @@ def start(
     }  # fmt: skip
     if routed:  # the router takes the public inference ports
         command = tuple(router_command(ports, store.pools, store.generation))
-        launches["router"] = Launch("the router", command, REPO_ROOT, env, run_dir / "router.log", run_dir / ROUTER_PID)
+        launches["router"] = Launch("the router", command, cwd, env, run_dir / "router.log", run_dir / ROUTER_PID)
     processes = {name: spawn(launch) for name, launch in launches.items()}
     owner = owner_pid()
     if owner is not None:  # EXPLAIN_OWNER_PID: the servers end with that process, even if it is SIGKILLed
@@ -252,10 +256,11 @@ def wait_ready(server: Server, timeout: float, served: tuple[str, ...] | None = 
         raise RuntimeError(f"TorchServe not ready after {timeout:.0f} s (waiting for {waiting}); see {server.run_dir}")
 
 
-def stop(run_dir: Path = DEFAULT_RUN_DIR) -> bool:
-    """Stop the service started from ``run_dir``: its supervisor first, if another process supervises it (so that
-    nothing is restarted or reported as a failure), then what is left by its pid files; returns whether anything was
-    running."""
+def stop(run_dir: Path | None = None) -> bool:
+    """Stop the service started from ``run_dir`` (default: :func:`~supervise.environment.run_dir_from_env`): its
+    supervisor first, if another process supervises it (so that nothing is restarted or reported as a failure), then
+    what is left by its pid files; returns whether anything was running."""
+    run_dir = run_dir or run_dir_from_env()
     stopped = stop_supervisor(run_dir)
     for pid_name in (ROUTER_PID, TS_PID, EXPORTER_PID):
         stopped = stop_pid_file(run_dir / pid_name) or stopped

@@ -58,7 +58,7 @@ from explainers.tasks.generation import check_generation_call, explain_continuat
 
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
-from ..loading import load_model, load_tokenizer
+from ..loading import check_default_method, load_model, load_tokenizer
 from ..task import BatchTimings
 from ..wire import Encoding
 from .chat_schema import AnswerSpan
@@ -103,10 +103,15 @@ class GenerationService:
     head_type = "generation"
 
     def __init__(self, config: HandlerConfig, model_dir: Path, device: torch.device) -> None:
-        """Load the checkpoint from ``model_dir`` (eager attention, eval mode, local safetensors only)."""
+        """Load the checkpoint from ``model_dir`` (eager attention, eval mode, local safetensors only).
+
+        Raises:
+            ConfigError: if the model's family refuses ``config.default_method``.
+        """
         self.config = config
         self.device = device
         self.model = load_model(AutoModelForCausalLM, model_dir, device, attn_implementation="eager")
+        check_default_method(config.default_method, str(getattr(self.model.config, "model_type", "")), config.task)
         self.tokenizer: Any = load_tokenizer(model_dir, self.model, config.pad_token_id)
         self.vocabulary = vocabulary_size(self.model)
         self.eos = frozenset(model_eos_tokens(self.model))
