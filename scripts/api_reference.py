@@ -135,8 +135,9 @@ def signature(obj: Callable[..., Any], name: str) -> str:
     star_done = False
     params = list(sig.parameters.values())
     for index, param in enumerate(params):
-        if param.kind is param.POSITIONAL_ONLY and (index + 1 == len(params)
-                                                    or params[index + 1].kind is not param.POSITIONAL_ONLY):
+        if param.kind is param.POSITIONAL_ONLY and (
+            index + 1 == len(params) or params[index + 1].kind is not param.POSITIONAL_ONLY
+        ):
             suffix = ", /"
         else:
             suffix = ""
@@ -178,16 +179,20 @@ def own_members(cls: type) -> Iterator[tuple[str, Any]]:
             yield name, value
 
 
-def document_function(lines: list[str], problems: list[str], qualname: str, obj: Any, *, bound: bool,
-                      level: str) -> None:
+def _drop_self(match: re.Match[str]) -> str:
+    return match.group(1) + ("(" if match.group(2) == ", " else "()")
+
+
+def document_function(
+    lines: list[str], problems: list[str], qualname: str, obj: Any, *, bound: bool, level: str
+) -> None:
     """Append ``obj``'s entry to ``lines``; record each missing piece of documentation in ``problems``."""
     func = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
     doc = parse_docstring(inspect.getdoc(func))
     short = qualname.rsplit(".", 1)[-1]
     shown = signature(func, short)
     if bound or isinstance(obj, classmethod):
-        shown = re.sub(r"^(\w+)\((?:self|cls)(?:, |\))", lambda m: m.group(1) + ("(" if m.group(0).endswith(", ") else "()"),
-                       shown)
+        shown = re.sub(r"^(\w+)\((?:self|cls)(, |\))", _drop_self, shown)
     lines += [f"{level} `{qualname}`", "", "```python", shown, "```", ""]
     if not doc.text:
         problems.append(f"{qualname}: no docstring")
@@ -244,7 +249,10 @@ def document_class(lines: list[str], problems: list[str], name: str, cls: type) 
         lines += ["Members: " + ", ".join(f"`{member.name}`" for member in cls), ""]
         return
     fields = field_names(cls)
-    attributes = doc.entries.get("Attributes", {})
+    attributes: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's result inherits its base's documented fields
+        if klass.__module__ != "builtins" and klass.__doc__:
+            attributes.update(parse_docstring(inspect.getdoc(klass)).entries.get("Attributes", {}))
     if fields:
         rows = []
         for field in fields:
@@ -260,7 +268,7 @@ def document_class(lines: list[str], problems: list[str], name: str, cls: type) 
         lines.append("")
     if not fields and not issubclass(cls, BaseException) and "__init__" in vars(cls):
         init_doc = parse_docstring(inspect.getdoc(cls.__init__))
-        args = {**doc.entries.get("Args", {}), **init_doc.entries.get("Args", {})}
+        args = {**attributes, **doc.entries.get("Args", {}), **init_doc.entries.get("Args", {})}
         names = parameters(cls.__init__, bound=True)
         lines += ["```python", signature(cls.__init__, name).replace("(self, ", "(").replace("(self)", "()"), "```", ""]
         missing = [param for param in names if param not in args]
@@ -284,8 +292,16 @@ def document_constant(lines: list[str], name: str, value: Any) -> None:
     shown = repr(value)
     if len(shown) > 300:
         shown = shown[:300] + " ..."
-    lines += [f"### `{name}`", "", f"*constant* `{type(value).__name__}`", "", "```python", f"{name} = {shown}",
-              "```", ""]
+    lines += [
+        f"### `{name}`",
+        "",
+        f"*constant* `{type(value).__name__}`",
+        "",
+        "```python",
+        f"{name} = {shown}",
+        "```",
+        "",
+    ]
 
 
 def render(module_name: str, title: str, intro: str) -> tuple[str, list[str]]:
@@ -299,8 +315,10 @@ def render(module_name: str, title: str, intro: str) -> tuple[str, list[str]]:
     errors = [n for n in classes if issubclass(getattr(module, n), BaseException)]
     plain = [n for n in classes if n not in errors]
     constants = [n for n in names if n not in functions and n not in classes]
-    lines += ["Contents: [functions](#functions) · [classes](#classes) · [exceptions](#exceptions) · "
-              "[constants](#constants)", ""]
+    lines += [
+        "Contents: [functions](#functions) · [classes](#classes) · [exceptions](#exceptions) · [constants](#constants)",
+        "",
+    ]
     lines += ["## Functions", ""]
     for name in functions:
         document_function(lines, problems, name, getattr(module, name), bound=False, level="###")
@@ -320,6 +338,8 @@ def render(module_name: str, title: str, intro: str) -> tuple[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Write (or with ``--check`` compare) every page; print what is undocumented. Returns the exit status."""
+    if str(ROOT) not in sys.path:  # this checkout's packages, not another installed copy
+        sys.path.insert(0, str(ROOT))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 on a stale page or a gap")
     args = parser.parse_args(argv)
