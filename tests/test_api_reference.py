@@ -99,3 +99,12 @@ def test_docstring_sections_are_parsed() -> None:
     assert doc.returns == "The result."
     assert doc.entries["Raises"] == {"ValueError": "when wrong."}
     assert GENERATOR.markdown(doc.text) == "Summary with `explain` and `code`."
+
+
+def test_concepts_methods_table_is_the_registry() -> None:
+    from explainers import available_methods
+
+    current = GENERATOR.CONCEPTS.read_text(encoding="utf-8")
+    assert current == GENERATOR.concepts_page(current), "docs/concepts.md is stale: run python scripts/api_reference.py"
+    table = current[current.index(GENERATOR.TABLE_START) : current.index(GENERATOR.TABLE_END)]
+    assert [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")] == available_methods()
