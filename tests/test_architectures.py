@@ -114,7 +114,7 @@ def test_every_registry_family_has_a_tiny_model_and_refusals_name_real_methods()
     for model_type in FAMILIES:
         assert f"`{model_type}`" in table
     serving = (Path(__file__).resolve().parent.parent / "docs" / "SERVING.md").read_text(encoding="utf-8")
-    assert table in serving, "docs/SERVING.md's support matrix is out of date: paste explainers.support_table(...) there"
+    assert table in serving, "docs/SERVING.md's support matrix is stale: paste explainers.support_table(...) there"
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[variant.name for variant in VARIANTS])
