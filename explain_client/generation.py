@@ -149,7 +149,12 @@ class GenerationCall:
 
 @dataclass(frozen=True)
 class Citation:
-    """A document's share of a sentence's attribution: the sum of the sentence's scores over the document's tokens."""
+    """A document's share of a sentence's attribution: the sum of the sentence's scores over the document's tokens.
+
+    Attributes:
+        document: the document's index in the request's ``documents``.
+        score: the summed score.
+    """
 
     document: int
     score: float
@@ -204,7 +209,12 @@ class AnswerSpan:
 
     @classmethod
     def from_protobuf(cls, proto: Any, cited: bool) -> AnswerSpan:
-        """Parse an ``AnswerSpan`` message (``cited``: the request had documents)."""
+        """Parse an ``AnswerSpan`` message.
+
+        Args:
+            proto: the ``AnswerSpan`` protobuf message.
+            cited: whether the request had documents (so that :attr:`documents` is a list, possibly empty).
+        """
         return cls(
             text=proto.text,
             start=int(proto.start),
@@ -261,7 +271,12 @@ class PromptPart:
 
     @classmethod
     def from_protobuf(cls, proto: Any, message: bool) -> PromptPart:
-        """Parse a ``PromptPart`` message."""
+        """Parse a ``PromptPart`` message.
+
+        Args:
+            proto: the ``PromptPart`` protobuf message.
+            message: whether it places a chat message (its ``role`` is kept) rather than a document.
+        """
 
         def optional(name: str) -> int | None:
             return int(getattr(proto, name)) if proto.HasField(name) else None
@@ -284,7 +299,18 @@ class PromptPart:
 class GenerationStep:
     """One generated token: its piece, id, probability and, when explained, its scores over the context tokens
     (the prompt's tokens, then the tokens generated before it), or over the first units of
-    :attr:`Generation.context` when words or sentences were asked for."""
+    :attr:`Generation.context` when words or sentences were asked for.
+
+    Attributes:
+        token: the generated token's text piece.
+        token_id: its vocabulary id.
+        probability: its probability at its step (the model's softmax, whatever sampling chose it).
+        scores: its attribution over the context it sees; ``None``: the step was not explained.
+        value: the explained objective (the token's logit, or the logit minus the foil's); ``None`` when not
+            explained.
+        foil: the contrast token's text piece (``None``: no contrast).
+        foil_id: the contrast token's id (``None``: no contrast).
+    """
 
     token: str
     token_id: int

@@ -89,7 +89,12 @@ from .units import GRANULARITIES, Segment, Unit, UnitExplanation, explain_units,
 
 def supported_methods(model_type: str, task: str = "sequence_classification") -> list[str]:
     """The registered methods that work on ``model_type``'s models of ``task`` (the others raise
-    :class:`UnsupportedMethodError`)."""
+    :class:`UnsupportedMethodError`).
+
+    Args:
+        model_type: a ``config.model_type`` (:func:`supported_model_types` lists them).
+        task: ``sequence_classification``, ``token_classification`` or ``causal_lm`` (:data:`TASKS`).
+    """
     from .architectures.support import supported_methods as _supported
 
     return _supported(model_type, available_methods(), task)

@@ -73,9 +73,15 @@ class Attribution:
 
 @dataclass(frozen=True)
 class RowRequest:
-    """What one row of a served batch asks for: ``method=None`` means a prediction only; ``below`` (a probability
-    in (0, 1]) asks for the explanation only when the prediction's confidence is below it
-    (:mod:`explainers.confidence`), ``None`` always."""
+    """What one row of a served batch asks for (see :func:`explain_batch`).
+
+    Attributes:
+        method: the registry name of the method; ``None`` means a prediction only.
+        target: the class to explain; ``None``: the row's predicted class.
+        options: the method's options (see :func:`explain`).
+        below: a probability in (0, 1]: explain only when the prediction's confidence is below it
+            (:mod:`explainers.confidence`); ``None``: always.
+    """
 
     method: str | None = None
     target: int | None = None

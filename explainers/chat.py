@@ -70,7 +70,12 @@ class UnknownRoleError(InvalidInputError):
 
 @dataclass(frozen=True)
 class Message:
-    """One chat message."""
+    """One chat message.
+
+    Attributes:
+        role: who speaks: one of :data:`ROLES` (``system``, ``user``, ``assistant``).
+        content: what the message says.
+    """
 
     role: str
     content: str
@@ -78,7 +83,12 @@ class Message:
 
 @dataclass(frozen=True)
 class Document:
-    """One document given to the model (retrieval-augmented generation); ``title`` may be empty."""
+    """One document given to the model (retrieval-augmented generation).
+
+    Attributes:
+        text: the document's text.
+        title: its title; may be empty.
+    """
 
     text: str
     title: str = ""
@@ -141,7 +151,17 @@ class RenderedPrompt:
         )
 
     def span(self, kind: str, index: int, part: str | None = None) -> tuple[int, int] | None:
-        """The character span of a message's content, a document's ``text`` (or ``title``), the prompt."""
+        """The character span of a message's content, a document's ``text`` (or ``title``), the prompt.
+
+        Args:
+            kind: ``message``, ``document`` or ``prompt``.
+            index: the message's or document's index in the caller's list (0 for the prompt).
+            part: ``content``, ``title``, ``text`` or ``prompt``; ``None``: the kind's main part (a message's
+                ``content``, a document's ``text``, the ``prompt``).
+
+        Returns:
+            ``(start, end)`` characters in :attr:`text`, or ``None`` when that part was not located.
+        """
         wanted = part or {"message": "content", "document": "text", "prompt": "prompt"}[kind]
         for field in self.fields:
             if field.kind == kind and field.index == index and field.part == wanted:
@@ -158,7 +178,15 @@ class RenderedPrompt:
 
 
 def chat_template_of(tokenizer: Any, override: str | None = None) -> str | None:
-    """The template messages are rendered with: ``override`` (a model setting) if given, else the tokenizer's."""
+    """The template messages are rendered with: ``override`` (a model setting) if given, else the tokenizer's.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (its ``chat_template``, or the ``default`` one of several named ones).
+        override: a Jinja chat template that replaces the tokenizer's; ``None`` or empty: the tokenizer's.
+
+    Returns:
+        The template, or ``None`` when there is none.
+    """
     if override:
         return override
     template = getattr(tokenizer, "chat_template", None)
@@ -307,6 +335,14 @@ def render_chat(
 def render_prompt(tokenizer: Any, prompt: str, documents: Sequence[Any] = ()) -> RenderedPrompt:
     """A plain prompt (no chat template), after the documents block when documents are given, tokenized as the
     tokenizer does by default (its special tokens added: a BOS has no characters, its offsets are ``None``).
+
+    Args:
+        tokenizer: a fast Hugging Face tokenizer (offsets are read from it).
+        prompt: the prompt text.
+        documents: documents to put before the prompt (:class:`Document` or ``{"text", "title"}`` mappings).
+
+    Returns:
+        The :class:`RenderedPrompt`.
 
     Raises:
         InvalidInputError: for malformed documents or a slow tokenizer.
@@ -527,6 +563,10 @@ def decoded_offsets(tokenizer: Any, ids: Sequence[int]) -> tuple[str, list[tuple
     A token whose decoding is not (the first bytes of a character split over tokens, spaces a decoder cleans up)
     shares the characters of the next token that completes it, as a fast tokenizer's offsets do for a split
     character. Special tokens (EOS) have no characters (``None``).
+
+    Args:
+        tokenizer: the Hugging Face tokenizer that produced ``ids``.
+        ids: the generated token ids.
 
     Returns:
         The text and the offsets, one per token.

@@ -49,7 +49,12 @@ class RowSkipped:
 
 
 def prediction_confidence(logits: Tensor, head_type: str) -> Tensor:
-    """``(batch,)`` confidence of each row's prediction, from ``(batch, num_labels)`` logits (module docstring).
+    """``(batch,)`` confidence of each row's prediction (module docstring).
+
+    Args:
+        logits: ``(batch, num_labels)`` the model's logits.
+        head_type: ``single_label`` (the largest softmax probability) or ``multi_label`` (the least sure label's
+            ``max(p, 1 - p)``); ``regression`` is refused.
 
     Raises:
         InvalidOptionError: for a regression head, which has no probability.

@@ -87,6 +87,14 @@ def estimate_bytes(size: ModelSize, method: str, rows: int, length: int, options
     A method that runs forwards of its own is estimated for the rows of one of its passes (integrated gradients runs
     ``rows × steps`` rows per pass, bounded by ``internal_batch_size``).
 
+    Args:
+        size: what the estimate reads of the model (``explainers.memory.ModelSize.of(model, describe(model))``):
+            layers, heads, widths, bytes per element, whether it runs fused attention.
+        method: the registry name of the method.
+        rows: the rows explained together.
+        length: the tokens per row (padded length).
+        options: the method's options, defaults filled in (integrated gradients' ``n_steps`` sets its rows).
+
     Raises:
         UnknownMethodError: for a name that is not registered.
     """

@@ -220,7 +220,26 @@ class LengthLimit:
 
 @dataclass(frozen=True)
 class Method:
-    """A registered attribution method and its capabilities (see the module docstring)."""
+    """A registered attribution method and its capabilities (see the module docstring).
+
+    Attributes:
+        name: the registry name (``attnlrp``, ``gae``...), the one requests, metrics labels and docs use.
+        summary: one line saying what the method computes.
+        class_specific: whether the scores depend on the explained target (``attention``, ``rollout`` and
+            ``attention_flow`` do not).
+        needs: what the capture pass records for it (attention maps, their gradients, embedding gradients...).
+        options: the options it accepts, with their defaults and ranges (:class:`Option`).
+        compute: the function from what was captured (:class:`MethodInputs`) to token-aligned scores ``(batch, n)``.
+        memory: its memory shape (:class:`Memory`), turned into bytes by :mod:`explainers.memory`.
+        rules: modified-gradient rules attached to the model for the pass that computes this method's gradients
+            (``None``: true gradients). Rows of methods with different rules never share a gradient pass.
+        forwards: forwards of its own over copies of the inputs (``None``: the method reads only what the capture
+            pass recorded).
+        length_limit: the longest input (tokens, or an image's patches and prefix tokens) it explains, and why
+            (``None``: any).
+        packages: Python packages it imports beyond the library's own (torch, transformers): module name ->
+            requirement.
+    """
 
     name: str
     summary: str
@@ -229,14 +248,9 @@ class Method:
     options: tuple[Option, ...]
     compute: Callable[[MethodInputs], Tensor]
     memory: Memory
-    #: Modified-gradient rules attached to the model for the pass that computes this method's gradients
-    #: (``None``: true gradients). Rows of methods with different rules never share a gradient pass.
     rules: Rules | None = None
-    #: Forwards of its own (``None``: the method reads only what the capture pass recorded).
     forwards: Forwards | None = None
-    #: The longest input (tokens, or an image's patches and prefix tokens) it explains, and why (``None``: any).
     length_limit: LengthLimit | None = None
-    #: Python packages it imports beyond the library's own (torch, transformers): module name -> requirement.
     packages: Mapping[str, str] = field(default_factory=dict)
 
     def admit(self, length: int) -> None:
@@ -271,6 +285,13 @@ class Method:
 
     def resolve_options(self, options: Mapping[str, Any], arch: Architecture) -> dict[str, int]:
         """Validate ``options`` against this method and the model; fill in defaults.
+
+        Args:
+            options: the caller's options by name.
+            arch: the model's :class:`~explainers.Architecture` (a range may depend on it, e.g. a layer index).
+
+        Returns:
+            Every option of the method with its value, defaults filled in.
 
         Raises:
             InvalidOptionError: for an unknown option or a value out of range.

@@ -50,7 +50,13 @@ _SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*")
 
 @dataclass(frozen=True)
 class Segment:
-    """A labelled character span of the text, ``[start, end)``: a message, a document, the prompt."""
+    """A labelled character span of the text, ``[start, end)``: a message, a document, the prompt.
+
+    Attributes:
+        start: its first character.
+        end: one past its last character.
+        label: what it is, e.g. ``("message", 0)`` or ``("document", 2)``.
+    """
 
     start: int
     end: int
@@ -291,6 +297,13 @@ def unit_scores(scores: Tensor | Sequence[float], units: Sequence[Unit]) -> Tens
     A prefix of the tokens is accepted (a generation step's context covers the first tokens only): the units then
     get the sum over their tokens in the prefix, and the units after it are left out (units that start in the
     prefix are kept, so a word a step sees in part has the sum of the part it sees).
+
+    Args:
+        scores: ``(..., n_tokens)`` token scores (or a prefix of them), a tensor or a list of floats.
+        units: the units, as :func:`token_units` gives them.
+
+    Returns:
+        ``(..., n_units)`` the summed scores.
 
     Raises:
         ValueError: if there are more scores than tokens.

@@ -83,9 +83,6 @@ class HandlerConfig:
             without a pad token (it then pads with EOS).
         max_new_tokens: Generation: the most new tokens a request may ask for (more is ``too_many_tokens``).
         default_new_tokens: Generation: new tokens written when a request names none.
-
-    The ``generation`` task (causal LMs) has no labels; ``max_length`` bounds its prompts in tokens (a longer prompt
-    is ``too_many_tokens``: a truncated prompt would change what is generated).
         explain_below: Explain when unsure, by default: a request that asks for an explanation without saying when
             gets it only if the prediction's confidence is below this probability in (0, 1] (``None``: always).
             A request overrides it (``"below": 0.9``, or ``"below": null`` for always).
@@ -94,6 +91,9 @@ class HandlerConfig:
             allocated, instead of taking the worker down (``None``: no budget). A batch needs at most the sum of its
             rows' estimates: set it so that ``batchSize × memory_budget_mib`` fits beside the loaded model. Text and
             image tasks only (a token classification or generation model with it fails to load).
+
+    The ``generation`` task (causal LMs) has no labels; ``max_length`` bounds its prompts in tokens (a longer prompt
+    is ``too_many_tokens``: a truncated prompt would change what is generated).
     """
 
     task: str

@@ -346,6 +346,6 @@ def test_docs_list_the_support_matrix_and_every_error_code() -> None:
     assert support_table(available_methods()) in serving, "regenerate the support matrix of docs/SERVING.md"
     for code, kind in ERROR_TABLE.items():
         assert f"| `{code}` | {kind.http_status} | {kind.grpc_code} |" in serving, f"{code} not in the docs"
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Serve your own model") :]
+    quickstart = (root / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    section = quickstart[quickstart.index("## Serve your own checkpoint") :]
     assert all(f"`{model_type}`" in section for model_type in supported_model_types())

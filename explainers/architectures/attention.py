@@ -107,12 +107,24 @@ class AttentionObserver:
     """Acts on each attention call of a capture; the defaults change nothing (subclass and override)."""
 
     def before(self, call: AttentionCall, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Return the ``(query, key, value)`` the attention runs on (same shapes and forward values)."""
+        """Return the ``(query, key, value)`` the attention runs on (same shapes and forward values).
+
+        Args:
+            call: which attention call this is (:class:`AttentionCall`).
+            query: the call's queries, as the architecture passes them to its attention function.
+            key: its keys.
+            value: its values.
+        """
         return query, key, value
 
     def after(self, call: AttentionCall, attn_output: Tensor, attn_weights: Tensor) -> None:
-        """See the call's output ``(batch, n, heads, head_dim)`` and probabilities ``(batch, heads, n, n)`` (not
-        called under the fused capture, which has no probabilities)."""
+        """See the call's output and probabilities (not called under the fused capture, which has no probabilities).
+
+        Args:
+            call: which attention call this is (:class:`AttentionCall`).
+            attn_output: the call's output ``(batch, n, heads, head_dim)``.
+            attn_weights: its probabilities ``(batch, heads, n, n)``.
+        """
 
 
 class AttentionCapture:
@@ -143,13 +155,29 @@ class AttentionCapture:
         return call
 
     def before(self, call: AttentionCall, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Let the observer replace the call's inputs."""
+        """Let the observer replace the call's inputs.
+
+        Args:
+            call: which attention call this is.
+            query: the call's queries.
+            key: its keys.
+            value: its values.
+
+        Returns:
+            The ``(query, key, value)`` the attention runs on.
+        """
         if self.observer is None:
             return query, key, value
         return self.observer.before(call, query, key, value)
 
     def after(self, call: AttentionCall, attn_output: Tensor, attn_weights: Tensor) -> None:
-        """Record the call's probabilities and show the outputs to the observer."""
+        """Record the call's probabilities and show the outputs to the observer.
+
+        Args:
+            call: which attention call this is.
+            attn_output: the call's output ``(batch, n, heads, head_dim)``.
+            attn_weights: its probabilities ``(batch, heads, n, n)``.
+        """
         if self.keep == "heads":
             self.probabilities.append(attn_weights)
         elif self.keep == "mean":
@@ -301,6 +329,10 @@ def attention_implementation(model: nn.Module, implementation: str = CAPTURE_IMP
 
     The switch sets each config's attention implementation directly (no validation or kernel loading), so a model
     loaded with ``sdpa`` or any other implementation comes back with exactly what it had, also on exceptions.
+
+    Args:
+        model: a transformers model; every config and sub-config it holds is switched.
+        implementation: the attention implementation's registered name (default: the capture's own).
     """
     configs = _configs(model)
     originals = [config._attn_implementation_internal for config in configs]

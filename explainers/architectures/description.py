@@ -41,7 +41,8 @@ class Architecture:
         num_heads: attention heads per call.
         input_embeddings: the module whose output is the per-token / per-patch input embedding
             (used by ``grad_x_input`` and ``integrated_gradients``).
-        input_keys: keys the model accepts in ``inputs``; ``required_keys`` must be present.
+        input_keys: keys the model accepts in ``inputs``.
+        required_keys: the keys of ``input_keys`` that must be present.
         grid: for images, ``(grid_h, grid_w)`` patches of the configured image size; ``None`` for text (a model
             that interpolates its position embeddings, such as DINOv2, is explained on the grid of the input it
             gets: see ``patch``).

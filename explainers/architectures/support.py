@@ -63,7 +63,7 @@ def _lrp_refused(reason: str) -> dict[str, str]:
 
 _LRP_DECODER = (
     "Chefer et al.'s LRP rules cover post-LayerNorm encoders and ViT blocks; this decoder's RMSNorm, gated MLP "
-    "products and rotary embeddings have no rule here (use gae, rollout or the saliency methods)"
+    "products and rotary embeddings have no rule here (use attnlrp, gae, rollout or the saliency methods)"
 )
 
 
@@ -155,8 +155,8 @@ FAMILIES: dict[str, Family] = {
             "ModernBERT (cls or mean pooling, sliding-window layers)",
             refused=_lrp_refused(
                 "Chefer et al.'s LRP rules cover post-LayerNorm encoders; ModernBERT's pre-norm blocks "
-                "with a gated GLU feed-forward and rotary embeddings have no rule here (use gae, rollout or the "
-                "saliency methods)"
+                "with a gated GLU feed-forward and rotary embeddings have no rule here (use attnlrp, gae, rollout or "
+                "the saliency methods)"
             ),
             token_classes=("ModernBertForTokenClassification",),
         ),
@@ -167,7 +167,7 @@ FAMILIES: dict[str, Family] = {
             "DeBERTa-v2 / v3",
             refused=_lrp_refused(
                 "Chefer et al.'s LRP rules have no rule for DeBERTa's disentangled relative-position "
-                "terms (content-to-position and position-to-content scores) (use gae, rollout or the saliency "
+                "terms (content-to-position and position-to-content scores) (use attnlrp, gae, rollout or the saliency "
                 "methods)"
             ),
             token_classes=("DebertaV2ForTokenClassification",),
@@ -225,7 +225,7 @@ FAMILIES: dict[str, Family] = {
             ("left", "right"),
             _lrp_refused(
                 "Chefer et al.'s LRP is wired here for encoders and ViT blocks; GPT-2's causal pre-norm "
-                "blocks with a last-token head are not (use gae, rollout or the saliency methods)"
+                "blocks with a last-token head are not (use attnlrp, gae, rollout or the saliency methods)"
             ),
             causal_lm_classes=("GPT2LMHeadModel",),
         ),
@@ -244,7 +244,7 @@ FAMILIES: dict[str, Family] = {
             refused=_lrp_refused(
                 "Chefer et al.'s LRP is wired here for heads that read single tokens; DINOv2's head "
                 "reads the class token concatenated with the patch mean, and its blocks rescale each branch "
-                "(LayerScale), which this implementation does not propagate (use gae, rollout or the saliency "
+                "(LayerScale), which this implementation does not propagate (use attnlrp, gae, rollout or the saliency "
                 "methods)"
             ),
         ),

@@ -63,7 +63,12 @@ class SpanExplanation:
 
     def context_scores(self, row: int, span: int) -> Tensor:
         """Span ``span`` of row ``row``: its scores over the real tokens of its context (the prompt and the steps
-        before its last), padding removed — what ``StepSum(start, stop)`` explained alone gives."""
+        before its last), padding removed — what ``StepSum(start, stop)`` explained alone gives.
+
+        Args:
+            row: the batch row.
+            span: the span's index among the row's :attr:`spans`.
+        """
         _, stop = self.spans[row][span]
         mask = self.attention_mask[row].bool().clone()
         mask[self.prompt_length + stop - 1 :] = False
@@ -206,6 +211,13 @@ def answer_sentences(text: str, offsets: Sequence[tuple[int, int] | None]) -> li
 
 def span_steps(text: str, offsets: Sequence[tuple[int, int] | None], start: int, end: int) -> tuple[int, int]:
     """The steps ``(first, stop)`` whose characters overlap ``[start, end)`` of the answer text.
+
+    Args:
+        text: the answer text.
+        offsets: each generated token's characters in ``text`` (``None``: no characters), as
+            :func:`decoded_offsets` gives them.
+        start: the span's first character.
+        end: one past its last character.
 
     Raises:
         InvalidTargetError: if the span is empty, outside ``[0, len(text)]`` or covers no token's characters.

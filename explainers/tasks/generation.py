@@ -42,7 +42,12 @@ from .targets import Targets, explain_targets
 @dataclass(frozen=True)
 class StepSum:
     """The summed log-probability of the generated tokens of steps ``[start, stop)`` (``stop=None``: to the end),
-    explained as one objective in one backward. ``steps="sum"`` is ``StepSum()``."""
+    explained as one objective in one backward. ``steps="sum"`` is ``StepSum()``.
+
+    Attributes:
+        start: the first step summed.
+        stop: one past the last step summed; ``None``: to the end of the continuation.
+    """
 
     start: int = 0
     stop: int | None = None
@@ -113,7 +118,12 @@ class GenerationExplanation:
     def context_scores(self, row: int, step: int) -> Tensor:
         """Step ``step``'s scores over the real tokens of its context (prompt and earlier steps), padding removed:
         the scores the classifier path gives for that context alone (a summed explanation: ``step`` 0, context up to
-        its span's last step)."""
+        its span's last step).
+
+        Args:
+            row: the batch row.
+            step: the step (an index into :attr:`scores`' second dimension).
+        """
         mask = self.attention_mask[row].bool().clone()
         last = self.prompt_length + (self._last_step(row) if self.summed else step)
         mask[last:] = False

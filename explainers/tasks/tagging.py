@@ -83,7 +83,12 @@ class LabelScheme:
     tags: tuple[Tag, ...]
 
     def index(self, prefix: str, type_: str) -> int | None:
-        """The index of the label with this prefix and type (``None`` if the model has no such label)."""
+        """The index of the label with this prefix and type (``None`` if the model has no such label).
+
+        Args:
+            prefix: the tag prefix: ``B``, ``I``, ``E``, ``S`` (``L``/``U`` are read as ``E``/``S``) or ``""``.
+            type_: the entity type (``PER``, ``LOC``...); ``""`` for ``O``.
+        """
         for position, tag in enumerate(self.tags):
             if tag.prefix == prefix and tag.type == type_:
                 return position

@@ -193,6 +193,10 @@ class Targets:
         summed logit of ``label`` over the span's tokens, read (for the map methods) as the mean of their rows;
         every real token is visible. Rows with fewer spans are inactive in the later rounds.
 
+        Args:
+            spans: per row, its spans ``(start, end, label)``.
+            attention_mask: ``(B, n)`` the batch's attention mask (1 at real tokens).
+
         Raises:
             InvalidTargetError: for an empty span, or one outside the row's real tokens.
         """

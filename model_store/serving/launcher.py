@@ -86,7 +86,7 @@ def usage(server: Server, example: tuple[str, str] = ("sentiment", "text")) -> s
         )
     return f"""
 The explanation service is up (models: {", ".join(server.models)}); tokens are in {server.run_dir}/key_file.json.
-{pools}  TOKEN=$(python -c 'import json;print(json.load(open("{server.run_dir}/key_file.json"))["inference"]["key"])')
+{pools}  TOKEN=$(python3 -c 'import json;print(json.load(open("{server.run_dir}/key_file.json"))["inference"]["key"])')
 {calls}gRPC: 127.0.0.1:{ports.grpc_inference} (Predictions; input key "body" = the JSON, "request" = ExplainRequest;
       metadata authorization: Bearer $TOKEN). Management 127.0.0.1:{ports.management} (loopback only).
 Metrics: TorchServe http://127.0.0.1:{ports.metrics}/metrics, explanations http://127.0.0.1:{ports.exporter}/metrics
