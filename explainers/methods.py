@@ -19,6 +19,7 @@ validation, the serving layer, metrics labels, the memory budget and the generat
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -57,28 +58,61 @@ Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
 """Modified-gradient rules: attach hooks to the model on the pass's hook stack, return the attention observer."""
 
 
+OptionValue = int | float
+"""The value of a method option: an ``int`` for an integer option, a ``float`` for a real one."""
+
+#: The kinds of option values: what :meth:`Option.resolve` accepts and returns, and how the wires carry them.
+OPTION_KINDS = ("int", "float")
+
+
 @dataclass(frozen=True)
 class Option:
-    """An integer option of a method, with its default and inclusive range (both may depend on the model)."""
+    """An option of a method, with its default and inclusive range (both may depend on the model).
+
+    ``kind`` is ``"int"`` (an integer: the value must be an ``int``) or ``"float"`` (a real number: an ``int`` or a
+    finite ``float``, returned as ``float``). Every door carries both kinds (docs/SERVING.md, "Method options").
+    """
 
     name: str
     description: str
-    default: Callable[[Architecture], int]
-    minimum: Callable[[Architecture], int]
-    maximum: Callable[[Architecture], int]
+    default: Callable[[Architecture], OptionValue]
+    minimum: Callable[[Architecture], OptionValue]
+    maximum: Callable[[Architecture], OptionValue]
+    kind: str = "int"
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTION_KINDS:
+            raise ValueError(f"option {self.name!r}: kind must be one of {', '.join(OPTION_KINDS)}, got {self.kind!r}")
 
     @classmethod
     def fixed(cls, name: str, description: str, default: int, minimum: int, maximum: int) -> Option:
-        """An option whose default and range do not depend on the model."""
+        """An integer option whose default and range do not depend on the model."""
         return cls(name, description, lambda arch: default, lambda arch: minimum, lambda arch: maximum)
 
-    def resolve(self, value: Any, arch: Architecture) -> int:
-        """Validate ``value`` (``None`` means the default) and return the option's value."""
+    @classmethod
+    def fixed_float(cls, name: str, description: str, default: float, minimum: float, maximum: float) -> Option:
+        """A real-valued option whose default and range do not depend on the model."""
+        low, high, value = float(minimum), float(maximum), float(default)
+        return cls(name, description, lambda arch: value, lambda arch: low, lambda arch: high, kind="float")
+
+    def resolve(self, value: Any, arch: Architecture) -> OptionValue:
+        """Validate ``value`` (``None`` means the default) and return the option's value (an ``int`` for an integer
+        option, a ``float`` for a real one).
+
+        Raises:
+            InvalidOptionError: for a value of the wrong type, not finite, or out of range (naming the range).
+        """
         if value is None:
             return self.default(arch)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidOptionError(f"option {self.name!r} must be an integer, got {value!r}")
         low, high = self.minimum(arch), self.maximum(arch)
+        if self.kind == "float":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise InvalidOptionError(
+                    f"option {self.name!r} must be a number in [{low}, {high}], got {value!r}"
+                )
+            value = float(value)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidOptionError(f"option {self.name!r} must be an integer in [{low}, {high}], got {value!r}")
         if not low <= value <= high:
             raise InvalidOptionError(f"option {self.name!r} must be in [{low}, {high}] for this model, got {value}")
         return value
@@ -93,7 +127,7 @@ class MethodInputs:
     model: nn.Module
     inputs: Mapping[str, Tensor]
     mask: Tensor
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     readout: Tensor | None = None
     read_tokens: Tensor | None = None
     #: A token-level target's terms (``positions``, ``labels``, ``weights``, each ``(rows, J)``), for the methods that
@@ -179,7 +213,7 @@ class ForwardInputs:
     arch: Architecture
     inputs: Mapping[str, Tensor]
     objective: Objective
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     dtype: torch.dtype
     fused: str | None = None
     chunk_bytes: int = CHUNK_BYTES
@@ -207,7 +241,7 @@ class Forwards:
 
     run: Callable[[ForwardInputs], ForwardScores]
     gradients: bool
-    rows_per_pass: Callable[[int, Mapping[str, int]], int]
+    rows_per_pass: Callable[[int, Mapping[str, OptionValue]], int]
 
 
 @dataclass(frozen=True)
@@ -269,7 +303,7 @@ class Method:
         """Whether the method differentiates the target logit (in the capture pass, or in forwards of its own)."""
         return bool(self.needs & GRADIENT_NEEDS) or (self.forwards is not None and self.forwards.gradients)
 
-    def resolve_options(self, options: Mapping[str, Any], arch: Architecture) -> dict[str, int]:
+    def resolve_options(self, options: Mapping[str, Any], arch: Architecture) -> dict[str, OptionValue]:
         """Validate ``options`` against this method and the model; fill in defaults.
 
         Raises:
@@ -341,7 +375,7 @@ def register_forwards(
     class_specific: bool,
     memory: Memory,
     gradients: bool,
-    rows_per_pass: Callable[[int, Mapping[str, int]], int],
+    rows_per_pass: Callable[[int, Mapping[str, OptionValue]], int],
     options: tuple[Option, ...] = (),
 ) -> Callable[[Callable[[ForwardInputs], ForwardScores]], Callable[[ForwardInputs], ForwardScores]]:
     """Register a method that runs forwards of its own under ``name`` (a decorator of its :attr:`Forwards.run`).
@@ -441,7 +475,7 @@ START_LAYER = Option(
 )
 def _attention(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return maps.raw_attention(ctx.capture.attentions[ctx.options["layer"]], ctx.readout) * ctx.mask
+    return maps.raw_attention(ctx.capture.attentions[int(ctx.options["layer"])], ctx.readout) * ctx.mask
 
 
 @register(
@@ -454,7 +488,7 @@ def _attention(ctx: MethodInputs) -> Tensor:
 )
 def _rollout(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return maps.rollout_scores(ctx.capture.attentions, ctx.options["start_layer"], ctx.readout) * ctx.mask
+    return maps.rollout_scores(ctx.capture.attentions, int(ctx.options["start_layer"]), ctx.readout) * ctx.mask
 
 
 @register(
@@ -467,7 +501,7 @@ def _rollout(ctx: MethodInputs) -> Tensor:
 )
 def _relevance(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attention_gradients is not None
-    start_layer = ctx.options["start_layer"]
+    start_layer = int(ctx.options["start_layer"])
     relevances = lrp_relevances(ctx.capture, ctx.arch, ctx.terms, start_layer).attention
     return maps.relevance_scores(
         relevances, ctx.capture.attention_gradients, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
@@ -488,7 +522,7 @@ def _gae(ctx: MethodInputs) -> Tensor:
         ctx.capture.attentions,
         ctx.capture.attention_gradients,
         ctx.mask,
-        ctx.options["start_layer"],
+        int(ctx.options["start_layer"]),
         ctx.readout,
         ctx.read_tokens,
     )
@@ -546,7 +580,7 @@ IG_STEPS = 50
 IG_INTERNAL_BATCH = 64
 
 
-def _path_rows(rows: int, options: Mapping[str, int]) -> int:
+def _path_rows(rows: int, options: Mapping[str, OptionValue]) -> int:
     """Rows of one integrated-gradients forward: ``rows`` times the path points one forward holds."""
     steps = max(1, int(options.get("internal_batch_size", IG_INTERNAL_BATCH)) // rows)
     return rows * min(steps, int(options.get("n_steps", IG_STEPS)))
@@ -645,10 +679,10 @@ def _integrated_gradients(run: ForwardInputs) -> ForwardScores:
     linear in the gradient, so each chunk adds its share to the scores directly (the per-round gradients are never
     all kept).
     """
-    n_steps = run.options["n_steps"]
+    n_steps = int(run.options["n_steps"])
     batch = batch_size(run.arch, run.inputs)
     device = model_device(run.model)
-    steps_per_pass = max(1, run.options["internal_batch_size"] // batch)
+    steps_per_pass = max(1, int(run.options["internal_batch_size"]) // batch)
     chunks: list[tuple[int, Callable[[Tensor], Tensor]]] = []
     for start in range(0, n_steps, steps_per_pass):
         points = torch.arange(start, min(start + steps_per_pass, n_steps), dtype=run.dtype, device=device) + 0.5
@@ -768,9 +802,11 @@ def _attention_flow(ctx: MethodInputs) -> Tensor:
     return attention_flow_scores(ctx.capture.attentions, ctx.mask, ctx.readout) * ctx.mask
 
 
-#: SmoothGrad's and occlusion's defaults: noisy copies, noise in percent of the embeddings' deviation, rows per forward.
+#: SmoothGrad's and occlusion's defaults: noisy copies, noise as a fraction of the embeddings' deviation (Smilkov et
+#: al.'s 10-20%), its largest accepted value, and rows per forward.
 SMOOTHGRAD_SAMPLES = 16
-SMOOTHGRAD_PERCENT = 15
+SMOOTHGRAD_STDEV = 0.15
+SMOOTHGRAD_MAX_STDEV = 10.0
 COPIES_PER_PASS = 64
 
 INTERNAL_BATCH = Option.fixed(
@@ -778,7 +814,7 @@ INTERNAL_BATCH = Option.fixed(
 )
 
 
-def _copies_per_pass(rows: int, options: Mapping[str, int]) -> int:
+def _copies_per_pass(rows: int, options: Mapping[str, OptionValue]) -> int:
     """Copies of the batch one forward holds: ``internal_batch_size // rows``, at least one."""
     return max(1, int(options.get("internal_batch_size", COPIES_PER_PASS)) // rows)
 
@@ -792,11 +828,11 @@ def _embedding_mask(run: ForwardInputs, like: Tensor) -> Tensor:
 
 class _RowNoise:
     """SmoothGrad's noise: each row's own generator (seeded with ``seed``) draws ``(samples, real tokens, hidden)``
-    standard normals at once, scaled by ``percent``% of the standard deviation of the row's real input embeddings, so
+    standard normals at once, scaled by ``stdev`` times the standard deviation of the row's real input embeddings, so
     a row gets the same noise batched or alone (padding gets none)."""
 
-    def __init__(self, samples: int, percent: int, seed: int) -> None:
-        self.samples, self.percent, self.seed = samples, percent, seed
+    def __init__(self, samples: int, stdev: float, seed: int) -> None:
+        self.samples, self.stdev, self.seed = samples, stdev, seed
         self.noise: Tensor | None = None  # (samples, B, n, hidden), drawn at the first forward
 
     def draw(self, embeddings: Tensor, mask: Tensor) -> Tensor:
@@ -806,7 +842,7 @@ class _RowNoise:
                 real = embeddings[row][mask[row]]
                 generator = torch.Generator().manual_seed(self.seed)
                 draws = torch.randn((self.samples, *real.shape), generator=generator, dtype=embeddings.dtype)
-                scale = real.std() * (self.percent / 100)
+                scale = real.std() * self.stdev
                 noise[:, row, mask[row]] = draws.to(embeddings.device) * scale
             self.noise = noise
         return self.noise
@@ -823,12 +859,12 @@ class _RowNoise:
     ),
     options=(
         Option.fixed("n_samples", "noisy copies of each row", SMOOTHGRAD_SAMPLES, 1, 256),
-        Option.fixed(
-            "stdev_percent",
-            "noise standard deviation, in percent of the row's input-embedding standard deviation (0: grad_x_input)",
-            SMOOTHGRAD_PERCENT,
-            0,
-            1000,
+        Option.fixed_float(
+            "stdev",
+            "noise standard deviation, as a fraction of the row's input-embedding standard deviation (0: grad_x_input)",
+            SMOOTHGRAD_STDEV,
+            0.0,
+            SMOOTHGRAD_MAX_STDEV,
         ),
         Option.fixed("seed", "seed of each row's noise", 0, 0, 2**31 - 1),
         INTERNAL_BATCH,
@@ -842,10 +878,10 @@ def _smoothgrad(run: ForwardInputs) -> ForwardScores:
     has one), each followed by one batched vector-Jacobian product per chunk of rounds, as integrated gradients'
     path points do.
     """
-    samples = run.options["n_samples"]
+    samples = int(run.options["n_samples"])
     batch = batch_size(run.arch, run.inputs)
     per_pass = _copies_per_pass(batch, run.options)
-    noise = _RowNoise(samples, run.options["stdev_percent"], run.options["seed"])
+    noise = _RowNoise(samples, float(run.options["stdev"]), int(run.options["seed"]))
     chunks: list[tuple[int, Callable[[Tensor], Tensor]]] = []
     for start in range(0, samples, per_pass):
         stop = min(start + per_pass, samples)

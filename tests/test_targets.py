@@ -39,7 +39,7 @@ LM_METHODS = [method for method in available_methods() if refusal("llama", metho
 #: classifier path's on the context alone (tests/test_new_methods.py checks the noisy ones).
 FAST: dict[str, dict[str, int]] = {
     "integrated_gradients": {"n_steps": 3},
-    "smoothgrad": {"n_samples": 3, "stdev_percent": 0},
+    "smoothgrad": {"n_samples": 3, "stdev": 0.0},
 }
 LENGTHS = (7, 3, 9, 5)
 
