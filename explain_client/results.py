@@ -38,11 +38,11 @@ class ServiceError(Exception):
         }
 
 
-
 def options_from_json(options: Any) -> dict[str, int | float]:
     """Method options as a JSON answer gives them: an integer option stays an ``int``, a real-valued one a
     ``float``."""
     return {str(key): value if isinstance(value, int) else float(value) for key, value in dict(options or {}).items()}
+
 
 @dataclass(frozen=True)
 class ContextUnit:

@@ -107,9 +107,7 @@ class Option:
         low, high = self.minimum(arch), self.maximum(arch)
         if self.kind == "float":
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise InvalidOptionError(
-                    f"option {self.name!r} must be a number in [{low}, {high}], got {value!r}"
-                )
+                raise InvalidOptionError(f"option {self.name!r} must be a number in [{low}, {high}], got {value!r}")
             value = float(value)
         elif isinstance(value, bool) or not isinstance(value, int):
             raise InvalidOptionError(f"option {self.name!r} must be an integer in [{low}, {high}], got {value!r}")
