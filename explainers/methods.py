@@ -923,6 +923,38 @@ def _occlusion(run: ForwardInputs) -> ForwardScores:
 
     Forwards only, without gradients: the batch repeated once per erased position plus once unchanged, copy-major,
     ``internal_batch_size`` rows per forward, on the model's fused attention where it has one.
+
+    A causal LM's copies that erase position ``i`` see the unchanged positions ``< i`` exactly as the unchanged copy
+    does, so for inputs of at least :data:`OCCLUSION_CACHE_MIN_TOKENS` columns the copies reuse its key/value cache
+    (:func:`occluded_objectives` with ``prefix_cache=True``): one clean forward fills the cache, then each chunk of
+    consecutive erased positions ``[i₀, i₁)`` recomputes only the columns ``≥ i₀`` on the first ``i₀`` cached ones
+    (their logits are the unchanged copy's). The threshold is where ``python -m bench.occlusion`` measured the cache
+    faster (docs/SERVING.md, "The founding papers' baselines"); below it, and for every other model, each copy runs
+    the whole input. Both give the same scores (tests/test_occlusion_cache.py). No pass holds more than an uncached
+    one: a chunk's cache holds its copies' first ``i₀`` positions, where the uncached forward holds all of them.
+    """
+    columns = int(run.inputs["input_ids"].shape[1]) if run.arch.modality == "text" else 0
+    cached = run.arch.task == "causal_lm" and columns >= OCCLUSION_CACHE_MIN_TOKENS
+    every = occluded_objectives(run, prefix_cache=cached)  # (K, 1 + positions, B)
+    return ForwardScores((every[:, :1] - every[:, 1:]).permute(0, 2, 1))
+
+
+#: The shortest causal-LM input (columns of the padded batch) whose occlusion reuses the unchanged prefix's key/value
+#: cache, from ``python -m bench.occlusion`` (docs/SERVING.md, "The founding papers' baselines").
+OCCLUSION_CACHE_MIN_TOKENS = 64
+
+
+def occluded_objectives(run: ForwardInputs, prefix_cache: bool) -> Tensor:
+    """``(K, 1 + positions, B)``: each round's objective of each row unchanged (index 0), then with each input
+    embedding erased in turn (occlusion's forwards, see :func:`_occlusion`).
+
+    Args:
+        run: the method's forward inputs.
+        prefix_cache: reuse the unchanged copy's key/value cache for the positions before each chunk's first erased
+            one (causal LMs only: their position ``t`` depends on positions ``≤ t`` alone).
+
+    Raises:
+        ValueError: ``prefix_cache`` for a model that is not a causal LM.
     """
     batch = batch_size(run.arch, run.inputs)
     device = model_device(run.model)
@@ -931,25 +963,72 @@ def _occlusion(run: ForwardInputs) -> ForwardScores:
     else:
         grid_h, grid_w = input_grid(run.arch, run.inputs)
         positions = grid_h * grid_w
-    token = run.options["baseline_token_id"]
+    token = int(run.options["baseline_token_id"])
     baseline = torch.zeros((), device=device)
     if token >= 0:
         with torch.no_grad():
             baseline = run.arch.input_embeddings(torch.tensor([token], device=device))[0]
-    erased = list(range(-1, positions))  # -1: the unchanged copy
     per_pass = _copies_per_pass(batch, run.options)
-    values: list[Tensor] = []
-    for start in range(0, len(erased), per_pass):
-        chosen = torch.tensor(erased[start : start + per_pass], device=device)
-        steps = chosen.shape[0]
+    rounds = run.objective.rounds
 
-        def erase(embeddings: Tensor, chosen: Tensor = chosen) -> Tensor:
-            where = torch.arange(embeddings.shape[1], device=embeddings.device)
+    def erasing(chosen: Tensor, first: int) -> Callable[[Tensor], Tensor]:
+        """Erase, in copy ``c`` of the batch, the embedding at column ``chosen[c]`` (the embeddings given start at
+        column ``first``; ``-1``: erase nothing)."""
+
+        def erase(embeddings: Tensor) -> Tensor:
+            where = torch.arange(first, first + embeddings.shape[1], device=embeddings.device)
             hit = (where.view(1, -1) == chosen.view(-1, 1)).repeat_interleave(batch, dim=0).unsqueeze(-1)
             return torch.where(hit, baseline.to(embeddings.dtype), embeddings)
 
-        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
-        forward = forward_pass(run.model, run.arch, repeated, frozenset(), embeddings=erase, fused=run.fused)
-        values.append(run.objective.values(forward.logits).view(run.objective.rounds, steps, batch))
-    every = torch.cat(values, dim=1).to(run.dtype)  # (K, 1 + positions, B)
-    return ForwardScores((every[:, :1] - every[:, 1:]).permute(0, 2, 1))
+        return erase
+
+    def repeated(inputs: Mapping[str, Tensor], copies: int) -> dict[str, Tensor]:
+        return {key: value.repeat(copies, *([1] * (value.dim() - 1))) for key, value in inputs.items()}
+
+    values: list[Tensor] = []
+    if not prefix_cache:
+        erased = list(range(-1, positions))  # -1: the unchanged copy
+        for start in range(0, len(erased), per_pass):
+            chosen = torch.tensor(erased[start : start + per_pass], device=device)
+            steps = chosen.shape[0]
+            forward = forward_pass(
+                run.model, run.arch, repeated(run.inputs, steps), frozenset(), embeddings=erasing(chosen, 0),
+                fused=run.fused,
+            )  # fmt: skip
+            values.append(run.objective.values(forward.logits).view(rounds, steps, batch))
+        return torch.cat(values, dim=1).to(run.dtype)
+    if run.arch.task != "causal_lm":
+        raise ValueError(f"occlusion reuses a prefix cache for causal LMs only, not a {run.arch.task} model")
+    from transformers import DynamicCache
+
+    # Every layer keeps every position (no config: no sliding-window trimming), so any prefix can be cut from it.
+    cache = DynamicCache()
+    clean = forward_pass(run.model, run.arch, run.inputs, frozenset(), fused=run.fused, cache=cache)
+    states: list[tuple[Tensor, Tensor]] = []
+    for layer in cache.layers:
+        keys, kept = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not (isinstance(keys, Tensor) and isinstance(kept, Tensor) and keys.shape[-2] == positions):
+            # a layer that keeps no per-position keys and values (linear attention, shared or trimmed caches)
+            return occluded_objectives(run, prefix_cache=False)
+        states.append((keys, kept))
+    values.append(run.objective.values(clean.logits).view(rounds, 1, batch))
+    for start in range(0, positions, per_pass):
+        chosen = torch.arange(start, min(start + per_pass, positions), device=device)
+        steps = chosen.shape[0]
+        suffix = {key: value if key == "attention_mask" else value[:, start:] for key, value in run.inputs.items()}
+        prefix = None
+        if start > 0:
+            prefix = DynamicCache(
+                [(keys[:, :, :start].repeat(steps, 1, 1, 1), kept[:, :, :start].repeat(steps, 1, 1, 1))
+                 for keys, kept in states]
+            )  # fmt: skip
+        forward = forward_pass(
+            run.model, run.arch, repeated(suffix, steps), frozenset(), embeddings=erasing(chosen, start),
+            fused=run.fused, cache=prefix,
+        )  # fmt: skip
+        logits = forward.logits
+        if start > 0:  # the columns before the chunk are the unchanged copy's
+            logits = torch.cat([clean.logits[:, :start].repeat(steps, 1, 1), logits], dim=1)
+        values.append(run.objective.values(logits).view(rounds, steps, batch))
+        del prefix, forward, logits
+    return torch.cat(values, dim=1).to(run.dtype)
