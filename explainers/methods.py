@@ -927,14 +927,17 @@ def _occlusion(run: ForwardInputs) -> ForwardScores:
     A causal LM's copies that erase position ``i`` see the unchanged positions ``< i`` exactly as the unchanged copy
     does, so for inputs of at least :data:`OCCLUSION_CACHE_MIN_TOKENS` columns the copies reuse its key/value cache
     (:func:`occluded_objectives` with ``prefix_cache=True``): one clean forward fills the cache, then each chunk of
-    consecutive erased positions ``[i₀, i₁)`` recomputes only the columns ``≥ i₀`` on the first ``i₀`` cached ones
-    (their logits are the unchanged copy's). The threshold is where ``python -m bench.occlusion`` measured the cache
-    faster (docs/SERVING.md, "The founding papers' baselines"); below it, and for every other model, each copy runs
-    the whole input. Both give the same scores (tests/test_occlusion_cache.py). No pass holds more than an uncached
-    one: a chunk's cache holds its copies' first ``i₀`` positions, where the uncached forward holds all of them.
+    consecutive erased positions ``[i₀, i₁)`` (``internal_batch_size`` rows) recomputes only the columns ``≥ i₀`` on
+    the first ``i₀`` cached ones (their logits are the unchanged copy's). The threshold is where
+    ``python -m bench.occlusion`` measured the cache faster (docs/SERVING.md, "The founding papers' baselines"); the
+    cache is also left out when one chunk holds every copy (nothing to reuse: only an extra forward). Otherwise, and
+    for every other model, each copy runs the whole input. Both give the same scores (tests/test_occlusion_cache.py).
+    No pass holds more than an uncached one: a chunk's cache holds its copies' first ``i₀`` positions, where the
+    uncached forward holds all of them.
     """
     columns = int(run.inputs["input_ids"].shape[1]) if run.arch.modality == "text" else 0
-    cached = run.arch.task == "causal_lm" and columns >= OCCLUSION_CACHE_MIN_TOKENS
+    copies = _copies_per_pass(batch_size(run.arch, run.inputs), run.options)
+    cached = run.arch.task == "causal_lm" and columns >= OCCLUSION_CACHE_MIN_TOKENS and columns > copies
     every = occluded_objectives(run, prefix_cache=cached)  # (K, 1 + positions, B)
     return ForwardScores((every[:, :1] - every[:, 1:]).permute(0, 2, 1))
 
