@@ -80,10 +80,8 @@ def test_cached_occlusion_equals_uncached_per_row_left_and_right_padded(family: 
     assert all(torch.equal(before[1][key], after[1][key]) for key in before[1])
 
 
-def test_the_registered_method_uses_the_cache_from_the_measured_length_on() -> None:
+def test_the_cache_is_used_from_the_threshold_on_when_the_copies_span_several_forwards() -> None:
     lm = build_causal("llama")
-    short = prompts((5, 3), side="left")
-    targets = _targets(short["attention_mask"], False)
     calls: list[bool] = []
     forward_pass = methods.forward_pass
 
@@ -91,11 +89,16 @@ def test_the_registered_method_uses_the_cache_from_the_measured_length_on() -> N
         calls.append(kwargs.get("cache") is not None)
         return forward_pass(*args, **kwargs)
 
+    def uses_cache(lengths: tuple[int, ...], **options: int) -> bool:
+        calls.clear()
+        batch = prompts(lengths, side="left")
+        explain_targets(lm, batch, _targets(batch["attention_mask"], False), method="occlusion", **options)
+        return any(calls)
+
+    assert methods.OCCLUSION_CACHE_MIN_TOKENS == 128  # docs/SERVING.md gives the measurement
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(methods, "forward_pass", counted)
-        explain_targets(lm, short, targets, method="occlusion")
-        assert not any(calls), f"{short['input_ids'].shape[1]} columns are below {methods.OCCLUSION_CACHE_MIN_TOKENS}"
-        width = methods.OCCLUSION_CACHE_MIN_TOKENS
-        long = prompts((width, width - 2), side="left")
-        explain_targets(lm, long, _targets(long["attention_mask"], False), method="occlusion")
-        assert any(calls)
+        patch.setattr(methods, "OCCLUSION_CACHE_MIN_TOKENS", 8)
+        assert not uses_cache((7, 5), internal_batch_size=2)  # shorter than the threshold
+        assert not uses_cache((8, 5))  # one forward holds every copy: nothing to reuse
+        assert uses_cache((8, 5), internal_batch_size=6)  # 3 copies of 2 rows per forward
