@@ -943,9 +943,11 @@ def _occlusion(run: ForwardInputs) -> ForwardScores:
 
 
 #: The shortest causal-LM input (columns of the padded batch) whose occlusion reuses the unchanged prefix's key/value
-#: cache, from ``python -m bench.occlusion`` (docs/SERVING.md, "The founding papers' baselines"): on one CPU thread a
-#: random 4-layer Llama-shaped LM took 1.39x less time with the cache at 128 tokens, 1.22x at 256, and the same at 64.
-OCCLUSION_CACHE_MIN_TOKENS = 128
+#: cache (when its copies take more than one forward), from ``python -m bench.occlusion`` (docs/SERVING.md, "The
+#: founding papers' baselines"): on one CPU thread a random 4-layer Llama-shaped LM took 1.17x-1.39x less time with
+#: the cache wherever the copies took two forwards or more (16 to 256 tokens, 1 to 8 rows), the same (0.97x, 0.98x)
+#: where one forward held nearly all of them; nothing shorter than 16 tokens was measured.
+OCCLUSION_CACHE_MIN_TOKENS = 16
 
 
 def occluded_objectives(run: ForwardInputs, prefix_cache: bool) -> Tensor:

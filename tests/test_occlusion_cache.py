@@ -95,7 +95,7 @@ def test_the_cache_is_used_from_the_threshold_on_when_the_copies_span_several_fo
         explain_targets(lm, batch, _targets(batch["attention_mask"], False), method="occlusion", **options)
         return any(calls)
 
-    assert methods.OCCLUSION_CACHE_MIN_TOKENS == 128  # docs/SERVING.md gives the measurement
+    assert methods.OCCLUSION_CACHE_MIN_TOKENS == 16  # docs/SERVING.md gives the measurement
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(methods, "forward_pass", counted)
         patch.setattr(methods, "OCCLUSION_CACHE_MIN_TOKENS", 8)
