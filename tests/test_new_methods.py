@@ -73,7 +73,7 @@ def test_smoothgrad_of_an_lm_target_is_its_row_alone_and_its_round_alone() -> No
     labels = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     active = torch.ones_like(positions, dtype=torch.bool)
     targets = Targets.at_positions(positions, labels, active, mask, causal=True)
-    options = {"n_samples": 4, "stdev": 0.3, "seed": 1}
+    options: dict[str, Any] = {"n_samples": 4, "stdev": 0.3, "seed": 1}
     whole = explain_targets(lm, batch, targets, method="smoothgrad", **options).scores
     for row in range(4):
         alone = row_alone(batch, row)

@@ -110,7 +110,7 @@ def test_smoothgrad_equals_captum_noise_tunnel_with_the_same_noise(name: str) ->
     cache: dict[str, Tensor] = {}
     for model, batch, _, row, alone, real in _rows(name):
         if "ours" not in cache:
-            options = {"n_samples": samples, "stdev": stdev, "seed": seed, "internal_batch_size": 8}
+            options: dict[str, Any] = {"n_samples": samples, "stdev": stdev, "seed": seed, "internal_batch_size": 8}
             result = explain(model, batch, method="smoothgrad", **options)
             cache["ours"], cache["targets"] = result.scores, result.target
         embeddings = _embeddings(model, alone)
