@@ -26,7 +26,8 @@ from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.tasks.classify_schema import DecodedRow, RowOutcome, decode_row, encode_outcome
 from serving_core.tasks.classify_service import ExplanationService
-from serving_core.tasks.generation_schema import decode_generation_row
+from serving_core.tasks.generation_schema import GenerationOutcome, decode_generation_row, fill_generation_response
+from serving_core.tasks.token_schema import EntityOutcome, TokenOutcome, fill_token_response, token_outcome_to_dict
 from serving_core.wire import Encoding
 from tests.arch_zoo import VARIANTS, batch_for
 from tests.serving_support import tiny_archives
@@ -188,3 +189,22 @@ def test_a_served_row_resolves_stdev_and_other_rows_still_answer() -> None:
     assert "[0.0, 10.0]" in outcomes[1].error.message
     assert outcomes[2].error is None and outcomes[2].options["stdev"] == SMOOTHGRAD_STDEV
     assert all(math.isfinite(value) for value in outcomes[0].scores or [])
+
+
+def test_token_and_generation_answers_split_their_options_in_protobuf() -> None:
+    messages = protos.explain_messages()
+    options = {"n_samples": 2, "stdev": 0.15}
+    entity = EntityOutcome("Ada", "PER", "B-PER", 1, 0, 3, 1, 2, 0.9, [0.1, 0.7, 0.2])
+    tokens = TokenOutcome(Encoding.PROTOBUF, tokens=["[CLS]", "ada", "[SEP]"], entities=[entity], method="smoothgrad",
+                          options=options)  # fmt: skip
+    response = messages.ExplainResponse()
+    fill_token_response(tokens, response)
+    answer = response.token_classification
+    assert dict(answer.options) == {"n_samples": 2} and dict(answer.float_options) == {"stdev": 0.15}
+    assert token_outcome_to_dict(tokens)["explanation"]["options"] == options
+    generation = GenerationOutcome(Encoding.PROTOBUF, text="x", stop_reason="length", method="smoothgrad",
+                                   options=options)  # fmt: skip
+    response = messages.ExplainResponse()
+    fill_generation_response(generation, response)
+    assert protos.read_options(response.generation) == options
+    assert isinstance(protos.read_options(response.generation)["n_samples"], int)
