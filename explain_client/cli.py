@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -80,16 +81,26 @@ def join_dash_values(argv: Sequence[str], parser: argparse.ArgumentParser) -> li
     return joined
 
 
-def _options(values: Sequence[str]) -> dict[str, int]:
-    options: dict[str, int] = {}
+def _options(values: Sequence[str]) -> dict[str, int | float]:
+    """``NAME=NUMBER`` values as method options: an integer literal (``16``) as ``int``, any other number
+    (``0.15``, ``1e-3``) as ``float``."""
+    options: dict[str, int | float] = {}
     for value in values:
         key, separator, number = value.partition("=")
         if not separator or not key:
-            raise argparse.ArgumentTypeError(f"--option expects NAME=INTEGER, got {value!r}")
+            raise argparse.ArgumentTypeError(f"--option expects NAME=NUMBER, got {value!r}")
         try:
             options[key] = int(number)
+            continue
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--option {key}: {number!r} is not an integer") from None
+            pass
+        try:
+            real = float(number)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--option {key}: {number!r} is not a number") from None
+        if not math.isfinite(real):
+            raise argparse.ArgumentTypeError(f"--option {key}: {number!r} is not a finite number")
+        options[key] = real
     return options
 
 
@@ -134,7 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     unsure.add_argument(
         "--always", action="store_true", help="explain whatever the confidence (overrides the model's explain_below)"
     )
-    parser.add_argument("--option", action="append", default=[], metavar="NAME=INT", help="method option, repeatable")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=NUMBER",
+        help="method option: an integer (n_steps=16) or a real number (stdev=0.15); repeatable",
+    )
     parser.add_argument(
         "--granularity",
         choices=("token", "word", "sentence"),

@@ -168,7 +168,7 @@ class ExplainClient:
         granularity: str | None = None,
         span: tuple[int, int] | None = None,
         timeout: float | None = None,
-        **options: int,
+        **options: int | float,
     ) -> Generation:
         """A generation model's continuation of ``prompt`` (or of a chat, ``messages``) and, with ``method``, the
         attribution of its tokens, its sentences or a span of it.
@@ -307,7 +307,7 @@ class ExplainClient:
         below: float | None = None,
         always: bool = False,
         granularity: str | None = None,
-        **options: int,
+        **options: int | float,
     ) -> Prediction:
         """The prediction and one explanation of it.
 
@@ -343,7 +343,7 @@ class ExplainClient:
         *,
         method: str | None = SERVICE_DEFAULT,
         target: Target = None,
-        options: Mapping[str, int] | None = None,
+        options: Mapping[str, int | float] | None = None,
         on_result: Callable[[int, ResultOrError], None] | None = None,
         below: float | None = None,
         always: bool = False,
@@ -396,7 +396,7 @@ class ExplainClient:
         item: Request | PlainInput,
         method: str | None,
         target: Target,
-        options: Mapping[str, int],
+        options: Mapping[str, int | float],
         condition: Mapping[str, Any],
     ) -> Request:
         if isinstance(item, Request):

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .results import ContextUnit, ServiceError
+from .protos import read_options, write_options
+from .results import ContextUnit, ServiceError, options_from_json
 
 Steps = Sequence[int] | str | tuple[str, int, int | None] | None
 """Steps to explain: ``None`` (every step; the sentences when documents are given), step indices, ``"sum"``,
@@ -50,7 +51,7 @@ class GenerationCall:
     method: str | None = None
     steps: Steps = None
     contrast: str | int | Sequence[str | int] | None = None
-    options: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, int | float] = field(default_factory=dict)
     messages: Sequence[Message] | None = None
     documents: Sequence[DocumentInput] | None = None
     granularity: str | None = None
@@ -138,8 +139,7 @@ class GenerationCall:
                 explain.contrast_ids.extend(foil for foil in foils if isinstance(foil, int))
             elif foils:
                 explain.contrast.extend(str(foil) for foil in foils)
-            for key, value in self.options.items():
-                explain.options[key] = int(value)
+            write_options(explain, self.options)
             if self.granularity is not None:
                 explain.granularity = self.granularity
             if self.span is not None:
@@ -359,7 +359,7 @@ class Generation:
     prompt_special_tokens: tuple[bool, ...]
     steps: tuple[GenerationStep, ...]
     method: str | None = None
-    options: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, int | float] = field(default_factory=dict)
     summed: tuple[int, int] | None = None
     sum_scores: tuple[float, ...] | None = None
     sum_value: float | None = None
@@ -421,7 +421,7 @@ class Generation:
             prompt_special_tokens=tuple(bool(flag) for flag in document.get("prompt_special_tokens", [])),
             steps=steps,
             method=explanation.get("method"),
-            options={str(k): int(v) for k, v in dict(explanation.get("options", {})).items()},
+            options=options_from_json(explanation.get("options")),
             summed=(int(summed["start"]), int(summed["stop"])) if summed else None,
             sum_scores=tuple(float(v) for v in summed["scores"]) if summed else None,
             sum_value=float(summed["value"]) if summed else None,
@@ -462,7 +462,7 @@ class Generation:
             prompt_special_tokens=tuple(bool(flag) for flag in result.prompt_special_tokens),
             steps=steps,
             method=result.method or None,
-            options={str(k): int(v) for k, v in result.options.items()},
+            options=read_options(result),
             summed=(int(result.sum_start), int(result.sum_stop)) if result.summed else None,
             sum_scores=tuple(float(v) for v in result.sum_scores) if result.summed else None,
             sum_value=float(result.sum_value) if result.summed else None,

@@ -20,10 +20,11 @@ import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -167,3 +168,29 @@ def inference_stubs() -> tuple[ModuleType, ModuleType]:
     """``torchserve_inference_pb2`` (``PredictionsRequest``, ``PredictionResponse``) and
     ``torchserve_inference_pb2_grpc`` (``InferenceAPIsServiceStub``) of ``proto/torchserve_inference.proto``."""
     return _module("torchserve_inference_pb2"), _module("torchserve_inference_pb2_grpc")
+
+
+def read_options(message: Any) -> dict[str, int | float]:
+    """The method options of a message (``ExplainOptions``, ``GenerationExplain``, ``Explanation``,
+    ``GenerationResult``, ``TokenClassification``): its integer map ``options`` and its real-valued map
+    ``float_options``, in one dict (``int`` and ``float`` values).
+
+    Raises:
+        ValueError: naming an option given in both maps.
+    """
+    both = sorted(set(message.options) & set(message.float_options))
+    if both:
+        raise ValueError(f"option(s) {', '.join(both)} given both in options and in float_options: give each in one")
+    options: dict[str, int | float] = {str(key): int(value) for key, value in message.options.items()}
+    options.update({str(key): float(value) for key, value in message.float_options.items()})
+    return options
+
+
+def write_options(message: Any, options: Mapping[str, int | float]) -> None:
+    """Fill a message's option maps from ``options``: a ``float`` value into ``float_options``, any other (an
+    integer) into ``options``."""
+    for key, value in options.items():
+        if isinstance(value, float):
+            message.float_options[key] = value
+        else:
+            message.options[key] = int(value)

@@ -38,6 +38,12 @@ class ServiceError(Exception):
         }
 
 
+def options_from_json(options: Any) -> dict[str, int | float]:
+    """Method options as a JSON answer gives them: an integer option stays an ``int``, a real-valued one a
+    ``float``."""
+    return {str(key): value if isinstance(value, int) else float(value) for key, value in dict(options or {}).items()}
+
+
 @dataclass(frozen=True)
 class ContextUnit:
     """A unit the scores are over, when a request asked for ``granularity`` (or a chat model's answer): a token,
@@ -144,7 +150,7 @@ class Explanation:
     method: str
     target: int
     target_label: str
-    options: Mapping[str, int]
+    options: Mapping[str, int | float]
     scores: tuple[float, ...]
     tokens: tuple[str, ...] | None = None
     special_tokens: tuple[bool, ...] | None = None
@@ -204,7 +210,7 @@ class Explanation:
             method=str(document["method"]),
             target=int(document["target"]),
             target_label=str(document["target_label"]),
-            options={str(key): int(value) for key, value in dict(document.get("options", {})).items()},
+            options=options_from_json(document.get("options")),
             scores=scores,
             tokens=tuple(str(token) for token in tokens) if tokens is not None else None,
             special_tokens=tuple(bool(flag) for flag in special) if special is not None else None,
@@ -331,7 +337,7 @@ class TokenClassification:
     special_tokens: tuple[bool, ...]
     offsets: tuple[tuple[int, int], ...]
     method: str | None = None
-    options: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, int | float] = field(default_factory=dict)
     seconds: float = 0.0
     granularity: str = "token"
     context: tuple[ContextUnit, ...] | None = None
@@ -384,7 +390,7 @@ class TokenClassification:
             special_tokens=tuple(bool(flag) for flag in document.get("special_tokens") or ()),
             offsets=tuple((int(start), int(end)) for start, end in document.get("offsets") or ()),
             method=str(explanation["method"]) if "method" in explanation else None,
-            options={str(key): int(value) for key, value in dict(explanation.get("options") or {}).items()},
+            options=options_from_json(explanation.get("options")),
             seconds=float(explanation.get("seconds", 0.0)),
             granularity=str(explanation.get("granularity") or "token"),
             context=(

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .protos import read_options, write_options
 from .results import ContextUnit, Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
 
 Target = str | int | None
@@ -48,7 +49,7 @@ class Request:
     image: bytes | None = None
     method: str | None = None
     target: Target = None
-    options: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, int | float] = field(default_factory=dict)
     text_pair: str | None = None
     below: float | None = None
     always: bool = False
@@ -110,8 +111,7 @@ class Request:
                 message.explain.target_label = self.target
             elif self.target is not None:
                 message.explain.target_id = int(self.target)
-            for key, value in self.options.items():
-                message.explain.options[key] = int(value)
+            write_options(message.explain, self.options)
             if self.granularity is not None:
                 message.explain.granularity = self.granularity
         return message
@@ -147,7 +147,7 @@ def _token_classification(proto: Any) -> TokenClassification:
         special_tokens=tuple(bool(flag) for flag in proto.special_tokens),
         offsets=tuple((int(offset.start), int(offset.end)) for offset in proto.offsets),
         method=proto.method or None,
-        options={str(key): int(value) for key, value in proto.options.items()},
+        options=read_options(proto),
         seconds=float(proto.seconds),
         granularity=proto.granularity or "token",
         context=tuple(ContextUnit.from_protobuf(unit) for unit in proto.context) if proto.granularity else None,
@@ -180,7 +180,7 @@ def prediction_from_protobuf(response: Any) -> Prediction:
             method=proto.method,
             target=int(proto.target),
             target_label=proto.target_label,
-            options={str(key): int(value) for key, value in proto.options.items()},
+            options=read_options(proto),
             scores=tuple(float(value) for value in proto.scores),
             tokens=None if grid else tuple(proto.tokens),
             special_tokens=None if grid else tuple(bool(flag) for flag in proto.special_tokens),

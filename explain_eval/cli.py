@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--option",
         action="append",
         metavar="METHOD.KEY=VALUE",
-        help="a method's option, e.g. integrated_gradients.n_steps=16 (repeatable; default: the method's defaults)",
+        help="a method's option, e.g. integrated_gradients.n_steps=16 or smoothgrad.stdev=0.15 (repeatable; "
+        "default: the method's defaults)",
     )
     return parser
 

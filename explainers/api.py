@@ -32,7 +32,7 @@ from .errors import (
 from .execution import GroupScores, Readout, execute, finish
 from .inputs import batch_size, full_precision, token_mask, validate_inputs
 from .memory import ModelSize, check_budget
-from .methods import Method, MethodInputs, available_methods, get_method
+from .methods import Method, MethodInputs, OptionValue, available_methods, get_method
 from .plan import Ask, plan_batch
 
 
@@ -58,7 +58,7 @@ class Attribution:
     target: Tensor
     logits: Tensor
     scores: Tensor
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     modality: str
     attention_mask: Tensor | None = None
     pooled: str = "first"
@@ -106,7 +106,7 @@ class RowExplanation:
 
     method: str
     target: int
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     scores: Tensor
     seconds: float
     pooled: str = "first"
@@ -184,7 +184,7 @@ def _check_method(arch: Architecture, method: Method) -> None:
 
 def _budget_check(
     model: nn.Module, arch: Architecture, budget_mib: int | None
-) -> Callable[[str, int, int, Mapping[str, int]], None]:
+) -> Callable[[str, int, int, Mapping[str, OptionValue]], None]:
     """``check(method, rows, length, options)``: :func:`~explainers.memory.check_budget` for this model."""
     if budget_mib is None:
         return lambda method, rows, length, options: None
@@ -193,7 +193,7 @@ def _budget_check(
     size = ModelSize.of(model, arch)
     alternatives = supported_methods(arch.model_type, available_methods())
 
-    def check(method: str, rows: int, length: int, options: Mapping[str, int]) -> None:
+    def check(method: str, rows: int, length: int, options: Mapping[str, OptionValue]) -> None:
         check_budget(size, method, rows, length, options, budget_mib, alternatives)
 
     return check

@@ -306,6 +306,7 @@ def forward_pass(
     rules: Callable[[ExitStack], AttentionObserver | None] | None = None,
     embeddings: EmbeddingMap | None = None,
     fused: str | None = None,
+    cache: Any = None,
 ) -> Forward:
     """Run the model once, recording what ``needs`` lists, and keep the graph for the gradients to come.
 
@@ -322,6 +323,10 @@ def forward_pass(
             along its path, a perturbation); the leaf is its result.
         fused: the model's fused attention implementation (``None``: eager), used when ``needs`` ask for no
             attention maps (a pass that needs maps runs eager attention whatever ``fused`` says).
+        cache: a causal LM's key/value cache (a ``transformers`` ``Cache``): the forward reads the positions it holds
+            as the prefix of ``inputs`` (whose ``input_ids`` are then the positions after it, and ``attention_mask``
+            covers both) and appends the new ones to it. It is passed to this call only (``use_cache=True`` as an
+            argument; the model's config is not touched).
 
     Returns:
         The :class:`Forward`.
@@ -346,7 +351,8 @@ def forward_pass(
         recorded = hooks.enter_context(capturing_attention(model, keep=keep, observer=observer, fused=attention))
         started = time.perf_counter()
         with torch.enable_grad() if wants_gradients else torch.no_grad():
-            logits: Tensor = model(**inputs, return_dict=True).logits
+            extra: dict[str, Any] = {} if cache is None else {"cache": cache, "use_cache": True}
+            logits: Tensor = model(**inputs, **extra, return_dict=True).logits
         forward_done = time.perf_counter()
     if len(recorded.calls) != arch.num_layers:
         raise UnsupportedModelError(

@@ -34,7 +34,7 @@ from torch import nn
 from .architectures.attention import fused_implementation
 from .architectures.description import Architecture, model_config
 from .errors import ExplainError
-from .methods import Footprint, Method, get_method
+from .methods import Footprint, Method, OptionValue, get_method
 
 
 class MemoryBudgetError(ExplainError):
@@ -81,7 +81,7 @@ def footprint(method: Method, fused: bool) -> Footprint:
     return method.memory.eager
 
 
-def estimate_bytes(size: ModelSize, method: str, rows: int, length: int, options: Mapping[str, int]) -> int:
+def estimate_bytes(size: ModelSize, method: str, rows: int, length: int, options: Mapping[str, OptionValue]) -> int:
     """Estimated peak bytes above the loaded model of explaining ``rows`` inputs of ``length`` tokens with ``method``.
 
     A method that runs forwards of its own is estimated for the rows of one of its passes (integrated gradients runs
@@ -119,7 +119,7 @@ def check_budget(
     method: str,
     rows: int,
     length: int,
-    options: Mapping[str, int],
+    options: Mapping[str, OptionValue],
     budget_mib: int | None,
     alternatives: Iterable[str] = (),
 ) -> None:

@@ -19,6 +19,7 @@ validation, the serving layer, metrics labels, the memory budget and the generat
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -57,28 +58,59 @@ Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
 """Modified-gradient rules: attach hooks to the model on the pass's hook stack, return the attention observer."""
 
 
+OptionValue = int | float
+"""The value of a method option: an ``int`` for an integer option, a ``float`` for a real one."""
+
+#: The kinds of option values: what :meth:`Option.resolve` accepts and returns, and how the wires carry them.
+OPTION_KINDS = ("int", "float")
+
+
 @dataclass(frozen=True)
 class Option:
-    """An integer option of a method, with its default and inclusive range (both may depend on the model)."""
+    """An option of a method, with its default and inclusive range (both may depend on the model).
+
+    ``kind`` is ``"int"`` (an integer: the value must be an ``int``) or ``"float"`` (a real number: an ``int`` or a
+    finite ``float``, returned as ``float``). Every door carries both kinds (docs/SERVING.md, "Method options").
+    """
 
     name: str
     description: str
-    default: Callable[[Architecture], int]
-    minimum: Callable[[Architecture], int]
-    maximum: Callable[[Architecture], int]
+    default: Callable[[Architecture], OptionValue]
+    minimum: Callable[[Architecture], OptionValue]
+    maximum: Callable[[Architecture], OptionValue]
+    kind: str = "int"
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTION_KINDS:
+            raise ValueError(f"option {self.name!r}: kind must be one of {', '.join(OPTION_KINDS)}, got {self.kind!r}")
 
     @classmethod
     def fixed(cls, name: str, description: str, default: int, minimum: int, maximum: int) -> Option:
-        """An option whose default and range do not depend on the model."""
+        """An integer option whose default and range do not depend on the model."""
         return cls(name, description, lambda arch: default, lambda arch: minimum, lambda arch: maximum)
 
-    def resolve(self, value: Any, arch: Architecture) -> int:
-        """Validate ``value`` (``None`` means the default) and return the option's value."""
+    @classmethod
+    def fixed_float(cls, name: str, description: str, default: float, minimum: float, maximum: float) -> Option:
+        """A real-valued option whose default and range do not depend on the model."""
+        low, high, value = float(minimum), float(maximum), float(default)
+        return cls(name, description, lambda arch: value, lambda arch: low, lambda arch: high, kind="float")
+
+    def resolve(self, value: Any, arch: Architecture) -> OptionValue:
+        """Validate ``value`` (``None`` means the default) and return the option's value (an ``int`` for an integer
+        option, a ``float`` for a real one).
+
+        Raises:
+            InvalidOptionError: for a value of the wrong type, not finite, or out of range (naming the range).
+        """
         if value is None:
             return self.default(arch)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidOptionError(f"option {self.name!r} must be an integer, got {value!r}")
         low, high = self.minimum(arch), self.maximum(arch)
+        if self.kind == "float":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise InvalidOptionError(f"option {self.name!r} must be a number in [{low}, {high}], got {value!r}")
+            value = float(value)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidOptionError(f"option {self.name!r} must be an integer in [{low}, {high}], got {value!r}")
         if not low <= value <= high:
             raise InvalidOptionError(f"option {self.name!r} must be in [{low}, {high}] for this model, got {value}")
         return value
@@ -93,7 +125,7 @@ class MethodInputs:
     model: nn.Module
     inputs: Mapping[str, Tensor]
     mask: Tensor
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     readout: Tensor | None = None
     read_tokens: Tensor | None = None
     #: A token-level target's terms (``positions``, ``labels``, ``weights``, each ``(rows, J)``), for the methods that
@@ -179,7 +211,7 @@ class ForwardInputs:
     arch: Architecture
     inputs: Mapping[str, Tensor]
     objective: Objective
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     dtype: torch.dtype
     fused: str | None = None
     chunk_bytes: int = CHUNK_BYTES
@@ -207,7 +239,7 @@ class Forwards:
 
     run: Callable[[ForwardInputs], ForwardScores]
     gradients: bool
-    rows_per_pass: Callable[[int, Mapping[str, int]], int]
+    rows_per_pass: Callable[[int, Mapping[str, OptionValue]], int]
 
 
 @dataclass(frozen=True)
@@ -283,7 +315,7 @@ class Method:
         """Whether the method differentiates the target logit (in the capture pass, or in forwards of its own)."""
         return bool(self.needs & GRADIENT_NEEDS) or (self.forwards is not None and self.forwards.gradients)
 
-    def resolve_options(self, options: Mapping[str, Any], arch: Architecture) -> dict[str, int]:
+    def resolve_options(self, options: Mapping[str, Any], arch: Architecture) -> dict[str, OptionValue]:
         """Validate ``options`` against this method and the model; fill in defaults.
 
         Args:
@@ -362,7 +394,7 @@ def register_forwards(
     class_specific: bool,
     memory: Memory,
     gradients: bool,
-    rows_per_pass: Callable[[int, Mapping[str, int]], int],
+    rows_per_pass: Callable[[int, Mapping[str, OptionValue]], int],
     options: tuple[Option, ...] = (),
 ) -> Callable[[Callable[[ForwardInputs], ForwardScores]], Callable[[ForwardInputs], ForwardScores]]:
     """Register a method that runs forwards of its own under ``name`` (a decorator of its :attr:`Forwards.run`).
@@ -462,7 +494,7 @@ START_LAYER = Option(
 )
 def _attention(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return maps.raw_attention(ctx.capture.attentions[ctx.options["layer"]], ctx.readout) * ctx.mask
+    return maps.raw_attention(ctx.capture.attentions[int(ctx.options["layer"])], ctx.readout) * ctx.mask
 
 
 @register(
@@ -475,7 +507,7 @@ def _attention(ctx: MethodInputs) -> Tensor:
 )
 def _rollout(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attentions is not None
-    return maps.rollout_scores(ctx.capture.attentions, ctx.options["start_layer"], ctx.readout) * ctx.mask
+    return maps.rollout_scores(ctx.capture.attentions, int(ctx.options["start_layer"]), ctx.readout) * ctx.mask
 
 
 @register(
@@ -488,7 +520,7 @@ def _rollout(ctx: MethodInputs) -> Tensor:
 )
 def _relevance(ctx: MethodInputs) -> Tensor:
     assert ctx.capture.attention_gradients is not None
-    start_layer = ctx.options["start_layer"]
+    start_layer = int(ctx.options["start_layer"])
     relevances = lrp_relevances(ctx.capture, ctx.arch, ctx.terms, start_layer).attention
     return maps.relevance_scores(
         relevances, ctx.capture.attention_gradients, ctx.mask, start_layer, ctx.readout, ctx.read_tokens
@@ -509,7 +541,7 @@ def _gae(ctx: MethodInputs) -> Tensor:
         ctx.capture.attentions,
         ctx.capture.attention_gradients,
         ctx.mask,
-        ctx.options["start_layer"],
+        int(ctx.options["start_layer"]),
         ctx.readout,
         ctx.read_tokens,
     )
@@ -567,7 +599,7 @@ IG_STEPS = 50
 IG_INTERNAL_BATCH = 64
 
 
-def _path_rows(rows: int, options: Mapping[str, int]) -> int:
+def _path_rows(rows: int, options: Mapping[str, OptionValue]) -> int:
     """Rows of one integrated-gradients forward: ``rows`` times the path points one forward holds."""
     steps = max(1, int(options.get("internal_batch_size", IG_INTERNAL_BATCH)) // rows)
     return rows * min(steps, int(options.get("n_steps", IG_STEPS)))
@@ -666,10 +698,10 @@ def _integrated_gradients(run: ForwardInputs) -> ForwardScores:
     linear in the gradient, so each chunk adds its share to the scores directly (the per-round gradients are never
     all kept).
     """
-    n_steps = run.options["n_steps"]
+    n_steps = int(run.options["n_steps"])
     batch = batch_size(run.arch, run.inputs)
     device = model_device(run.model)
-    steps_per_pass = max(1, run.options["internal_batch_size"] // batch)
+    steps_per_pass = max(1, int(run.options["internal_batch_size"]) // batch)
     chunks: list[tuple[int, Callable[[Tensor], Tensor]]] = []
     for start in range(0, n_steps, steps_per_pass):
         points = torch.arange(start, min(start + steps_per_pass, n_steps), dtype=run.dtype, device=device) + 0.5
@@ -789,9 +821,11 @@ def _attention_flow(ctx: MethodInputs) -> Tensor:
     return attention_flow_scores(ctx.capture.attentions, ctx.mask, ctx.readout) * ctx.mask
 
 
-#: SmoothGrad's and occlusion's defaults: noisy copies, noise in percent of the embeddings' deviation, rows per forward.
+#: SmoothGrad's and occlusion's defaults: noisy copies, noise as a fraction of the embeddings' deviation (Smilkov et
+#: al.'s 10-20%), its largest accepted value, and rows per forward.
 SMOOTHGRAD_SAMPLES = 16
-SMOOTHGRAD_PERCENT = 15
+SMOOTHGRAD_STDEV = 0.15
+SMOOTHGRAD_MAX_STDEV = 10.0
 COPIES_PER_PASS = 64
 
 INTERNAL_BATCH = Option.fixed(
@@ -799,7 +833,7 @@ INTERNAL_BATCH = Option.fixed(
 )
 
 
-def _copies_per_pass(rows: int, options: Mapping[str, int]) -> int:
+def _copies_per_pass(rows: int, options: Mapping[str, OptionValue]) -> int:
     """Copies of the batch one forward holds: ``internal_batch_size // rows``, at least one."""
     return max(1, int(options.get("internal_batch_size", COPIES_PER_PASS)) // rows)
 
@@ -813,11 +847,11 @@ def _embedding_mask(run: ForwardInputs, like: Tensor) -> Tensor:
 
 class _RowNoise:
     """SmoothGrad's noise: each row's own generator (seeded with ``seed``) draws ``(samples, real tokens, hidden)``
-    standard normals at once, scaled by ``percent``% of the standard deviation of the row's real input embeddings, so
+    standard normals at once, scaled by ``stdev`` times the standard deviation of the row's real input embeddings, so
     a row gets the same noise batched or alone (padding gets none)."""
 
-    def __init__(self, samples: int, percent: int, seed: int) -> None:
-        self.samples, self.percent, self.seed = samples, percent, seed
+    def __init__(self, samples: int, stdev: float, seed: int) -> None:
+        self.samples, self.stdev, self.seed = samples, stdev, seed
         self.noise: Tensor | None = None  # (samples, B, n, hidden), drawn at the first forward
 
     def draw(self, embeddings: Tensor, mask: Tensor) -> Tensor:
@@ -827,7 +861,7 @@ class _RowNoise:
                 real = embeddings[row][mask[row]]
                 generator = torch.Generator().manual_seed(self.seed)
                 draws = torch.randn((self.samples, *real.shape), generator=generator, dtype=embeddings.dtype)
-                scale = real.std() * (self.percent / 100)
+                scale = real.std() * self.stdev
                 noise[:, row, mask[row]] = draws.to(embeddings.device) * scale
             self.noise = noise
         return self.noise
@@ -844,12 +878,12 @@ class _RowNoise:
     ),
     options=(
         Option.fixed("n_samples", "noisy copies of each row", SMOOTHGRAD_SAMPLES, 1, 256),
-        Option.fixed(
-            "stdev_percent",
-            "noise standard deviation, in percent of the row's input-embedding standard deviation (0: grad_x_input)",
-            SMOOTHGRAD_PERCENT,
-            0,
-            1000,
+        Option.fixed_float(
+            "stdev",
+            "noise standard deviation, as a fraction of the row's input-embedding standard deviation (0: grad_x_input)",
+            SMOOTHGRAD_STDEV,
+            0.0,
+            SMOOTHGRAD_MAX_STDEV,
         ),
         Option.fixed("seed", "seed of each row's noise", 0, 0, 2**31 - 1),
         INTERNAL_BATCH,
@@ -863,10 +897,10 @@ def _smoothgrad(run: ForwardInputs) -> ForwardScores:
     has one), each followed by one batched vector-Jacobian product per chunk of rounds, as integrated gradients'
     path points do.
     """
-    samples = run.options["n_samples"]
+    samples = int(run.options["n_samples"])
     batch = batch_size(run.arch, run.inputs)
     per_pass = _copies_per_pass(batch, run.options)
-    noise = _RowNoise(samples, run.options["stdev_percent"], run.options["seed"])
+    noise = _RowNoise(samples, float(run.options["stdev"]), int(run.options["seed"]))
     chunks: list[tuple[int, Callable[[Tensor], Tensor]]] = []
     for start in range(0, samples, per_pass):
         stop = min(start + per_pass, samples)
@@ -910,6 +944,44 @@ def _occlusion(run: ForwardInputs) -> ForwardScores:
 
     Forwards only, without gradients: the batch repeated once per erased position plus once unchanged, copy-major,
     ``internal_batch_size`` rows per forward, on the model's fused attention where it has one.
+
+    A causal LM's copies that erase position ``i`` see the unchanged positions ``< i`` exactly as the unchanged copy
+    does, so for inputs of at least :data:`OCCLUSION_CACHE_MIN_TOKENS` columns the copies reuse its key/value cache
+    (:func:`occluded_objectives` with ``prefix_cache=True``): one clean forward fills the cache, then each chunk of
+    consecutive erased positions ``[i₀, i₁)`` (``internal_batch_size`` rows) recomputes only the columns ``≥ i₀`` on
+    the first ``i₀`` cached ones (their logits are the unchanged copy's). The threshold is where
+    ``python -m bench.occlusion`` measured the cache faster (docs/SERVING.md, "The founding papers' baselines"); the
+    cache is also left out when one chunk holds every copy (nothing to reuse: only an extra forward). Otherwise, and
+    for every other model, each copy runs the whole input. Both give the same scores (tests/test_occlusion_cache.py).
+    No pass holds more than an uncached one: a chunk's cache holds its copies' first ``i₀`` positions, where the
+    uncached forward holds all of them.
+    """
+    columns = int(run.inputs["input_ids"].shape[1]) if run.arch.modality == "text" else 0
+    copies = _copies_per_pass(batch_size(run.arch, run.inputs), run.options)
+    cached = run.arch.task == "causal_lm" and columns >= OCCLUSION_CACHE_MIN_TOKENS and columns > copies
+    every = occluded_objectives(run, prefix_cache=cached)  # (K, 1 + positions, B)
+    return ForwardScores((every[:, :1] - every[:, 1:]).permute(0, 2, 1))
+
+
+#: The shortest causal-LM input (columns of the padded batch) whose occlusion reuses the unchanged prefix's key/value
+#: cache (when its copies take more than one forward), from ``python -m bench.occlusion`` (docs/SERVING.md, "The
+#: founding papers' baselines"): on one CPU thread a random 4-layer Llama-shaped LM took 1.17x-1.39x less time with
+#: the cache wherever the copies took two forwards or more (16 to 256 tokens, 1 to 8 rows), the same (0.97x, 0.98x)
+#: where one forward held nearly all of them; nothing shorter than 16 tokens was measured.
+OCCLUSION_CACHE_MIN_TOKENS = 16
+
+
+def occluded_objectives(run: ForwardInputs, prefix_cache: bool) -> Tensor:
+    """``(K, 1 + positions, B)``: each round's objective of each row unchanged (index 0), then with each input
+    embedding erased in turn (occlusion's forwards, see :func:`_occlusion`).
+
+    Args:
+        run: the method's forward inputs.
+        prefix_cache: reuse the unchanged copy's key/value cache for the positions before each chunk's first erased
+            one (causal LMs only: their position ``t`` depends on positions ``≤ t`` alone).
+
+    Raises:
+        ValueError: ``prefix_cache`` for a model that is not a causal LM.
     """
     batch = batch_size(run.arch, run.inputs)
     device = model_device(run.model)
@@ -918,25 +990,72 @@ def _occlusion(run: ForwardInputs) -> ForwardScores:
     else:
         grid_h, grid_w = input_grid(run.arch, run.inputs)
         positions = grid_h * grid_w
-    token = run.options["baseline_token_id"]
+    token = int(run.options["baseline_token_id"])
     baseline = torch.zeros((), device=device)
     if token >= 0:
         with torch.no_grad():
             baseline = run.arch.input_embeddings(torch.tensor([token], device=device))[0]
-    erased = list(range(-1, positions))  # -1: the unchanged copy
     per_pass = _copies_per_pass(batch, run.options)
-    values: list[Tensor] = []
-    for start in range(0, len(erased), per_pass):
-        chosen = torch.tensor(erased[start : start + per_pass], device=device)
-        steps = chosen.shape[0]
+    rounds = run.objective.rounds
 
-        def erase(embeddings: Tensor, chosen: Tensor = chosen) -> Tensor:
-            where = torch.arange(embeddings.shape[1], device=embeddings.device)
+    def erasing(chosen: Tensor, first: int) -> Callable[[Tensor], Tensor]:
+        """Erase, in copy ``c`` of the batch, the embedding at column ``chosen[c]`` (the embeddings given start at
+        column ``first``; ``-1``: erase nothing)."""
+
+        def erase(embeddings: Tensor) -> Tensor:
+            where = torch.arange(first, first + embeddings.shape[1], device=embeddings.device)
             hit = (where.view(1, -1) == chosen.view(-1, 1)).repeat_interleave(batch, dim=0).unsqueeze(-1)
             return torch.where(hit, baseline.to(embeddings.dtype), embeddings)
 
-        repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
-        forward = forward_pass(run.model, run.arch, repeated, frozenset(), embeddings=erase, fused=run.fused)
-        values.append(run.objective.values(forward.logits).view(run.objective.rounds, steps, batch))
-    every = torch.cat(values, dim=1).to(run.dtype)  # (K, 1 + positions, B)
-    return ForwardScores((every[:, :1] - every[:, 1:]).permute(0, 2, 1))
+        return erase
+
+    def repeated(inputs: Mapping[str, Tensor], copies: int) -> dict[str, Tensor]:
+        return {key: value.repeat(copies, *([1] * (value.dim() - 1))) for key, value in inputs.items()}
+
+    values: list[Tensor] = []
+    if not prefix_cache:
+        erased = list(range(-1, positions))  # -1: the unchanged copy
+        for start in range(0, len(erased), per_pass):
+            chosen = torch.tensor(erased[start : start + per_pass], device=device)
+            steps = chosen.shape[0]
+            forward = forward_pass(
+                run.model, run.arch, repeated(run.inputs, steps), frozenset(), embeddings=erasing(chosen, 0),
+                fused=run.fused,
+            )  # fmt: skip
+            values.append(run.objective.values(forward.logits).view(rounds, steps, batch))
+        return torch.cat(values, dim=1).to(run.dtype)
+    if run.arch.task != "causal_lm":
+        raise ValueError(f"occlusion reuses a prefix cache for causal LMs only, not a {run.arch.task} model")
+    from transformers import DynamicCache
+
+    # Every layer keeps every position (no config: no sliding-window trimming), so any prefix can be cut from it.
+    cache = DynamicCache()
+    clean = forward_pass(run.model, run.arch, run.inputs, frozenset(), fused=run.fused, cache=cache)
+    states: list[tuple[Tensor, Tensor]] = []
+    for layer in cache.layers:
+        keys, kept = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not (isinstance(keys, Tensor) and isinstance(kept, Tensor) and keys.shape[-2] == positions):
+            # a layer that keeps no per-position keys and values (linear attention, shared or trimmed caches)
+            return occluded_objectives(run, prefix_cache=False)
+        states.append((keys, kept))
+    values.append(run.objective.values(clean.logits).view(rounds, 1, batch))
+    for start in range(0, positions, per_pass):
+        chosen = torch.arange(start, min(start + per_pass, positions), device=device)
+        steps = chosen.shape[0]
+        suffix = {key: value if key == "attention_mask" else value[:, start:] for key, value in run.inputs.items()}
+        prefix = None
+        if start > 0:
+            prefix = DynamicCache(
+                [(keys[:, :, :start].repeat(steps, 1, 1, 1), kept[:, :, :start].repeat(steps, 1, 1, 1))
+                 for keys, kept in states]
+            )  # fmt: skip
+        forward = forward_pass(
+            run.model, run.arch, repeated(suffix, steps), frozenset(), embeddings=erasing(chosen, start),
+            fused=run.fused, cache=prefix,
+        )  # fmt: skip
+        logits = forward.logits
+        if start > 0:  # the columns before the chunk are the unchanged copy's
+            logits = torch.cat([clean.logits[:, :start].repeat(steps, 1, 1), logits], dim=1)
+        values.append(run.objective.values(logits).view(rounds, steps, batch))
+        del prefix, forward, logits
+    return torch.cat(values, dim=1).to(run.dtype)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from .capture import GRADIENT_NEEDS
 from .confidence import RowSkipped
-from .methods import Method, Rules
+from .methods import Method, OptionValue, Rules
 
 PassKind = tuple[Rules | None, str | None]
 """What a gradient pass runs: the rules of its methods (``None``: true gradients) and the fused attention
@@ -55,7 +55,7 @@ class Ask:
     """
 
     method: Method
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     below: float | None = None
 
 
@@ -71,7 +71,7 @@ class Group:
     """
 
     method: Method
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     rows: tuple[int, ...]
     when_unsure: bool = False
 
@@ -163,8 +163,8 @@ def plan_batch(asks: Mapping[int, Ask], fused: str | None, predictions: bool = F
     Returns:
         The :class:`BatchPlan`.
     """
-    keyed: dict[tuple[str, tuple[tuple[str, int], ...], bool], list[int]] = {}
-    chosen: dict[tuple[str, tuple[tuple[str, int], ...], bool], Ask] = {}
+    keyed: dict[tuple[str, tuple[tuple[str, OptionValue], ...], bool], list[int]] = {}
+    chosen: dict[tuple[str, tuple[tuple[str, OptionValue], ...], bool], Ask] = {}
     for row in sorted(asks):
         ask = asks[row]
         key = (ask.method.name, tuple(sorted(ask.options.items())), ask.below is not None)

@@ -99,7 +99,7 @@ class RestOip:
             self._connection = None
 
 
-_CONTENTS = {"BYTES": "bytes_contents", "FP32": "fp32_contents", "INT64": "int64_contents",
+_CONTENTS = {"BYTES": "bytes_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "INT64": "int64_contents",
              "INT32": "int_contents", "BOOL": "bool_contents"}  # fmt: skip
 
 
@@ -120,6 +120,8 @@ class GrpcOip:
             return self.pb.InferParameter(bool_param=value)
         if isinstance(value, int):
             return self.pb.InferParameter(int64_param=value)
+        if isinstance(value, float):
+            return self.pb.InferParameter(double_param=value)
         return self.pb.InferParameter(string_param=str(value))
 
     def infer(self, model: str, inputs: Sequence[Input], parameters: Mapping[str, Any] | None = None) -> Outputs:

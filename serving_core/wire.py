@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from explain_client.protos import explain_messages
+from explain_client.protos import explain_messages, read_options, write_options
 
 from .errors import RowError
 
@@ -84,6 +84,24 @@ def parse_request(payload: Any) -> Any:
     except Exception as error:  # protobuf raises DecodeError, a plain Exception subclass
         raise RowError("invalid_protobuf", f"input['request'] is not a serialized ExplainRequest: {error}") from None
     return message
+
+
+def proto_options(message: Any) -> dict[str, Any]:
+    """The method options of a decoded message: its integer ``options`` and its real-valued ``float_options``.
+
+    Raises:
+        RowError: ``invalid_option`` when a name is in both maps.
+    """
+    try:
+        return read_options(message)
+    except ValueError as error:
+        raise RowError("invalid_option", str(error)) from None
+
+
+def fill_proto_options(message: Any, options: Mapping[str, Any]) -> None:
+    """Write the options used into a reply message: integers into ``options``, real numbers into
+    ``float_options``."""
+    write_options(message, options)
 
 
 def error_document(error: RowError) -> dict[str, Any]:

@@ -61,6 +61,18 @@ def test_rest_and_grpc_give_the_same_result(server: Server) -> None:
     assert rest.explanation.scores == pytest.approx(grpc_result.explanation.scores, rel=1e-4, abs=1e-6)
 
 
+def test_a_real_valued_option_travels_on_rest_and_grpc(server: Server) -> None:
+    results = {}
+    for transport in TRANSPORTS:
+        with client_for(server, transport) as client:
+            results[transport] = client.explain("sentiment", TEXT, method="smoothgrad", stdev=0.15, n_samples=2)
+    rest, grpc_result = results["rest"].explanation, results["grpc"].explanation
+    assert rest is not None and grpc_result is not None
+    assert rest.options == grpc_result.options == {"n_samples": 2, "stdev": 0.15, "seed": 0, "internal_batch_size": 64}
+    assert isinstance(grpc_result.options["stdev"], float) and isinstance(grpc_result.options["n_samples"], int)
+    assert rest.scores == pytest.approx(grpc_result.scores, rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_predict_only_and_image(server: Server, transport: str) -> None:
     with client_for(server, transport) as client:

@@ -32,7 +32,7 @@ from .causal_zoo import FAMILIES, build_causal, classifier_twin, prompts
 #: the classifier path's on the context alone (tests/test_new_methods.py checks the noisy ones).
 FAST: dict[str, dict[str, Any]] = {
     "integrated_gradients": {"n_steps": 4},
-    "smoothgrad": {"n_samples": 2, "stdev_percent": 0},
+    "smoothgrad": {"n_samples": 2, "stdev": 0.0},
 }
 NEW = 3
 CELLS = [(family, method) for family in FAMILIES for method in available_methods()]

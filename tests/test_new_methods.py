@@ -49,7 +49,7 @@ def test_smoothgrad_without_noise_is_gradient_times_input() -> None:
     for name in ("bert", "llama", "vit"):
         model, batch = _variant_model(name)
         plain = explain(model, batch, method="grad_x_input").scores
-        _close(explain(model, batch, method="smoothgrad", n_samples=3, stdev_percent=0).scores, plain)
+        _close(explain(model, batch, method="smoothgrad", n_samples=3, stdev=0).scores, plain)
 
 
 def test_smoothgrad_is_seeded_and_its_copies_may_be_chunked_anyhow() -> None:
@@ -73,7 +73,7 @@ def test_smoothgrad_of_an_lm_target_is_its_row_alone_and_its_round_alone() -> No
     labels = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     active = torch.ones_like(positions, dtype=torch.bool)
     targets = Targets.at_positions(positions, labels, active, mask, causal=True)
-    options = {"n_samples": 4, "stdev_percent": 30, "seed": 1}
+    options: dict[str, Any] = {"n_samples": 4, "stdev": 0.3, "seed": 1}
     whole = explain_targets(lm, batch, targets, method="smoothgrad", **options).scores
     for row in range(4):
         alone = row_alone(batch, row)

@@ -105,21 +105,21 @@ def test_gradient_equals_captum_saliency(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_smoothgrad_equals_captum_noise_tunnel_with_the_same_noise(name: str) -> None:
-    samples, percent, seed = 5, 20, 11
+    samples, stdev, seed = 5, 0.2, 11
     worst = 0.0
     cache: dict[str, Tensor] = {}
     for model, batch, _, row, alone, real in _rows(name):
         if "ours" not in cache:
-            options = {"n_samples": samples, "stdev_percent": percent, "seed": seed, "internal_batch_size": 8}
+            options: dict[str, Any] = {"n_samples": samples, "stdev": stdev, "seed": seed, "internal_batch_size": 8}
             result = explain(model, batch, method="smoothgrad", **options)
             cache["ours"], cache["targets"] = result.scores, result.target
         embeddings = _embeddings(model, alone)
         tunnel = captum_attr.NoiseTunnel(captum_attr.InputXGradient(_forward(model, alone)))
-        stdev = float(embeddings[0].std() * (percent / 100))
+        scale = float(embeddings[0].std() * stdev)
         torch.manual_seed(seed)
         with _default_dtype(torch.float64):
             attribution = tunnel.attribute(
-                embeddings, nt_type="smoothgrad", nt_samples=samples, stdevs=stdev, target=int(cache["targets"][row])
+                embeddings, nt_type="smoothgrad", nt_samples=samples, stdevs=scale, target=int(cache["targets"][row])
             )
         worst = max(worst, _compare(cache["ours"], row, real, attribution[0].sum(dim=-1)))
     print(f"\n{name} smoothgrad: largest relative difference from Captum {worst:.1e}")

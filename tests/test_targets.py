@@ -37,9 +37,9 @@ TOKEN_FAMILIES = TOKEN_LEVEL_FAMILIES["token_classification"]
 LM_METHODS = [method for method in available_methods() if refusal("llama", method, "causal_lm") is None]
 #: SmoothGrad without noise here: its noise and scale belong to the whole row, so a step's noisy scores are not the
 #: classifier path's on the context alone (tests/test_new_methods.py checks the noisy ones).
-FAST: dict[str, dict[str, int]] = {
+FAST: dict[str, dict[str, Any]] = {
     "integrated_gradients": {"n_steps": 3},
-    "smoothgrad": {"n_samples": 3, "stdev_percent": 0},
+    "smoothgrad": {"n_samples": 3, "stdev": 0.0},
 }
 LENGTHS = (7, 3, 9, 5)
 

@@ -28,6 +28,7 @@ from ..units import token_units
 from .targets import Targets, explain_targets
 
 if TYPE_CHECKING:
+    from ..methods import OptionValue
     from .continuation import Continuation
 
 Spans = Sequence[Sequence[tuple[int, int]]]
@@ -52,7 +53,7 @@ class SpanExplanation:
     """
 
     method: str
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     spans: tuple[tuple[tuple[int, int], ...], ...]
     sequences: Tensor
     attention_mask: Tensor

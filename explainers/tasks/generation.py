@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +37,9 @@ from .continuation import (
     vocabulary_size,
 )
 from .targets import Targets, explain_targets
+
+if TYPE_CHECKING:
+    from ..methods import OptionValue
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class GenerationExplanation:
     """
 
     method: str
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     steps: tuple[int, ...] | StepSum
     contrast: Tensor | None
     sequences: Tensor

@@ -64,7 +64,15 @@ from ..capture import (
 )
 from ..errors import InvalidTargetError, UnsupportedModelError
 from ..inputs import full_precision, validate_inputs
-from ..methods import ForwardInputs, Method, MethodInputs, Objective, available_methods, get_method
+from ..methods import (
+    ForwardInputs,
+    Method,
+    MethodInputs,
+    Objective,
+    OptionValue,
+    available_methods,
+    get_method,
+)
 
 TOKEN_LEVEL_TASKS = frozenset({"token_classification", "causal_lm"})
 
@@ -246,7 +254,7 @@ class TargetExplanation:
     """
 
     method: str
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     targets: Targets
     logits: Tensor
     values: Tensor
@@ -375,7 +383,7 @@ class _Call:
     """What the scores of one :func:`explain_targets` call are computed from (every scorer below reads it)."""
 
     method: Method
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     model: nn.Module
     arch: Architecture
     inputs: Mapping[str, Tensor]

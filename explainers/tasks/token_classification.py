@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,9 @@ from ..errors import InvalidInputError, InvalidTargetError, UnsupportedModelErro
 from ..inputs import validate_inputs
 from .tagging import LabelScheme, Span, group_spans, label_scheme, span_tags
 from .targets import Targets, explain_targets
+
+if TYPE_CHECKING:
+    from ..methods import OptionValue
 
 #: Input keys read here and not passed to the model.
 SPECIAL_TOKENS_KEY = "special_tokens_mask"
@@ -87,7 +90,7 @@ class TokenExplanation(TokenPrediction):
     """
 
     method: str
-    options: Mapping[str, int]
+    options: Mapping[str, OptionValue]
     scores: Tensor
     values: Tensor
     seconds: Mapping[str, float]

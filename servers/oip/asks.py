@@ -2,9 +2,11 @@
 each row asks to explain (the request parameters, overridden row by row by per-row inputs of the same names).
 
 - Request parameters ``explain_method`` (string; absent = prediction only, ``"default"`` = the model's default
-  method), ``explain_target`` (int64 class index, or a label name; classifiers) and ``explain_option_<name>`` (int64).
+  method), ``explain_target`` (int64 class index, or a label name; classifiers) and ``explain_option_<name>`` (int64
+  for an integer option, double for a real-valued one such as ``explain_option_stdev``).
 - Optional per-row inputs of the same names (``explain_method`` BYTES ``[B]``, ``explain_target`` INT64 ``[B]``,
-  ``explain_option_<name>`` INT64 ``[B]``) override the parameters row by row (``""`` / ``-1`` = not set).
+  ``explain_option_<name>`` INT64 or FP64 ``[B]``) override the parameters row by row (``""`` / a negative value =
+  not set).
 - A task may read parameters of its own (generation: ``explain_steps``): its codec names them.
 """
 
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 
-from .tensors import OipRequest, int_value, text_value
+from .tensors import OipRequest, int_value, option_value, text_value
 
 #: Request parameter / per-row input naming the method (``"default"``: the model's default method).
 EXPLAIN_METHOD = "explain_method"
@@ -106,9 +108,7 @@ def _parameter_asks(parameters: Mapping[str, Any], config: HandlerConfig, own: C
     options: dict[str, Any] = {}
     for name, value in parameters.items():
         if name.startswith(OPTION_PREFIX):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise RowError("invalid_option", f"parameter {name} must be an int64, got {value!r}")
-            options[name[len(OPTION_PREFIX) :]] = value
+            options[name[len(OPTION_PREFIX) :]] = option_value(value, f"parameter {name}")
     return RowAsk(_resolve_method(method, config), _parameter_target(target) if target is not None else None, options)
 
 
@@ -157,9 +157,9 @@ def row_asks(
                     target, explicit = (number, True) if number >= 0 else (target, explicit)
             for name, values in columns.items():
                 if name.startswith(OPTION_PREFIX):
-                    number = int_value(values[row], f"{name}[{row}]")
-                    if number >= 0:
-                        options[name[len(OPTION_PREFIX) :]] = number
+                    option = option_value(values[row], f"{name}[{row}]")
+                    if option >= 0:
+                        options[name[len(OPTION_PREFIX) :]] = option
                         explicit = True
             if method is None and not explicit and EXPLAIN_METHOD in columns:
                 target, options = None, {}  # a row left unexplained on purpose: the parameters' target is not for it

@@ -59,7 +59,8 @@ def prediction_outputs(outcomes: Sequence[RowOutcome], labels: Sequence[str], he
 
 def explained_outputs(outcomes: Sequence[RowOutcome]) -> list[Tensor]:
     """``explain_method`` (``""`` where a row is not explained), ``explain_target`` (-1) and one
-    ``explain_option_<name>`` per option any row used (-1 where a row has none)."""
+    ``explain_option_<name>`` per option any row used (-1 where a row has none): INT64 for an integer option, FP64
+    for a real-valued one."""
     batch = len(outcomes)
     explained = [o.error is None and o.method is not None for o in outcomes]
     methods = [o.method if ok else "" for o, ok in zip(outcomes, explained, strict=True)]
@@ -67,8 +68,11 @@ def explained_outputs(outcomes: Sequence[RowOutcome]) -> list[Tensor]:
     outputs = [Tensor(EXPLAIN_METHOD, "BYTES", (batch,), methods), Tensor(EXPLAIN_TARGET, "INT64", (batch,), targets)]
     names = sorted({name for o, ok in zip(outcomes, explained, strict=True) if ok for name in o.options})
     for name in names:
-        values = [int(o.options.get(name, -1)) if ok else -1 for o, ok in zip(outcomes, explained, strict=True)]
-        outputs.append(Tensor(f"{OPTION_PREFIX}{name}", "INT64", (batch,), values))
+        used = [o.options.get(name, -1) if ok else -1 for o, ok in zip(outcomes, explained, strict=True)]
+        if any(isinstance(value, float) for value in used):
+            outputs.append(Tensor(f"{OPTION_PREFIX}{name}", "FP64", (batch,), [float(value) for value in used]))
+        else:
+            outputs.append(Tensor(f"{OPTION_PREFIX}{name}", "INT64", (batch,), [int(value) for value in used]))
     return outputs
 
 

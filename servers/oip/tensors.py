@@ -17,7 +17,7 @@ from serving_core.errors import RowError
 #: Most rows one OIP request may carry (requests are bounded; larger batches: send several requests).
 MAX_ROWS = 64
 #: The OIP datatypes this service reads and writes.
-DATATYPES = frozenset({"BYTES", "FP32", "INT64", "INT32", "BOOL"})
+DATATYPES = frozenset({"BYTES", "FP32", "FP64", "INT64", "INT32", "BOOL"})
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,17 @@ def int_value(value: Any, name: str) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, int):
         raise RowError("invalid_request", f"{name} must be INT64, got {value!r}")
+    return value
+
+
+def option_value(value: Any, name: str) -> int | float:
+    """A method option's element or parameter: INT64 for an integer option, FP64 (or INT64) for a real-valued one.
+
+    Raises:
+        RowError: ``invalid_option`` if it is not a number.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RowError("invalid_option", f"{name} must be INT64 or FP64, got {value!r}")
     return value
 
 

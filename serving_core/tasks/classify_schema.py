@@ -67,7 +67,7 @@ class RowOutcome:
     truncated: bool = False
     method: str | None = None
     target: int = -1
-    options: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, int | float] = field(default_factory=dict)
     tokens: list[str] | None = None
     special_tokens: list[bool] | None = None
     segments: list[int] | None = None
@@ -242,7 +242,8 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
         below = float(f"{explain.below:.7g}") if condition == "below" else _MODEL
         if condition == "always" and explain.always:
             below = None
-        request = _row_request(explain.method or config.default_method, target, dict(explain.options), config, below)
+        options = wire.proto_options(explain)
+        request = _row_request(explain.method or config.default_method, target, options, config, below)
     if kind == "text":
         text, pair = _check_pair(message.text, message.text_pair or None, config)
         return DecodedRow(Encoding.PROTOBUF, request, text=text, text_pair=pair, granularity=granularity)
@@ -429,8 +430,7 @@ def fill_response(outcome: RowOutcome, response: Any, labels: tuple[str, ...]) -
         explanation.method = outcome.method
         explanation.target = outcome.target
         explanation.target_label = labels[outcome.target]
-        for key, value in outcome.options.items():
-            explanation.options[key] = value
+        wire.fill_proto_options(explanation, outcome.options)
         explanation.scores.extend(outcome.scores or [])
         if outcome.grid is not None:
             explanation.grid.extend(outcome.grid)

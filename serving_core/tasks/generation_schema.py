@@ -155,7 +155,7 @@ class GenerationOutcome:
     prompt_special: list[bool] = field(default_factory=list)
     steps: list[GenerationStepOutcome] = field(default_factory=list)
     method: str | None = None
-    options: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, int | float] = field(default_factory=dict)
     summed: tuple[int, int] | None = None
     sum_scores: list[float] | None = None
     sum_value: float | None = None
@@ -434,7 +434,7 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
         ask = _checked_ask(
             GenerationAsk(
                 proto_ask.method or config.default_method,
-                dict(proto_ask.options),
+                wire.proto_options(proto_ask),
                 steps,
                 foils,
                 decode_granularity(proto_ask.granularity),
@@ -559,8 +559,7 @@ def fill_generation_response(outcome: GenerationOutcome, response: Any) -> None:
             proto.foil_id = step.foil_id
     if outcome.method is not None:
         result.method = outcome.method
-        for key, value in outcome.options.items():
-            result.options[key] = int(value)
+        wire.fill_proto_options(result, outcome.options)
         result.seconds = outcome.attribution_seconds
         result.granularity = outcome.granularity
         for unit in outcome.context or []:

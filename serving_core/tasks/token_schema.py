@@ -74,7 +74,7 @@ class TokenOutcome:
     scheme: str = ""
     entities: list[EntityOutcome] = field(default_factory=list)
     method: str | None = None
-    options: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, int | float] = field(default_factory=dict)
     attribution_seconds: float = 0.0
     granularity: str = "token"
     context: list[TextUnit] | None = None
@@ -152,8 +152,7 @@ def fill_token_response(outcome: TokenOutcome, response: Any) -> None:
         )
     if outcome.method is not None:
         answer.method = outcome.method
-        for key, value in outcome.options.items():
-            answer.options[key] = value
+        wire.fill_proto_options(answer, outcome.options)
         answer.seconds = outcome.attribution_seconds
         if outcome.context is not None:
             answer.granularity = outcome.granularity

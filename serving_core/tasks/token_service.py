@@ -98,7 +98,7 @@ class TokenClassificationService:
         inputs["special_tokens_mask"] = [int(flag) for flag in special]
         return _Encoded(inputs, offsets, special, bool(encoded.encodings[0].overflowing))
 
-    def _request_key(self, row: DecodedRow) -> tuple[str, tuple[tuple[str, int], ...]] | None:
+    def _request_key(self, row: DecodedRow) -> tuple[str, tuple[tuple[str, int | float], ...]] | None:
         """The group of a row: ``None`` for a prediction, else its method and resolved options.
 
         Raises:
@@ -132,7 +132,7 @@ class TokenClassificationService:
     ) -> tuple[list[TokenOutcome], BatchTimings]:
         """Serve a batch: one :class:`TokenOutcome` per row, in order, and the summed stage timings of its groups."""
         outcomes = [TokenOutcome(encoding=encoding) for encoding in encodings]
-        groups: dict[tuple[str, tuple[tuple[str, int], ...]] | None, list[int]] = {}
+        groups: dict[tuple[str, tuple[tuple[str, int | float], ...]] | None, list[int]] = {}
         encoded: dict[int, _Encoded] = {}
         for index, row in enumerate(rows):
             outcome = outcomes[index]
