@@ -140,7 +140,7 @@ class Memory:
     fused: Footprint | None = None
 
 
-def _no_solver(length: int) -> float:
+def _no_solver(length: int, layers: int) -> float:
     return 0.0
 
 
@@ -155,12 +155,13 @@ class Cost:
         calls: ``(options, n) -> forward calls`` (in the same units) the row needs alone: fewer than ``forwards``
             for a method that batches copies of the row into one call (``internal_batch_size``); ``None``: as many
             as ``forwards``.
-        solver: ``n -> seconds`` spent outside the model, whatever its speed (attention flow's maximum flows).
+        solver: ``(n, layers) -> time`` spent outside the model (attention flow's maximum flows), in units of the
+            machine's pure-Python reference job (:func:`explainers.timing.reference_job`).
     """
 
     forwards: Callable[[Mapping[str, int], int], float]
     calls: Callable[[Mapping[str, int], int], float] | None = None
-    solver: Callable[[int], float] = _no_solver
+    solver: Callable[[int, int], float] = _no_solver
 
     @classmethod
     def fixed(cls, forwards: float) -> Cost:
@@ -838,10 +839,16 @@ def _lrp(ctx: MethodInputs) -> Tensor:
 FLOW_MAX_TOKENS = 128
 
 
-def _flow_seconds(length: int) -> float:
-    """Attention flow's maximum flows for a row of ``length`` tokens, outside the model: ~2.6 s at 128 tokens and
-    13.5 s at 256 on one core (time grows as ``n^2.4``), doubled to err high."""
-    return 2.0 * 2.6 * (length / 128) ** 2.4
+#: Attention flow's solver time for a row of 128 tokens through one layer, in reference jobs (fitted with
+#: ``python -m bench.timing``, which compares it with the measured time).
+FLOW_JOBS_PER_LAYER = 40.0
+
+
+def _flow_seconds(length: int, layers: int) -> float:
+    """Attention flow's maximum flows for a row of ``length`` tokens through ``layers`` blocks, in reference jobs:
+    one flow per token over a graph of ``layers × n²`` edges (~2.6 s at 128 tokens, 13.5 s at 256 on one core for the
+    sentiment model: the time grows as ``n^2.4``)."""
+    return FLOW_JOBS_PER_LAYER * layers * (length / 128) ** 2.4
 
 
 @register(

@@ -9,21 +9,14 @@ on the loaded model and its device, by timing a forward of one row at a short an
 (:meth:`ModelSpeed.measure`): a fixed ``call`` time per forward and a ``token`` time per token, each multiplied by a
 safety factor (:data:`SAFETY`) so that the estimate errs high. A row of ``n`` tokens then costs
 
-    seconds = (1 + calls(options, n)) × call + (1 + forwards(options, n)) × token × n + solver(n)
+    seconds = (1 + calls(options, n)) × call + (1 + forwards(options, n)) × token × n + solver(n, layers) × python
 
 (the ``1`` is its share of the shared forward that predicts every row; ``forwards`` counts the work in forwards of the
-row, ``calls`` the forward calls it takes, fewer where copies of the row share a call; ``solver`` is time a method
-spends outside the model, attention flow's maximum flows). :func:`estimate_seconds` computes it; ``bench/timing.py``
-measures it against the actual time over methods and lengths (docs/SERVING.md, "Time budgets and deadlines", has the
-figures).
-
-**The budget.** :func:`check_time_budget` refuses a row whose estimate exceeds ``time_budget_s``
-(:func:`explainers.explain`/:func:`explainers.explain_batch`; ``handler.time_budget_s`` when served) with a
-:class:`TimeBudgetError` naming the estimate, the budget and what would fit (the largest value of the option that
-decides the cost, or the methods that fit); :func:`explainers.explain_batch` also refuses a row that fits alone but not
-beside the rows already admitted to its batch (a served batch must finish inside one response timeout).
-
-Deadlines, checked between chunks of the work, are :mod:`explainers.deadline`'s.
+row, ``calls`` the forward calls it takes, fewer where copies of the row share a call; ``solver`` is the time a method
+spends outside the model, attention flow's maximum flows, counted in ``python``: the measured time of a fixed
+pure-Python job, :func:`reference_job`, so that it follows the machine's speed and load as the forwards do).
+:func:`estimate_seconds` computes it; ``bench/timing.py`` measures it against the actual time over methods and lengths
+(docs/SERVING.md, "Time budgets and deadlines", has the figures).
 """
 
 from __future__ import annotations
@@ -55,17 +48,28 @@ class TimeBudgetError(ExplainError):
     """The explanation is estimated to take longer than the per-request time budget allows (refused before it ran)."""
 
 
+#: Rows of the batched forward whose time gives the per-token time (:meth:`ModelSpeed.measure`).
+BATCH_ROWS = 8
+#: Iterations of the pure-Python reference job (:func:`reference_job`).
+REFERENCE_ITERATIONS = 200_000
+
+
 @dataclass(frozen=True)
 class ModelSpeed:
-    """A model's measured forward time, safety factor included: ``call + token × n`` seconds for one row of ``n``.
+    """A model's measured forward time, safety factor included: ``call + token × n`` seconds for one row of ``n``;
+    and the time of a reference job of the machine's Python, which a method's solver time is counted in.
 
     Attributes:
         call: seconds per forward call, whatever its length.
         token: seconds per token of a forward.
+        python: seconds of :func:`reference_job` (the unit of :attr:`~explainers.methods.Cost.solver`).
+        layers: the model's blocks (a solver's work may grow with them).
     """
 
     call: float
     token: float
+    python: float = 0.0
+    layers: int = 1
 
     def forward_seconds(self, length: int) -> float:
         """Estimated seconds of one forward of one row of ``length`` tokens."""
@@ -75,9 +79,11 @@ class ModelSpeed:
     def measure(cls, model: nn.Module, arch: Architecture, longest: int, safety: float = SAFETY) -> ModelSpeed:
         """Time forwards of one row on ``model`` (on its device, without gradients; the model is not changed).
 
-        Text models are timed at :data:`SHORT_LENGTH` and at ``longest`` tokens; the line through both (per-token time
-        from the difference, the rest per call) is kept, multiplied by ``safety``. An image model has one length
-        (its patches): its forward is timed at it and kept as the per-call time.
+        Text models are timed at one row of :data:`SHORT_LENGTH` tokens (the per-call time), and at one row and
+        :data:`BATCH_ROWS` rows of ``longest`` tokens: the per-token time is the larger of the two slopes above the
+        short forward (one row, for the methods that run one; many rows, for those that batch copies of a row). Both
+        are multiplied by ``safety``. An image model has one length (its patches): its forward is timed at it and kept
+        as the per-call time, and a batch of it gives the per-token time the same way.
 
         Args:
             model: the loaded model.
@@ -85,16 +91,42 @@ class ModelSpeed:
             longest: the longest input served, in tokens (a text model's ``max_length``; ignored for images).
             safety: the factor the measured times are multiplied by.
         """
+        python = reference_job() * safety
         if arch.modality == "image":
-            seconds = _median_forward(model, _probe_inputs(model, arch, 0))
-            return cls(call=seconds * safety, token=0.0)
+            one = _probe_inputs(model, arch, 0)
+            seconds = _median_forward(model, one)
+            patches = arch.prefix_tokens + _patches(model)
+            batched = _median_forward(model, {key: value.repeat(BATCH_ROWS, 1, 1, 1) for key, value in one.items()})
+            token = max(batched - seconds, 0.0) / ((BATCH_ROWS - 1) * patches)
+            return cls(seconds * safety, token * safety, python, arch.num_layers)
         longest = max(int(longest), SHORT_LENGTH + 1)
         short = _median_forward(model, _probe_inputs(model, arch, SHORT_LENGTH))
-        long = _median_forward(model, _probe_inputs(model, arch, longest))
-        token = max(long - short, 0.0) / (longest - SHORT_LENGTH)
-        call = max(short - token * SHORT_LENGTH, 0.0)
+        long = _probe_inputs(model, arch, longest)
+        single = _median_forward(model, long)
+        batched = _median_forward(model, {key: value.repeat(BATCH_ROWS, 1) for key, value in long.items()})
+        token = max(single - short, 0.0) / (longest - SHORT_LENGTH)
+        token = max(token, max(batched - short, 0.0) / (BATCH_ROWS * longest - SHORT_LENGTH))
         # Per-token time grows with the length (attention): the line through the longest length errs high below it.
-        return cls(call=call * safety, token=token * safety)
+        return cls(short * safety, token * safety, python, arch.num_layers)
+
+
+def reference_job() -> float:
+    """Median seconds of a fixed pure-Python loop (:data:`REFERENCE_ITERATIONS` additions): how fast this machine's
+    Python runs now, the unit a method's solver time is declared in."""
+    seconds: list[float] = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        total = 0
+        for value in range(REFERENCE_ITERATIONS):
+            total += value
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+def _patches(model: nn.Module) -> int:
+    config: Any = model_config(model)
+    size, patch = int(getattr(config, "image_size", 224)), int(getattr(config, "patch_size", 16))
+    return (size // patch) ** 2
 
 
 def _probe_inputs(model: nn.Module, arch: Architecture, length: int) -> dict[str, torch.Tensor]:
@@ -134,7 +166,7 @@ def estimate_seconds(
     forwards = cost.forwards(options, length)
     calls = forwards if cost.calls is None else cost.calls(options, length)
     work = (1.0 + calls) * speed.call + (1.0 + forwards) * speed.token * length
-    return rows * (work + cost.solver(length))
+    return rows * (work + cost.solver(length, speed.layers) * speed.python)
 
 
 def prediction_seconds(speed: ModelSpeed, length: int) -> float:
