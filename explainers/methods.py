@@ -848,7 +848,8 @@ def _flow_seconds(length: int, layers: int) -> float:
     """Attention flow's maximum flows for a row of ``length`` tokens through ``layers`` blocks, in reference jobs:
     one flow per token over a graph of ``layers × n²`` edges (~2.6 s at 128 tokens, 13.5 s at 256 on one core for the
     sentiment model: the time grows as ``n^2.4``)."""
-    return FLOW_JOBS_PER_LAYER * layers * (length / 128) ** 2.4
+    relative = length / 128
+    return FLOW_JOBS_PER_LAYER * layers * max(relative**2.4, relative)  # short rows: one flow per token dominates
 
 
 @register(
