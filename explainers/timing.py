@@ -9,12 +9,14 @@ on the loaded model and its device, by timing a forward of one row at a short an
 (:meth:`ModelSpeed.measure`): a fixed ``call`` time per forward and a ``token`` time per token, each multiplied by a
 safety factor (:data:`SAFETY`) so that the estimate errs high. A row of ``n`` tokens then costs
 
-    seconds = (1 + calls(options, n)) × call + (1 + forwards(options, n)) × token × n + solver(n, layers) × python
+    seconds = (1 + calls(options, n)) × call + (1 + forwards(options, n)) × token × n
+              + (setup + solver(n, layers)) × python
 
 (the ``1`` is its share of the shared forward that predicts every row; ``forwards`` counts the work in forwards of the
-row, ``calls`` the forward calls it takes, fewer where copies of the row share a call; ``solver`` is the time a method
-spends outside the model, attention flow's maximum flows, counted in ``python``: the measured time of a fixed
-pure-Python job, :func:`reference_job`, so that it follows the machine's speed and load as the forwards do).
+row, ``calls`` the forward calls it takes, fewer where copies of the row share a call; ``setup`` (:data:`SETUP_JOBS`)
+is an explained row's fixed work outside the model and ``solver`` the time a method spends outside it, attention
+flow's maximum flows, both counted in ``python``: the measured time of a fixed pure-Python job, :func:`reference_job`,
+so that they follow the machine's speed and load as the forwards do).
 :func:`estimate_seconds` computes it; ``bench/timing.py`` measures it against the actual time over methods and lengths
 (docs/SERVING.md, "Time budgets and deadlines", has the figures).
 """
@@ -52,6 +54,8 @@ class TimeBudgetError(ExplainError):
 BATCH_ROWS = 8
 #: Iterations of the pure-Python reference job (:func:`reference_job`).
 REFERENCE_ITERATIONS = 200_000
+#: An explained row's fixed work outside the model (validation, planning, hooks, packaging), in reference jobs.
+SETUP_JOBS = 4.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class ModelSpeed:
             safety: the factor the measured times are multiplied by.
         """
         python = reference_job() * safety
+        with torch.no_grad():  # the first forwards of a loaded model allocate and initialise: not what is measured
+            model(**_probe_inputs(model, arch, SHORT_LENGTH if arch.modality == "text" else 0))
         if arch.modality == "image":
             one = _probe_inputs(model, arch, 0)
             seconds = _median_forward(model, one)
@@ -166,7 +172,7 @@ def estimate_seconds(
     forwards = cost.forwards(options, length)
     calls = forwards if cost.calls is None else cost.calls(options, length)
     work = (1.0 + calls) * speed.call + (1.0 + forwards) * speed.token * length
-    return rows * (work + cost.solver(length, speed.layers) * speed.python)
+    return rows * (work + (SETUP_JOBS + cost.solver(length, speed.layers)) * speed.python)
 
 
 def prediction_seconds(speed: ModelSpeed, length: int) -> float:

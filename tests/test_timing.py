@@ -26,7 +26,7 @@ from explainers import (
     get_method,
 )
 from explainers.methods import Cost
-from explainers.timing import check_time_budget
+from explainers.timing import SETUP_JOBS, check_time_budget
 from serving_core.config import ConfigError, HandlerConfig
 from serving_core.errors import from_explain_error
 from serving_core.tasks.classify_schema import decode_row
@@ -90,10 +90,10 @@ def test_the_estimate_follows_the_declared_cost() -> None:
     assert ig == pytest.approx((1 + 3 * 2) * SPEED.call + (1 + 3 * 128) * SPEED.token * length)
     # Occlusion erases each position in turn: its work grows with the square of the length.
     assert estimate_seconds(SPEED, "occlusion", 200, {}) > 3.5 * estimate_seconds(SPEED, "occlusion", 100, {})
-    # Attention flow adds its solver's time, in units of the machine's reference job, growing with the model's depth.
+    # Attention flow adds its solver's time to the setup's, in the machine's reference jobs, growing with the depth.
     instant = ModelSpeed(call=0.0, token=0.0, python=0.5, layers=4)
     solver = get_method("attention_flow").cost.solver(128, 4)
-    assert solver > 0 and estimate_seconds(instant, "attention_flow", 128, {}) == pytest.approx(0.5 * solver)
+    assert estimate_seconds(instant, "attention_flow", 128, {}) == pytest.approx(0.5 * (SETUP_JOBS + solver))
     assert get_method("attention_flow").cost.solver(128, 8) > solver
     assert estimate_seconds(SPEED, "rollout", length, {}, rows=3) == pytest.approx(3 * 2 * forward)
 
