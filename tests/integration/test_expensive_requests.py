@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
 
 from explainers import describe, get_method, supported_methods
 from model_store.serving.config import Ports
@@ -63,9 +63,10 @@ def _workers(server: Server, model: str) -> list[tuple[Any, Any]]:
     return sorted((worker.get("pid"), worker.get("status")) for worker in body[0]["workers"])
 
 
-def _most_expensive(archive: Path) -> dict[str, dict[str, int]]:
+def _most_expensive(archive: Path, field: str) -> dict[str, dict[str, int]]:
     """Every supported method with each of its options at its maximum for this model."""
-    model = AutoModelForSequenceClassification.from_pretrained(str(archive / "model"))
+    loader = AutoModelForSequenceClassification if field == "text" else AutoModelForImageClassification
+    model = loader.from_pretrained(str(archive / "model"))
     arch = describe(model)
     return {
         name: {option.name: option.maximum(arch) for option in get_method(name).options}
@@ -94,6 +95,7 @@ def test_the_most_expensive_requests_are_answered_or_refused_and_no_worker_dies(
     budgeted: Server, archives: dict[str, Path], model: str, field: str
 ) -> None:
     payload = LONG_TEXT if field == "text" else b64(png_bytes((64, 64)))
+    expensive = _most_expensive(archives[model], field)
     workers = _workers(budgeted, model)
     assert workers and all(status == "READY" for _, status in workers)
     predictions: list[tuple[int, float]] = []
@@ -109,7 +111,7 @@ def test_the_most_expensive_requests_are_answered_or_refused_and_no_worker_dies(
     answers: list[tuple[str, int, Any]] = []
     try:
         with ThreadPoolExecutor(BATCH) as pool:
-            for method, options in _most_expensive(archives[model]).items():
+            for method, options in expensive.items():
                 document = {field: payload, "explain": {"method": method, **options}}
                 for status, reply, _ in pool.map(lambda row: _post(budgeted, model, row), [document] * BATCH):
                     answers.append((method, status, reply))
