@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
-from explainers import ModelSpeed, describe, estimate_seconds, explain, supported_methods
+from explainers import ModelSpeed, RowRequest, describe, estimate_seconds, explain, explain_batch, supported_methods
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The cases beyond each method's defaults: the options that decide the cost, at a few values.
@@ -99,6 +99,33 @@ def measure(model: Any, label: str, lengths: Sequence[int], methods: Sequence[st
     }
 
 
+def issue_scenario(model: Any, label: str, budget_s: float, longest: int) -> dict[str, Any]:
+    """Issue 29's request: ``integrated_gradients`` with ``n_steps`` 1024 on a ~500-token text (truncated to
+    ``longest``, the served ``max_length``) batched with a prediction, under the served default budget: the seconds
+    to the refusal and the prediction's, against the prediction alone."""
+    arch = describe(model)
+    started = time.perf_counter()
+    speed = ModelSpeed.measure(model, arch, longest)
+    measuring = time.perf_counter() - started
+    text = row(model, 500)
+    inputs = {key: value[:, :longest].repeat(2, 1) for key, value in text.items()}
+    expensive = RowRequest("integrated_gradients", options={"n_steps": 1024})
+    alone = []
+    for _ in range(3):
+        began = time.perf_counter()
+        explain_batch(model, inputs, [RowRequest(), RowRequest()], time_budget_s=budget_s, speed=speed)
+        alone.append(time.perf_counter() - began)
+    began = time.perf_counter()
+    result = explain_batch(model, inputs, [expensive, RowRequest()], time_budget_s=budget_s, speed=speed)
+    together = time.perf_counter() - began
+    answer = {
+        "model": label, "tokens": longest, "budget_s": budget_s, "speed_measure_s": measuring,
+        "refusal": str(result.rows[0]), "batch_with_refusal_s": together, "predictions_alone_s": min(alone),
+    }  # fmt: skip
+    print(json.dumps(answer, indent=1))
+    return answer
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the comparison (module docstring) and print (or write) the figures."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,9 +135,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per case (the slowest is compared)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument(
+        "--issue", action="store_true", help="only issue 29's request (IG n_steps 1024, ~500 tokens) on --models"
+    )
+    parser.add_argument("--budget", type=float, default=30.0, help="--issue: the time budget (the served default)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.issue:
+        for name in args.models.split(","):
+            model, label = load_model(name)
+            issue_scenario(model, label, args.budget, 128)
+        return
     lengths = [int(value) for value in args.lengths.split(",")]
     results = []
     for name in args.models.split(","):
