@@ -252,3 +252,17 @@ def test_a_request_carries_its_deadline_in_unix_milliseconds() -> None:
         with pytest.raises(Exception, match="deadline_ms' must be the Unix time in milliseconds") as caught:
             decode_row({"body": {"text": "hi", "explain": {"deadline_ms": bad}}}, False, config)
         assert getattr(caught.value, "code", None) == "invalid_request"
+
+
+def test_the_oip_door_gives_every_row_the_requests_deadline() -> None:
+    from servers import oip
+
+    config = HandlerConfig.from_model_yaml(_yaml())
+    due = int(time.time() * 1000) + 5000
+    texts = {"text": oip.Tensor("text", "BYTES", (2,), ["one", "two"])}
+    rows = oip.decode_request(oip.OipRequest(texts, {"explain_method": "gae", "explain_deadline_ms": due}), config)
+    deadlines = [row.request.deadline for row in rows if not isinstance(row, Exception)]
+    assert len(deadlines) == 2 and all(d is not None and 4 < d.remaining() <= 5.01 for d in deadlines)
+    with pytest.raises(Exception, match="explain_deadline_ms' must be the Unix time") as caught:
+        oip.decode_request(oip.OipRequest(texts, {"explain_method": "gae", "explain_deadline_ms": "soon"}), config)
+    assert getattr(caught.value, "code", None) == "invalid_request"

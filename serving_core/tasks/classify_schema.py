@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from explainers import RowRequest, RowSkipped
+from explainers import Deadline, RowRequest, RowSkipped
 
 from .. import wire
 from ..config import HandlerConfig
@@ -141,6 +141,7 @@ def decode_fields(
     target: Any = None,
     options: Mapping[str, Any] | None = None,
     granularity: str | None = None,
+    deadline: Deadline | None = None,
 ) -> DecodedRow:
     """Decode one row given as separate fields, as the KServe/Ray doors receive it (an OIP tensor element and the
     request's explain parameters): the same checks and errors as a JSON row.
@@ -154,6 +155,7 @@ def decode_fields(
         target: a label name, a class index or ``None`` (the predicted class).
         options: the method's options.
         granularity: ``token`` (``None``: the default), ``word`` or ``sentence``.
+        deadline: when the row's answer is due (``None``: no deadline).
 
     Raises:
         RowError: with the code of :data:`serving_core.errors.ERROR_TABLE` that says what is wrong.
@@ -164,7 +166,7 @@ def decode_fields(
             raise RowError("invalid_request", "a target or option was given without a method: name the method too")
         request = RowRequest()
     else:
-        request = _row_request(method, target, dict(options or {}), config)
+        request = replace(_row_request(method, target, dict(options or {}), config), deadline=deadline)
     if config.input_kind == "text":
         if image is not None:
             raise RowError("unsupported_input", "this is a text model: send 'text', not 'image'")
