@@ -217,8 +217,7 @@ def explain(
     *,
     memory_budget_mib: int | None = None,
     time_budget_s: float | None = None,
-    speed: ModelSpeed | None = None,
-    deadline: Deadline | None = None,
+    deadline: Deadline | float | None = None,
     **options: Any,
 ) -> Attribution:
     """Explain a batch of predictions of a Hugging Face classifier with one method.
@@ -238,11 +237,11 @@ def explain(
         memory_budget_mib: refuse, before anything is allocated, a batch whose estimated peak memory
             (:mod:`explainers.memory`) exceeds this many MiB (``None``: no budget).
         time_budget_s: refuse, before any work, a batch whose estimated time (:mod:`explainers.timing`) exceeds this
-            many seconds (``None``: no budget).
-        speed: the model's speed for the time estimate (``None``: measured on the model when a budget is given;
-            measure it once with :meth:`~explainers.timing.ModelSpeed.measure` to spare the measuring forwards).
-        deadline: abandon the work once this :class:`~explainers.deadline.Deadline` has passed: refused at once if it
-            already has, else checked between the chunks of a method that runs forwards of its own.
+            many seconds (``None``: no budget). The model's speed is measured for it on each call (a few forwards);
+            :func:`explain_batch` takes a speed measured once (``speed=``).
+        deadline: abandon the work once this :class:`~explainers.deadline.Deadline` (or this many seconds from now)
+            has passed: refused at once if it already has, else checked between the chunks of a method that runs
+            forwards of its own.
         **options: the method's options (``layer`` for ``attention``, ``start_layer`` for ``rollout``,
             ``relevance`` and ``gae``, ``n_steps``/``internal_batch_size`` for ``integrated_gradients``).
 
@@ -272,12 +271,14 @@ def explain(
     chosen.admit(int(mask.sum(dim=-1).max()))
     _budget_check(model, arch, memory_budget_mib)(chosen.name, batch, int(mask.shape[-1]), resolved)
     budget_s = _check_time_budget_s(time_budget_s)
+    if deadline is not None and not isinstance(deadline, Deadline):
+        deadline = Deadline.within(deadline)
     if deadline is not None:
         deadline.check("any work")
     if budget_s is not None:
         length = int(mask.shape[-1])
         alternatives = supported_methods(arch.model_type, available_methods())
-        measured = _speed_of(model, arch, length, speed)
+        measured = ModelSpeed.measure(model, arch, length)
         check_time_budget(measured, chosen, length, resolved, budget_s, alternatives, rows=batch)
     readout = Readout.of(arch, model, validated, mask)
     fused = fused_implementation(model)  # read before prepared_model switches the model
