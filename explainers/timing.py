@@ -151,10 +151,13 @@ def _probe_inputs(model: nn.Module, arch: Architecture, length: int) -> dict[str
 def _median_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> float:
     """Median seconds of :data:`REPEATS` forwards (the median leaves out a first one that warms up)."""
     seconds: list[float] = []
+    device = model_device(model)
     with torch.no_grad():
         for _ in range(REPEATS):
             started = time.perf_counter()
             model(**inputs)
+            if device.type == "cuda":  # kernels run asynchronously: wait for them
+                torch.cuda.synchronize(device)
             seconds.append(time.perf_counter() - started)
     return statistics.median(seconds)
 
