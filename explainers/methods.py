@@ -182,6 +182,9 @@ class Cost:
 
 #: One grad-enabled forward and its backward (a backward costs about two forwards), the cost of a gradient method.
 GRADIENT_PASS = 3.0
+#: The same for one copy of a row among many in one call (integrated gradients' path points, SmoothGrad's samples):
+#: measured with ``bench/timing.py``, a large batch of copies costs more per token than the measured forwards.
+COPY_GRADIENT_PASS = 4.0
 
 
 def _default_cost(needs: frozenset[str]) -> Cost:
@@ -702,7 +705,7 @@ def _gradient_times_input(
     memory=_gradient_memory(activations=5.7),
     gradients=True,
     rows_per_pass=_path_rows,
-    cost=Cost.copies(GRADIENT_PASS, lambda options, length: int(options.get("n_steps", IG_STEPS))),
+    cost=Cost.copies(COPY_GRADIENT_PASS, lambda options, length: int(options.get("n_steps", IG_STEPS))),
     options=(
         Option(
             "n_steps",
@@ -925,7 +928,7 @@ class _RowNoise:
     rows_per_pass=lambda rows, options: (
         rows * min(_copies_per_pass(rows, options), int(options.get("n_samples", SMOOTHGRAD_SAMPLES)))
     ),
-    cost=Cost.copies(GRADIENT_PASS, lambda options, length: int(options.get("n_samples", SMOOTHGRAD_SAMPLES))),
+    cost=Cost.copies(COPY_GRADIENT_PASS, lambda options, length: int(options.get("n_samples", SMOOTHGRAD_SAMPLES))),
     options=(
         Option.fixed("n_samples", "noisy copies of each row", SMOOTHGRAD_SAMPLES, 1, 256),
         Option.fixed(

@@ -39,7 +39,7 @@ from .methods import Method, get_method
 
 #: The factor the measured speed is multiplied by: the measurement is one forward on an idle moment, the explanation
 #: may run while other work shares the cores; ``bench/timing.py`` shows the estimates stay above the actual times.
-SAFETY = 2.0
+SAFETY = 3.0
 #: Forwards timed per length when measuring a model's speed (the median is kept).
 REPEATS = 3
 #: The short length a text model's speed is measured at (besides the longest), to separate the per-call time.

@@ -85,9 +85,9 @@ def test_the_estimate_follows_the_declared_cost() -> None:
     length = 100
     forward = SPEED.call + SPEED.token * length
     assert estimate_seconds(SPEED, "grad_x_input", length, {}) == pytest.approx(4 * forward)
-    # Integrated gradients: 3 forwards of work per path point, its copies batched internal_batch_size per call.
+    # Integrated gradients: 4 forwards of work per path point, its copies batched internal_batch_size per call.
     ig = estimate_seconds(SPEED, "integrated_gradients", length, {"n_steps": 128, "internal_batch_size": 64})
-    assert ig == pytest.approx((1 + 3 * 2) * SPEED.call + (1 + 3 * 128) * SPEED.token * length)
+    assert ig == pytest.approx((1 + 4 * 2) * SPEED.call + (1 + 4 * 128) * SPEED.token * length)
     # Occlusion erases each position in turn: its work grows with the square of the length.
     assert estimate_seconds(SPEED, "occlusion", 200, {}) > 3.5 * estimate_seconds(SPEED, "occlusion", 100, {})
     # Attention flow adds its solver's time to the setup's, in the machine's reference jobs, growing with the depth.
