@@ -11,7 +11,6 @@ so the worker keeps serving and the batch's other rows are still answered.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import ExplainError
@@ -65,16 +64,3 @@ class Deadline:
                 f"the request's deadline passed {-left * 1000:,.0f} ms ago; the work was abandoned before {where} "
                 "(send a later deadline, or a cheaper request: fewer steps, samples or tokens)"
             )
-
-
-def latest(deadlines: Iterable[Deadline | None]) -> Deadline | None:
-    """The latest of ``deadlines`` (``None`` if any is ``None``: some row has none)."""
-    chosen: Deadline | None = None
-    for deadline in deadlines:
-        if deadline is None:
-            return None
-        if chosen is None or deadline.expires > chosen.expires:
-            chosen = deadline
-    return chosen
-
-
