@@ -6,8 +6,8 @@ deadline a request may carry, honoured between chunks of work.
 row's length ``n`` (integrated gradients: ``n_steps`` forwards and as many backwards; occlusion: ``n + 1`` forwards;
 a gradient method: one grad-enabled forward and its backward). A model's speed (:class:`ModelSpeed`) is measured once,
 on the loaded model and its device, by timing forwards of one row at a short and at the longest length and of a
-batch at the longest (:meth:`ModelSpeed.measure`): a fixed ``call`` time per forward and a ``token`` time per token, each multiplied by a
-safety factor (:data:`SAFETY`) so that the estimate errs high. A row of ``n`` tokens then costs
+batch at the longest (:meth:`ModelSpeed.measure`): a fixed ``call`` time per forward and a ``token`` time per token,
+each multiplied by a safety factor (:data:`SAFETY`) so that the estimate errs high. A row of ``n`` tokens then costs
 
     seconds = (1 + calls(options, n)) × call + (1 + forwards(options, n)) × token × n
               + (setup + solver(n, layers)) × python
