@@ -18,9 +18,9 @@ This module is the public surface; the names below are all a caller needs.
   :data:`FAMILIES`, :func:`support_table`.
 
 Behind it: ``api``, ``plan`` and ``execution`` (the classifier path), ``methods`` (the registry and what each method
-declares), ``capture`` (the pass), ``inputs``, ``memory`` and ``confidence`` (the guards); ``rules/`` (pure tensor
-maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/`` (the token-level heads); ``units`` and
-``chat`` (text: words, sentences, rendered chats).
+declares), ``capture`` (the pass), ``inputs``, ``memory``, ``timing``, ``deadline`` and ``confidence`` (the guards);
+``rules/`` (pure tensor maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/`` (the
+token-level heads); ``units`` and ``chat`` (text: words, sentences, rendered chats).
 
 >>> from explainers import explain, available_methods
 >>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True))  # DEFAULT_METHOD: attnlrp
@@ -57,6 +57,7 @@ from .chat import (
     render_prompt,
 )
 from .confidence import RowSkipped, prediction_confidence
+from .deadline import Deadline, DeadlineExceededError
 from .defaults import DEFAULT_METHOD
 from .errors import (
     ExplainError,
@@ -84,6 +85,7 @@ from .tasks.generation import GenerationExplanation, StepSum, explain_generation
 from .tasks.tagging import LabelScheme, label_scheme
 from .tasks.targets import TargetExplanation, Targets, explain_targets
 from .tasks.token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
+from .timing import ModelSpeed, TimeBudgetError, estimate_seconds
 from .units import GRANULARITIES, Segment, Unit, UnitExplanation, explain_units, token_units, unit_scores
 
 
@@ -117,6 +119,8 @@ __all__ = [
     "BatchExplanation",
     "ChatTemplateError",
     "Citations",
+    "Deadline",
+    "DeadlineExceededError",
     "Document",
     "ExplainError",
     "Family",
@@ -128,6 +132,7 @@ __all__ = [
     "MemoryBudgetError",
     "Message",
     "Method",
+    "ModelSpeed",
     "NoChatTemplateError",
     "NonFiniteScoresError",
     "PromptField",
@@ -142,6 +147,7 @@ __all__ = [
     "TargetExplanation",
     "Targets",
     "Task",
+    "TimeBudgetError",
     "TokenExplanation",
     "TokenPrediction",
     "Unit",
@@ -162,6 +168,7 @@ __all__ = [
     "decoded_offsets",
     "describe",
     "estimate_bytes",
+    "estimate_seconds",
     "explain",
     "explain_batch",
     "explain_citations",

@@ -20,6 +20,7 @@ from .architectures.heads import head_probabilities
 from .architectures.support import TASKS, check_method, supported_methods
 from .capture import bind_rules, prepared_model, run_capture
 from .confidence import RowSkipped, check_below
+from .deadline import Deadline
 from .defaults import DEFAULT_METHOD
 from .errors import (
     ExplainError,
@@ -34,6 +35,7 @@ from .inputs import batch_size, full_precision, token_mask, validate_inputs
 from .memory import ModelSize, check_budget
 from .methods import Method, MethodInputs, OptionValue, available_methods, get_method
 from .plan import Ask, plan_batch
+from .timing import ModelSpeed, check_time_budget, prediction_seconds
 
 
 @dataclass(frozen=True)
@@ -81,12 +83,14 @@ class RowRequest:
         options: the method's options (see :func:`explain`).
         below: a probability in (0, 1]: explain only when the prediction's confidence is below it
             (:mod:`explainers.confidence`); ``None``: always.
+        deadline: when the row's answer is due (:mod:`explainers.deadline`); ``None``: no deadline.
     """
 
     method: str | None = None
     target: int | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     below: float | None = None
+    deadline: Deadline | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,19 @@ def _budget_check(
     return check
 
 
+def _check_time_budget_s(budget_s: float | None) -> float | None:
+    if budget_s is None:
+        return None
+    if isinstance(budget_s, bool) or not isinstance(budget_s, int | float) or not budget_s > 0:
+        raise InvalidOptionError(f"time_budget_s must be a positive number of seconds or None, got {budget_s!r}")
+    return float(budget_s)
+
+
+def _speed_of(model: nn.Module, arch: Architecture, length: int, speed: ModelSpeed | None) -> ModelSpeed:
+    """``speed``, or the model's measured at ``length`` (:meth:`~explainers.timing.ModelSpeed.measure`)."""
+    return speed if speed is not None else ModelSpeed.measure(model, arch, length)
+
+
 def explain(
     model: nn.Module,
     inputs: Mapping[str, Any],
@@ -206,6 +223,8 @@ def explain(
     target: Any = None,
     *,
     memory_budget_mib: int | None = None,
+    time_budget_s: float | None = None,
+    deadline: Deadline | float | None = None,
     **options: Any,
 ) -> Attribution:
     """Explain a batch of predictions of a Hugging Face classifier with one method.
@@ -225,6 +244,12 @@ def explain(
         target: ``None`` (each row's predicted class), an ``int`` for every row, or a ``LongTensor (batch,)``.
         memory_budget_mib: refuse, before anything is allocated, a batch whose estimated peak memory
             (:mod:`explainers.memory`) exceeds this many MiB (``None``: no budget).
+        time_budget_s: refuse, before any work, a batch whose estimated time (:mod:`explainers.timing`) exceeds this
+            many seconds (``None``: no budget). The model's speed is measured for it on each call (a few forwards);
+            :func:`explain_batch` takes a speed measured once (``speed=``).
+        deadline: abandon the work once this :class:`~explainers.deadline.Deadline` (or this many seconds from now)
+            has passed: refused at once if it already has, else checked between the chunks of a method that runs
+            forwards of its own.
         **options: the method's options (``layer`` for ``attention``, ``start_layer`` for ``rollout``,
             ``relevance`` and ``gae``, ``n_steps``/``internal_batch_size`` for ``integrated_gradients``).
 
@@ -234,7 +259,9 @@ def explain(
     Raises:
         ExplainError: (a ``ValueError``) for an unknown method, bad target, bad option or wrong inputs;
             :class:`UnsupportedMethodError` for a method undefined on this architecture;
-            :class:`~explainers.memory.MemoryBudgetError` for a batch over ``memory_budget_mib``.
+            :class:`~explainers.memory.MemoryBudgetError` for a batch over ``memory_budget_mib``;
+            :class:`~explainers.timing.TimeBudgetError` for a batch over ``time_budget_s``;
+            :class:`~explainers.deadline.DeadlineExceededError` once ``deadline`` has passed.
     """
     arch = _describe_classifier(model)
     chosen = get_method(method)
@@ -251,6 +278,16 @@ def explain(
     mask = token_mask(arch, validated, model)
     chosen.admit(int(mask.sum(dim=-1).max()))
     _budget_check(model, arch, memory_budget_mib)(chosen.name, batch, int(mask.shape[-1]), resolved)
+    budget_s = _check_time_budget_s(time_budget_s)
+    if deadline is not None and not isinstance(deadline, Deadline):
+        deadline = Deadline.within(deadline)
+    if deadline is not None:
+        deadline.check("any work")
+    if budget_s is not None:
+        length = int(mask.shape[-1])
+        alternatives = supported_methods(arch.model_type, available_methods())
+        measured = ModelSpeed.measure(model, arch, length)
+        check_time_budget(measured, chosen, length, resolved, budget_s, alternatives, rows=batch)
     readout = Readout.of(arch, model, validated, mask)
     fused = fused_implementation(model)  # read before prepared_model switches the model
     with prepared_model(model):
@@ -259,7 +296,16 @@ def explain(
         with full_precision(mask.device):
             scores = chosen.compute(
                 MethodInputs(
-                    capture, arch, model, validated, mask, resolved, readout.weights, readout.tokens, fused=fused
+                    capture,
+                    arch,
+                    model,
+                    validated,
+                    mask,
+                    resolved,
+                    readout.weights,
+                    readout.tokens,
+                    fused=fused,
+                    deadline=deadline,
                 )
             )
     text_mask = validated.get("attention_mask") if arch.modality == "text" else None
@@ -282,6 +328,8 @@ def explain_batch(
     rows: Sequence[RowRequest],
     *,
     memory_budget_mib: int | None = None,
+    time_budget_s: float | None = None,
+    speed: ModelSpeed | None = None,
 ) -> BatchExplanation:
     """Predict a batch and explain each row as it asks; every row's prediction comes from one shared forward.
 
@@ -295,9 +343,9 @@ def explain_batch(
       of its own over its rows only; so prediction-only rows never wait in a backward, and a row on fused attention
       never holds attention maps because another row needed them.
 
-    A row whose request is invalid (unknown method, bad target or option, over ``memory_budget_mib``) gets its
-    :class:`ExplainError` in its place, and so does a row whose scores came out NaN or infinite
-    (:class:`NonFiniteScoresError`); the others are served.
+    A row whose request is invalid (unknown method, bad target or option, over ``memory_budget_mib`` or
+    ``time_budget_s``, a deadline passed) gets its :class:`ExplainError` in its place, and so does a row whose scores
+    came out NaN or infinite (:class:`NonFiniteScoresError`); the others are served.
 
     A row with ``below`` is decided from the shared forward's logits: a confident one gets a :class:`RowSkipped`
     and costs no backward (nor a grad-enabled forward, unless another row needs one); an unsure one whose method
@@ -310,6 +358,15 @@ def explain_batch(
         memory_budget_mib: refuse a row whose explanation alone (its own length, batch 1) is estimated to need more
             than this many MiB (:class:`~explainers.memory.MemoryBudgetError`, before anything is allocated); a
             batch's peak is at most the sum of its rows' estimates. ``None``: no budget.
+        time_budget_s: the batch's time budget (:mod:`explainers.timing`): the prediction-only rows are estimated
+            first, then each explained row in order; a row whose estimate (at the batch's padded length) is over the
+            budget alone, or over what the rows admitted before it left, is refused with
+            :class:`~explainers.timing.TimeBudgetError` before any work. ``None``: no budget.
+        speed: the model's speed for the time estimate (``None``: measured on the model when a budget is given).
+
+    A row's :attr:`RowRequest.deadline` that has passed on arrival refuses the row without work; one that passes
+    later abandons the row's group before it is scored or between the chunks of its forwards
+    (:class:`~explainers.deadline.DeadlineExceededError` in its place); the other rows are answered.
 
     Returns:
         A :class:`BatchExplanation`.
@@ -329,6 +386,14 @@ def explain_batch(
     explicit = torch.full((batch,), -1, dtype=torch.long)
     lengths = mask.sum(dim=-1).tolist()
     within_budget = _budget_check(model, arch, memory_budget_mib)
+    budget_s = _check_time_budget_s(time_budget_s)
+    padded = int(mask.shape[-1])
+    measured: list[ModelSpeed] = []
+    alternatives: list[str] = []
+    if budget_s is not None and any(row.method is not None for row in rows):
+        measured.append(_speed_of(model, arch, padded, speed))
+        alternatives = supported_methods(arch.model_type, available_methods())
+    admitted = sum(prediction_seconds(measured[0], padded) for row in rows if row.method is None) if measured else 0.0
     num_labels = int(model_config(model).num_labels)
     for index, row in enumerate(rows):
         if row.method is None:
@@ -337,6 +402,12 @@ def explain_batch(
             ask, target = _ask(row, arch, num_labels)
             ask.method.admit(int(lengths[index]))
             within_budget(ask.method.name, 1, int(lengths[index]), ask.options)
+            if ask.deadline is not None:
+                ask.deadline.check("any work")
+            if measured:
+                admitted += check_time_budget(
+                    measured[0], ask.method, padded, ask.options, budget_s, alternatives, admitted
+                )
         except ExplainError as error:
             results[index] = error
             continue
@@ -374,7 +445,7 @@ def _ask(row: RowRequest, arch: Architecture, num_labels: int) -> tuple[Ask, int
     below = check_below(row.below)
     if below is not None and arch.head_type == "regression":
         raise InvalidOptionError("'below' needs class probabilities, and a regression head has none")
-    return Ask(method, options, below), None if target is None else int(target[0])
+    return Ask(method, options, below, row.deadline), None if target is None else int(target[0])
 
 
 def _package(
@@ -385,7 +456,12 @@ def _package(
     results: list[RowExplanation | RowSkipped | ExplainError | None],
 ) -> None:
     """Put each row of a scored group in ``results``: its :class:`RowExplanation` (text trimmed to its real tokens), or
-    a :class:`NonFiniteScoresError` if its scores came out NaN or infinite."""
+    a :class:`NonFiniteScoresError` if its scores came out NaN or infinite, or the group's
+    :class:`~explainers.deadline.DeadlineExceededError` if it was abandoned."""
+    if scored.abandoned is not None:
+        for row_index in scored.group.rows:
+            results[row_index] = scored.abandoned
+        return
     name = scored.group.method.name
     finite = torch.isfinite(scored.scores.flatten(1)).all(dim=1).tolist()
     for position, row_index in enumerate(scored.group.rows):

@@ -19,6 +19,7 @@ from .architectures.description import Architecture, model_config
 from .architectures.heads import last_positions, readout_tokens, readout_weights
 from .capture import Capture, bind_rules, prepared_model, run_capture
 from .confidence import RowSkipped, prediction_confidence
+from .deadline import DeadlineExceededError
 from .inputs import full_precision, input_grid
 from .methods import MethodInputs
 from .plan import BatchPlan, Group
@@ -60,13 +61,16 @@ class GroupScores:
 
     Attributes:
         group: the group (after the decision: its unsure rows only).
-        scores: ``(rows, ...)`` in the public shape (:func:`finish`), detached, padding not removed.
+        scores: ``(rows, ...)`` in the public shape (:func:`finish`), detached, padding not removed (empty when
+            ``abandoned``).
         seconds: wall time of the attribution kernels for the group.
+        abandoned: the group's deadline passed before its scores were done (its rows answer this error).
     """
 
     group: Group
     scores: Tensor
     seconds: float
+    abandoned: DeadlineExceededError | None = None
 
 
 @dataclass(frozen=True)
@@ -165,8 +169,29 @@ def _score(
     fused: str | None,
 ) -> GroupScores:
     """Score ``group`` from its rows' capture: their pass of their own (whose time counts in the batch's
-    ``backward``), or the shared one."""
+    ``backward``), or the shared one; abandoned (no scores) once the group's deadline has passed, before or between
+    the chunks of a method that runs forwards of its own."""
     started = time.perf_counter()
+    try:
+        if group.deadline is not None:
+            group.deadline.check(f"scoring the {group.method.name} rows")
+        return _scored(group, capture, own, model, arch, inputs, mask, readout, fused, started)
+    except DeadlineExceededError as error:
+        return GroupScores(group, torch.empty(0), time.perf_counter() - started, error)
+
+
+def _scored(
+    group: Group,
+    capture: Capture,
+    own: Mapping[int, tuple[Capture, int]],
+    model: nn.Module,
+    arch: Architecture,
+    inputs: Mapping[str, Tensor],
+    mask: Tensor,
+    readout: Readout,
+    fused: str | None,
+    started: float,
+) -> GroupScores:
     indices = list(group.rows)
     selected = torch.tensor(indices, device=mask.device)
     whole = len(indices) == mask.shape[0]
@@ -189,6 +214,7 @@ def _score(
                 sub_readout.weights,
                 sub_readout.tokens,
                 fused=fused,
+                deadline=group.deadline,
             )
         )
     scores = finish(arch, scores, inputs).detach()

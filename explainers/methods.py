@@ -12,6 +12,7 @@ registration and read by everything else (nothing outside this module looks at a
   points; a perturbation method's perturbed copies), how it runs them (:class:`Forwards`): its implementation serves the
   classifier path (:func:`explainers.explain`) and the many-target path (:func:`explainers.explain_targets`) alike.
 * ``memory``: its memory shape (:class:`Memory`), which :mod:`explainers.memory` turns into bytes.
+* ``cost``: its time per row in forward equivalents (:class:`Cost`), which :mod:`explainers.timing` turns into seconds.
 
 Registering a method with :func:`register` (or :func:`register_forwards`) makes it available everywhere: request
 validation, the serving layer, metrics labels, the memory budget and the generated tests.
@@ -47,6 +48,7 @@ from .capture import (
     forward_pass,
     rounds_per_call,
 )
+from .deadline import Deadline
 from .errors import InvalidInputError, InvalidOptionError, UnknownMethodError, UnsupportedMethodError
 from .inputs import batch_size, full_precision, input_grid, model_device
 from .rules import maps
@@ -133,6 +135,8 @@ class MethodInputs:
     terms: tuple[Tensor, Tensor, Tensor] | None = None
     #: The model's fused attention (``None``: eager), for methods that run forwards of their own and need no maps.
     fused: str | None = None
+    #: When the answer is due (``None``: no deadline), for methods that run forwards of their own.
+    deadline: Deadline | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,59 @@ class Memory:
 
     eager: Footprint
     fused: Footprint | None = None
+
+
+def _no_solver(length: int, layers: int) -> float:
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A method's time for one row, beyond its share of the shared forward (the formula is in
+    :mod:`explainers.timing`).
+
+    Attributes:
+        forwards: ``(options, n) -> forward equivalents`` of work for a row of ``n`` tokens: a forward of the row
+            counts 1, a backward about 2; ``options`` may lack some options (their defaults apply).
+        calls: ``(options, n) -> forward calls`` (in the same units) the row needs alone: fewer than ``forwards``
+            for a method that batches copies of the row into one call (``internal_batch_size``); ``None``: as many
+            as ``forwards``.
+        solver: ``(n, layers) -> time`` spent outside the model (attention flow's maximum flows), in units of the
+            machine's pure-Python reference job (:func:`explainers.timing.reference_job`).
+    """
+
+    forwards: Callable[[Mapping[str, int], int], float]
+    calls: Callable[[Mapping[str, int], int], float] | None = None
+    solver: Callable[[int, int], float] = _no_solver
+
+    @classmethod
+    def fixed(cls, forwards: float) -> Cost:
+        """A cost of ``forwards`` forward equivalents per row (each its own call), whatever the options and length."""
+        return cls(lambda options, length: forwards)
+
+    @classmethod
+    def copies(cls, per_copy: float, copies: Callable[[Mapping[str, int], int], int]) -> Cost:
+        """The cost of a method that runs ``copies(options, n)`` copies of the row, ``per_copy`` forward equivalents
+        each, ``internal_batch_size`` copies per call."""
+
+        def calls(options: Mapping[str, int], length: int) -> float:
+            per_call = int(options.get("internal_batch_size", COPIES_PER_PASS))
+            return per_copy * -(-copies(options, length) // max(per_call, 1))
+
+        return cls(lambda options, length: per_copy * copies(options, length), calls)
+
+
+#: One grad-enabled forward and its backward (a backward costs about two forwards), the cost of a gradient method.
+GRADIENT_PASS = 3.0
+#: The same for one copy of a row among many in one call (integrated gradients' path points, SmoothGrad's samples):
+#: measured with ``bench/timing.py``, a large batch of copies costs more per token than the measured forwards.
+COPY_GRADIENT_PASS = 4.0
+
+
+def _default_cost(needs: frozenset[str]) -> Cost:
+    """The cost of a method computed from the capture pass that declares none: a gradient pass (with room for its
+    kernels) if it needs gradients, else a forward on eager attention."""
+    return Cost.fixed(GRADIENT_PASS + 1.0 if needs & GRADIENT_NEEDS else 2.0)
 
 
 @dataclass(frozen=True)
@@ -205,6 +262,7 @@ class ForwardInputs:
         dtype: the dtype of the scores (float32 at least).
         fused: the model's fused attention (``None``: eager), which the forwards run on (they read no maps).
         chunk_bytes: bound on the gradients of one batched vector-Jacobian call.
+        deadline: when the answer is due (``None``: no deadline): checked before each chunk of copies.
     """
 
     model: nn.Module
@@ -215,6 +273,12 @@ class ForwardInputs:
     dtype: torch.dtype
     fused: str | None = None
     chunk_bytes: int = CHUNK_BYTES
+    deadline: Deadline | None = None
+
+    def check_deadline(self, where: str) -> None:
+        """Abandon the work if the deadline has passed (:meth:`~explainers.deadline.Deadline.check`)."""
+        if self.deadline is not None:
+            self.deadline.check(where)
 
 
 @dataclass(frozen=True)
@@ -284,6 +348,8 @@ class Method:
     forwards: Forwards | None = None
     length_limit: LengthLimit | None = None
     packages: Mapping[str, str] = field(default_factory=dict)
+    #: Its time per row (:class:`Cost`), which :mod:`explainers.timing` turns into seconds.
+    cost: Cost = field(default_factory=lambda: Cost.fixed(GRADIENT_PASS + 1.0))
 
     def admit(self, length: int) -> None:
         """Refuse, before any work, what the method cannot do here: an input longer than its :attr:`length_limit`,
@@ -361,6 +427,7 @@ def register(
     rules: Rules | None = None,
     length_limit: LengthLimit | None = None,
     packages: Mapping[str, str] | None = None,
+    cost: Cost | None = None,
 ) -> Callable[[Callable[[MethodInputs], Tensor]], Callable[[MethodInputs], Tensor]]:
     """Register a method computed from the capture pass under ``name`` (a decorator of its compute function).
 
@@ -374,6 +441,7 @@ def register(
         rules: modified-gradient rules for its gradient pass (``None``: true gradients).
         length_limit: the longest input it explains (``None``: any).
         packages: Python packages it imports beyond torch and transformers (module name -> requirement).
+        cost: its time per row (``None``: a gradient pass if it needs gradients, else an eager forward).
 
     Raises:
         ValueError: for a name already registered, or a memory shape that does not fit ``needs``.
@@ -381,7 +449,7 @@ def register(
 
     def decorate(compute: Callable[[MethodInputs], Tensor]) -> Callable[[MethodInputs], Tensor]:
         method = Method(name, summary, class_specific, needs, options, compute, memory, rules, None, length_limit)
-        _add(replace(method, packages=packages or {}))
+        _add(replace(method, packages=packages or {}, cost=cost or _default_cost(needs)))
         return compute
 
     return decorate
@@ -395,6 +463,7 @@ def register_forwards(
     memory: Memory,
     gradients: bool,
     rows_per_pass: Callable[[int, Mapping[str, OptionValue]], int],
+    cost: Cost,
     options: tuple[Option, ...] = (),
 ) -> Callable[[Callable[[ForwardInputs], ForwardScores]], Callable[[ForwardInputs], ForwardScores]]:
     """Register a method that runs forwards of its own under ``name`` (a decorator of its :attr:`Forwards.run`).
@@ -409,12 +478,14 @@ def register_forwards(
         memory: its memory shape (of one of its passes).
         gradients: whether its forwards are differentiated.
         rows_per_pass: see :class:`Forwards`.
+        cost: its time per row, its forwards included (:class:`Cost`).
         options: its options.
     """
 
     def decorate(run: Callable[[ForwardInputs], ForwardScores]) -> Callable[[ForwardInputs], ForwardScores]:
         forwards = Forwards(run, gradients, rows_per_pass)
-        _add(Method(name, summary, class_specific, frozenset(), options, _on_classifier(run), memory, None, forwards))
+        compute = _on_classifier(run)
+        _add(Method(name, summary, class_specific, frozenset(), options, compute, memory, None, forwards, cost=cost))
         return run
 
     return decorate
@@ -426,8 +497,9 @@ def _on_classifier(run: Callable[[ForwardInputs], ForwardScores]) -> Callable[[M
     def compute(ctx: MethodInputs) -> Tensor:
         objective = Objective.target_logits(ctx.capture.targets)
         inputs = ForwardInputs(
-            ctx.model, ctx.arch, ctx.inputs, objective, ctx.options, ctx.capture.logits.dtype, ctx.fused
-        )
+            ctx.model, ctx.arch, ctx.inputs, objective, ctx.options, ctx.capture.logits.dtype, ctx.fused,
+            deadline=ctx.deadline,
+        )  # fmt: skip
         return _align(run(inputs).scores[0], ctx)
 
     return compute
@@ -467,6 +539,14 @@ def _gradient_memory(activations: float) -> Memory:
     )
 
 
+#: The costs (forward equivalents per row, :class:`Cost`) of the methods computed from a gradient pass: on eager
+#: attention, with the maps' gradients (``gae``, ``gradcam``); under modified-gradient rules (``attnlrp``, ``cp_lrp``,
+#: whose hooks add to the backward); with Chefer et al.'s LRP rules and their kernels (``relevance``, ``lrp``,
+#: ``partial_lrp``). Checked against measured times with ``bench/timing.py``.
+MAPS_GRADIENT_PASS = 4.0
+RULES_PASS = 4.0
+LRP_PASS = 6.0
+
 START_LAYER = Option(
     "start_layer",
     "first block included in the rollout (0 = all blocks)",
@@ -482,6 +562,7 @@ START_LAYER = Option(
     class_specific=False,
     needs=frozenset({ATTENTIONS}),
     memory=_HEAD_MEAN,
+    cost=Cost.fixed(1.0),
     options=(
         Option(
             "layer",
@@ -503,6 +584,7 @@ def _attention(ctx: MethodInputs) -> Tensor:
     class_specific=False,
     needs=frozenset({ATTENTIONS}),
     memory=_HEAD_MEAN,
+    cost=Cost.fixed(1.0),
     options=(START_LAYER,),
 )
 def _rollout(ctx: MethodInputs) -> Tensor:
@@ -516,6 +598,7 @@ def _rollout(ctx: MethodInputs) -> Tensor:
     class_specific=True,
     needs=frozenset({ATTENTIONS, ATTENTION_GRADIENTS, ACTIVATIONS}),
     memory=_LRP,
+    cost=Cost.fixed(LRP_PASS),
     options=(START_LAYER,),
 )
 def _relevance(ctx: MethodInputs) -> Tensor:
@@ -533,6 +616,7 @@ def _relevance(ctx: MethodInputs) -> Tensor:
     class_specific=True,
     needs=frozenset({ATTENTIONS, ATTENTION_GRADIENTS}),
     memory=Memory(Footprint(maps=1.35, transient=2.0, activations=5.7)),
+    cost=Cost.fixed(MAPS_GRADIENT_PASS),
     options=(START_LAYER,),
 )
 def _gae(ctx: MethodInputs) -> Tensor:
@@ -561,6 +645,7 @@ def _align(per_embedding: Tensor, ctx: MethodInputs) -> Tensor:
     class_specific=True,
     needs=frozenset({EMBEDDING_GRADIENTS}),
     memory=_gradient_memory(activations=5.7),
+    cost=Cost.fixed(GRADIENT_PASS),
 )
 def _grad_x_input(ctx: MethodInputs) -> Tensor:
     capture = ctx.capture
@@ -574,6 +659,7 @@ def _grad_x_input(ctx: MethodInputs) -> Tensor:
     class_specific=True,
     needs=frozenset({EMBEDDING_GRADIENTS}),
     memory=_gradient_memory(activations=5.2),
+    cost=Cost.fixed(RULES_PASS),
     rules=partial(attach_rules, variant="attnlrp"),
 )
 def _attnlrp(ctx: MethodInputs) -> Tensor:
@@ -587,6 +673,7 @@ def _attnlrp(ctx: MethodInputs) -> Tensor:
     class_specific=True,
     needs=frozenset({EMBEDDING_GRADIENTS}),
     memory=_gradient_memory(activations=3.7),
+    cost=Cost.fixed(RULES_PASS),
     rules=partial(attach_rules, variant="cp_lrp"),
 )
 def _cp_lrp(ctx: MethodInputs) -> Tensor:
@@ -633,7 +720,8 @@ def _gradient_times_input(
     device = model_device(run.model)
     scores: Tensor | None = None
     backward = 0.0
-    for steps, change in chunks:
+    for number, (steps, change) in enumerate(chunks):
+        run.check_deadline(f"forward {number + 1} of {len(chunks)} over copies of the input")
         repeated = {key: value.repeat(steps, *([1] * (value.dim() - 1))) for key, value in run.inputs.items()}
         forward = forward_pass(
             run.model, run.arch, repeated, frozenset({EMBEDDING_GRADIENTS}), embeddings=change, fused=run.fused
@@ -670,6 +758,7 @@ def _gradient_times_input(
     memory=_gradient_memory(activations=5.7),
     gradients=True,
     rows_per_pass=_path_rows,
+    cost=Cost.copies(COPY_GRADIENT_PASS, lambda options, length: int(options.get("n_steps", IG_STEPS))),
     options=(
         Option(
             "n_steps",
@@ -719,6 +808,7 @@ def _integrated_gradients(run: ForwardInputs) -> ForwardScores:
     class_specific=True,
     needs=frozenset({EMBEDDING_GRADIENTS}),
     memory=_gradient_memory(activations=5.7),
+    cost=Cost.fixed(GRADIENT_PASS),
 )
 def _gradient(ctx: MethodInputs) -> Tensor:
     """Plain gradient saliency: ``‖∂ target / ∂ e_i‖₂`` of each token's word (patch) embedding ``e_i``."""
@@ -741,6 +831,7 @@ def _scored_tokens(ctx: MethodInputs) -> Tensor:
     class_specific=True,
     needs=frozenset({ATTENTIONS, ATTENTION_GRADIENTS}),
     memory=Memory(Footprint(maps=1.35, transient=2.0, activations=5.7)),
+    cost=Cost.fixed(MAPS_GRADIENT_PASS),
 )
 def _gradcam(ctx: MethodInputs) -> Tensor:
     """Each head's last-layer map times the mean of its gradient, averaged over heads, negative part dropped, rescaled
@@ -766,6 +857,7 @@ def _gradcam(ctx: MethodInputs) -> Tensor:
     class_specific=True,
     needs=frozenset({ATTENTIONS, ACTIVATIONS}),
     memory=_LRP,
+    cost=Cost.fixed(LRP_PASS),
 )
 def _partial_lrp(ctx: MethodInputs) -> Tensor:
     """Chefer et al.'s LRP down to the last block's attention probabilities only; their positive part, averaged over
@@ -782,6 +874,7 @@ def _partial_lrp(ctx: MethodInputs) -> Tensor:
     class_specific=True,
     needs=frozenset({ATTENTIONS, ACTIVATIONS}),
     memory=_LRP,
+    cost=Cost.fixed(LRP_PASS),
 )
 def _lrp(ctx: MethodInputs) -> Tensor:
     """Chefer et al.'s LRP rules through every block to the first block's input, summed over the hidden dimension; for
@@ -802,12 +895,26 @@ def _lrp(ctx: MethodInputs) -> Tensor:
 FLOW_MAX_TOKENS = 128
 
 
+#: Attention flow's solver time for a row of 128 tokens through one layer, in reference jobs (fitted with
+#: ``python -m bench.timing``, which compares it with the measured time).
+FLOW_JOBS_PER_LAYER = 40.0
+
+
+def _flow_seconds(length: int, layers: int) -> float:
+    """Attention flow's maximum flows for a row of ``length`` tokens through ``layers`` blocks, in reference jobs:
+    one flow per token over a graph of ``layers × n²`` edges (~2.6 s at 128 tokens, 13.5 s at 256 on one core for the
+    sentiment model: the time grows as ``n^2.4``)."""
+    relative = length / 128
+    return FLOW_JOBS_PER_LAYER * layers * max(relative**2.4, relative)  # short rows: one flow per token dominates
+
+
 @register(
     "attention_flow",
     summary="attention flow (Abnar & Zuidema 2020): exact max-flow through rollout's layer graph, sums to 1",
     class_specific=False,
     needs=frozenset({ATTENTIONS}),
     memory=_HEAD_MEAN,
+    cost=Cost(lambda options, length: 1.0, solver=_flow_seconds),
     length_limit=LengthLimit(
         FLOW_MAX_TOKENS,
         "attention flow solves one exact maximum flow per token over a graph of layers x n^2 edges (about 2.6 s a "
@@ -876,6 +983,7 @@ class _RowNoise:
     rows_per_pass=lambda rows, options: (
         rows * min(_copies_per_pass(rows, options), int(options.get("n_samples", SMOOTHGRAD_SAMPLES)))
     ),
+    cost=Cost.copies(COPY_GRADIENT_PASS, lambda options, length: int(options.get("n_samples", SMOOTHGRAD_SAMPLES))),
     options=(
         Option.fixed("n_samples", "noisy copies of each row", SMOOTHGRAD_SAMPLES, 1, 256),
         Option.fixed_float(
@@ -927,6 +1035,7 @@ def _vocabulary(arch: Architecture) -> int:
     memory=Memory(eager=Footprint(maps=0.0, transient=2.0, activations=0.0), fused=Footprint(0.0, 0.0, 0.0)),
     gradients=False,
     rows_per_pass=lambda rows, options: rows * _copies_per_pass(rows, options),
+    cost=Cost.copies(1.0, lambda options, length: length + 1),
     options=(
         Option(
             "baseline_token_id",
@@ -1016,6 +1125,7 @@ def occluded_objectives(run: ForwardInputs, prefix_cache: bool) -> Tensor:
     if not prefix_cache:
         erased = list(range(-1, positions))  # -1: the unchanged copy
         for start in range(0, len(erased), per_pass):
+            run.check_deadline(f"the occluded copies {start + 1}-{min(start + per_pass, len(erased))} of {len(erased)}")
             chosen = torch.tensor(erased[start : start + per_pass], device=device)
             steps = chosen.shape[0]
             forward = forward_pass(
@@ -1040,6 +1150,7 @@ def occluded_objectives(run: ForwardInputs, prefix_cache: bool) -> Tensor:
         states.append((keys, kept))
     values.append(run.objective.values(clean.logits).view(rounds, 1, batch))
     for start in range(0, positions, per_pass):
+        run.check_deadline(f"the occluded positions {start + 1}-{min(start + per_pass, positions)} of {positions}")
         chosen = torch.arange(start, min(start + per_pass, positions), device=device)
         steps = chosen.shape[0]
         suffix = {key: value if key == "attention_mask" else value[:, start:] for key, value in run.inputs.items()}

@@ -4,8 +4,8 @@ capabilities to a :class:`BatchPlan` (no model, no tensors).
 :func:`explainers.explain_batch` predicts every row from one shared forward; this module decides what that forward
 captures and which rows get a gradient pass of their own (:mod:`explainers.execution` runs the plan):
 
-* rows are grouped by method, options and whether they are explained only when unsure (a :class:`Group`, scored
-  together);
+* rows are grouped by method, options, whether they are explained only when unsure and their deadline (a
+  :class:`Group`, scored together, abandoned together once its deadline passed);
 * rows share a gradient pass only if their gradients come from the same rules on the same attention (their *kind*,
   :func:`pass_kind`): true gradients on eager attention for the methods that read maps (``gae``, ``relevance``), and
   on the model's fused attention, with or without rules, for the others (``grad_x_input``, ``attnlrp``, ``cp_lrp``);
@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from .capture import GRADIENT_NEEDS
 from .confidence import RowSkipped
+from .deadline import Deadline
 from .methods import Method, OptionValue, Rules
 
 PassKind = tuple[Rules | None, str | None]
@@ -52,11 +53,13 @@ class Ask:
         method: the registered method.
         options: its options, resolved (defaults filled in).
         below: explain only when the prediction's confidence is below this (``None``: always).
+        deadline: when the row's answer is due (``None``: no deadline).
     """
 
     method: Method
     options: Mapping[str, OptionValue]
     below: float | None = None
+    deadline: Deadline | None = None
 
 
 @dataclass(frozen=True)
@@ -68,12 +71,14 @@ class Group:
         options: its options.
         rows: the rows, ascending.
         when_unsure: whether the rows are explained only when unsure.
+        deadline: when the rows' answers are due (``None``: no deadline).
     """
 
     method: Method
     options: Mapping[str, OptionValue]
     rows: tuple[int, ...]
     when_unsure: bool = False
+    deadline: Deadline | None = None
 
     @property
     def needs_capture_gradients(self) -> bool:
@@ -163,14 +168,14 @@ def plan_batch(asks: Mapping[int, Ask], fused: str | None, predictions: bool = F
     Returns:
         The :class:`BatchPlan`.
     """
-    keyed: dict[tuple[str, tuple[tuple[str, OptionValue], ...], bool], list[int]] = {}
-    chosen: dict[tuple[str, tuple[tuple[str, OptionValue], ...], bool], Ask] = {}
+    keyed: dict[tuple[str, tuple[tuple[str, OptionValue], ...], bool, Deadline | None], list[int]] = {}
+    chosen: dict[tuple[str, tuple[tuple[str, OptionValue], ...], bool, Deadline | None], Ask] = {}
     for row in sorted(asks):
         ask = asks[row]
-        key = (ask.method.name, tuple(sorted(ask.options.items())), ask.below is not None)
+        key = (ask.method.name, tuple(sorted(ask.options.items())), ask.below is not None, ask.deadline)
         keyed.setdefault(key, []).append(row)
         chosen.setdefault(key, ask)
-    groups = [Group(chosen[key].method, dict(key[1]), tuple(rows), key[2]) for key, rows in keyed.items()]
+    groups = [Group(chosen[key].method, dict(key[1]), tuple(rows), key[2], key[3]) for key, rows in keyed.items()]
     kinds: dict[PassKind, list[int]] = {}
     others = predictions
     for group in groups:

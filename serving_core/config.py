@@ -44,6 +44,7 @@ _KNOWN_KEYS = frozenset(
         "default_new_tokens",
         "explain_below",
         "memory_budget_mib",
+        "time_budget_s",
         "chat_template",
         "max_messages",
         "max_documents",
@@ -91,6 +92,13 @@ class HandlerConfig:
             allocated, instead of taking the worker down (``None``: no budget). A batch needs at most the sum of its
             rows' estimates: set it so that ``batchSize × memory_budget_mib`` fits beside the loaded model. Text and
             image tasks only (a token classification or generation model with it fails to load).
+        time_budget_s: Per-batch time budget in seconds: before a batch runs, each explained row's time is estimated
+            from its method, options and length and the model's speed measured at load (:mod:`explainers.timing`);
+            a row over the budget alone, or beside the rows already admitted to its batch, is refused with
+            ``over_time_budget`` (413) instead of running past TorchServe's ``responseTimeout`` (which kills the
+            worker). Default: half the archive's ``responseTimeout`` (TorchServe's 120 s when the yaml sets none),
+            :func:`default_time_budget`. Text and image tasks only (the others have no budget yet; setting it on
+            them fails to load).
 
     The ``generation`` task (causal LMs) has no labels; ``max_length`` bounds its prompts in tokens (a longer prompt
     is ``too_many_tokens``: a truncated prompt would change what is generated).
@@ -114,6 +122,7 @@ class HandlerConfig:
     default_new_tokens: int = 16
     explain_below: float | None = None
     memory_budget_mib: int | None = None
+    time_budget_s: float | None = None
     chat_template: str | None = None
     max_messages: int = 64
     max_documents: int = 16
@@ -180,6 +189,7 @@ class HandlerConfig:
             memory_budget_mib=(
                 _int_key(section, "memory_budget_mib", 1) if section.get("memory_budget_mib") is not None else None
             ),
+            time_budget_s=_time_budget(section, task, model_yaml or {}),
             chat_template=_chat_template(section.get("chat_template")),
             max_messages=_int_key(section, "max_messages", 64),
             max_documents=_int_key(section, "max_documents", 16),
@@ -218,6 +228,35 @@ def default_method_setting(section: Mapping[str, Any], environ: Mapping[str, str
     if method not in available_methods():
         raise ConfigError(f"{where} {method!r} is not a method; choose one of {', '.join(available_methods())}")
     return str(method)
+
+
+#: TorchServe's ``responseTimeout`` (s) for an archive whose ``model-config.yaml`` sets none.
+TORCHSERVE_RESPONSE_TIMEOUT = 120
+#: The share of ``responseTimeout`` a batch's estimated time may take by default: the estimates err high, and the
+#: rest is margin for the batch's decoding, encoding and a machine busier than when the speed was measured.
+TIME_BUDGET_SHARE = 0.5
+#: The tasks whose rows are estimated against a time budget.
+TIME_BUDGET_TASKS = ("text", "image")
+
+
+def default_time_budget(model_yaml: Mapping[str, Any]) -> float:
+    """The default ``time_budget_s``: :data:`TIME_BUDGET_SHARE` of the archive's ``responseTimeout``."""
+    timeout = model_yaml.get("responseTimeout", TORCHSERVE_RESPONSE_TIMEOUT)
+    if not _positive_int(timeout):
+        raise ConfigError(f"responseTimeout must be a positive integer (seconds), got {timeout!r}")
+    return TIME_BUDGET_SHARE * float(timeout)
+
+
+def _time_budget(section: Mapping[str, Any], task: str, model_yaml: Mapping[str, Any]) -> float | None:
+    """``handler.time_budget_s`` (a positive number of seconds), its default for the budgeted tasks, else ``None``."""
+    value = section.get("time_budget_s")
+    if value is None:
+        return default_time_budget(model_yaml) if task in TIME_BUDGET_TASKS else None
+    if task not in TIME_BUDGET_TASKS:
+        raise ConfigError(f"handler.time_budget_s applies to the text and image tasks only, not to {task!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"handler.time_budget_s must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def _positive_int(value: Any) -> bool:

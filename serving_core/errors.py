@@ -59,6 +59,20 @@ ERROR_TABLE: dict[str, ErrorKind] = {
             "methods that fit)",
         ),
         ErrorKind(
+            "over_time_budget",
+            413,
+            "RESOURCE_EXHAUSTED",
+            "the explanation is estimated to take longer than time_budget_s, alone or beside the rows already in its "
+            "batch (message: the estimate, the budget, the largest option value or the methods that fit)",
+        ),
+        ErrorKind(
+            "deadline_exceeded",
+            504,
+            "DEADLINE_EXCEEDED",
+            "the request's deadline (deadline_ms, or a gRPC deadline) passed before its explanation was done: refused "
+            "on arrival, or abandoned between chunks",
+        ),
+        ErrorKind(
             "too_many_tokens",
             400,
             "INVALID_ARGUMENT",
@@ -137,12 +151,14 @@ class RowError(Exception):
 def _explain_codes() -> tuple[tuple[type[ExplainError], str], ...]:
     from explainers import (
         ChatTemplateError,
+        DeadlineExceededError,
         InvalidInputError,
         InvalidOptionError,
         InvalidTargetError,
         MemoryBudgetError,
         NoChatTemplateError,
         NonFiniteScoresError,
+        TimeBudgetError,
         UnknownMethodError,
         UnknownRoleError,
         UnsupportedMethodError,
@@ -161,6 +177,8 @@ def _explain_codes() -> tuple[tuple[type[ExplainError], str], ...]:
         (UnsupportedModelError, "internal"),
         (NonFiniteScoresError, "attribution_failed"),
         (MemoryBudgetError, "over_memory_budget"),
+        (TimeBudgetError, "over_time_budget"),
+        (DeadlineExceededError, "deadline_exceeded"),
     )
 
 

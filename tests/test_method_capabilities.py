@@ -35,7 +35,7 @@ from explainers import (
 from explainers.capture import MAP_NEEDS, forward_pass
 from explainers.inputs import batch_size
 from explainers.memory import ModelSize
-from explainers.methods import Footprint, ForwardInputs, ForwardScores, Memory, register, register_forwards
+from explainers.methods import Cost, Footprint, ForwardInputs, ForwardScores, Memory, register, register_forwards
 from explainers.tasks.token_classification import span_targets
 
 from .arch_zoo import VARIANTS, build_token_level, row_alone, text_batch
@@ -179,6 +179,7 @@ def occlusion() -> Iterator[str]:
         memory=Memory(eager=Footprint(0.0, 2.0, 0.0), fused=Footprint(0.0, 0.0, 0.0)),
         gradients=False,
         rows_per_pass=lambda rows, options: rows * COPIES_PER_ROW,
+        cost=Cost(lambda options, length: float(length + 1)),
     )(_occlusion)
     try:
         yield OCCLUSION

@@ -27,6 +27,7 @@ _PARAMS = {
     "invalid_target": "explain",
     "invalid_option": "explain",
     "over_memory_budget": "explain",
+    "over_time_budget": "explain",
     "model_not_found": "model",
 }
 

@@ -16,7 +16,9 @@ default method. Explain when unsure: ``"explain": {"method": "attnlrp", "below":
 prediction's confidence is below 0.8 (``"below": null``: always; absent: the model's ``explain_below``); the answer
 then says ``explained`` and, when not, ``skipped`` (why). ``"explain": {"granularity": "word"}`` (or ``sentence``)
 answers the text's words (sentences) instead of its tokens, each scored by the sum of its tokens' scores
-(:mod:`~serving_core.tasks.text_units`).
+(:mod:`~serving_core.tasks.text_units`). ``"explain": {"deadline_ms": 1767225600000}`` gives the Unix time in
+milliseconds by which the answer is due (:func:`serving_core.deadlines.decode_deadline_ms`): a row past it is answered
+``deadline_exceeded`` without work, and its explanation is abandoned between chunks once it passes.
 """
 
 from __future__ import annotations
@@ -24,20 +26,21 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from explainers import RowRequest, RowSkipped
+from explainers import Deadline, RowRequest, RowSkipped
 
 from .. import wire
 from ..config import HandlerConfig
+from ..deadlines import decode_deadline_ms
 from ..errors import RowError
 from ..pools import IMAGE_MAGIC
 from ..wire import Encoding, parse_json, rounded, rounded_list
 from .chat_schema import decode_granularity
 from .text_units import TextUnit
 
-_EXPLAIN_RESERVED = frozenset({"method", "target", "below", "granularity"})
+_EXPLAIN_RESERVED = frozenset({"method", "target", "below", "granularity", "deadline_ms"})
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ def decode_fields(
     target: Any = None,
     options: Mapping[str, Any] | None = None,
     granularity: str | None = None,
+    deadline: Deadline | None = None,
 ) -> DecodedRow:
     """Decode one row given as separate fields, as the KServe/Ray doors receive it (an OIP tensor element and the
     request's explain parameters): the same checks and errors as a JSON row.
@@ -151,6 +155,7 @@ def decode_fields(
         target: a label name, a class index or ``None`` (the predicted class).
         options: the method's options.
         granularity: ``token`` (``None``: the default), ``word`` or ``sentence``.
+        deadline: when the row's answer is due (``None``: no deadline).
 
     Raises:
         RowError: with the code of :data:`serving_core.errors.ERROR_TABLE` that says what is wrong.
@@ -161,7 +166,7 @@ def decode_fields(
             raise RowError("invalid_request", "a target or option was given without a method: name the method too")
         request = RowRequest()
     else:
-        request = _row_request(method, target, dict(options or {}), config)
+        request = replace(_row_request(method, target, dict(options or {}), config), deadline=deadline)
     if config.input_kind == "text":
         if image is not None:
             raise RowError("unsupported_input", "this is a text model: send 'text', not 'image'")
@@ -274,7 +279,9 @@ def _explain_request(explain: Any, explain_header: bool, config: HandlerConfig) 
             f"'explain.below' must be a probability in (0, 1] or null (always explain), got {type(below).__name__}",
         )
     options = {key: value for key, value in explain.items() if key not in _EXPLAIN_RESERVED}
-    return _row_request(method, explain.get("target"), options, config, below)
+    request = _row_request(method, explain.get("target"), options, config, below)
+    deadline = decode_deadline_ms(explain.get("deadline_ms"), "explain.deadline_ms")
+    return request if deadline is None else replace(request, deadline=deadline)
 
 
 #: ``below`` not given by the request: the model's ``explain_below`` applies.

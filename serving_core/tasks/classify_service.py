@@ -23,8 +23,10 @@ from transformers import AutoImageProcessor
 
 from explainers import (
     ExplainError,
+    ModelSpeed,
     RowExplanation,
     RowSkipped,
+    describe,
     explain_batch,
     head_type,
     pooled_position,
@@ -71,7 +73,14 @@ class ExplanationService:
             )
         else:
             self.processor = AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True)
-        logger.info("loaded %s model (%s head) from %s on %s", config.task, self.head_type, model_dir, device)
+        self.speed: ModelSpeed | None = None
+        if config.time_budget_s is not None:  # measured once, on the loaded model and its device
+            with autocast(config, device):
+                self.speed = ModelSpeed.measure(self.model, describe(self.model), config.max_length)
+        logger.info(
+            "loaded %s model (%s head) from %s on %s; time budget %s s, speed %s",
+            config.task, self.head_type, model_dir, device, config.time_budget_s, self.speed,
+        )  # fmt: skip
 
     def _text_inputs(
         self, texts: Sequence[str], pairs: Sequence[str | None]
@@ -182,7 +191,14 @@ class ExplanationService:
         requests = [row.request for row in decoded]  # type: ignore[union-attr]
         try:
             with autocast(self.config, self.device):
-                result = explain_batch(self.model, inputs, requests, memory_budget_mib=self.config.memory_budget_mib)
+                result = explain_batch(
+                    self.model,
+                    inputs,
+                    requests,
+                    memory_budget_mib=self.config.memory_budget_mib,
+                    time_budget_s=self.config.time_budget_s,
+                    speed=self.speed,
+                )
         except Exception:
             logger.exception("batch of %d rows failed", len(valid))
             for index in valid:

@@ -1,0 +1,262 @@
+"""How long an explanation takes, estimated before it runs; the per-request time budget that refuses it; and the
+deadline a request may carry, honoured between chunks of work.
+
+**The cost model.** Each method declares at its registration how many *forward equivalents* one row costs
+(:class:`~explainers.methods.Cost`, :attr:`~explainers.methods.Method.cost`): a function of its options and of the
+row's length ``n`` (integrated gradients: ``n_steps`` forwards and as many backwards; occlusion: ``n + 1`` forwards;
+a gradient method: one grad-enabled forward and its backward). A model's speed (:class:`ModelSpeed`) is measured once,
+on the loaded model and its device, by timing forwards of one row at a short and at the longest length and of a
+batch at the longest (:meth:`ModelSpeed.measure`): a fixed ``call`` time per forward and a ``token`` time per token,
+each multiplied by a safety factor (:data:`SAFETY`) so that the estimate errs high. A row of ``n`` tokens then costs
+
+    seconds = (1 + calls(options, n)) × call + (1 + forwards(options, n)) × token × n
+              + (setup + solver(n, layers)) × python
+
+(the ``1`` is its share of the shared forward that predicts every row; ``forwards`` counts the work in forwards of the
+row, ``calls`` the forward calls it takes, fewer where copies of the row share a call; ``setup`` (:data:`SETUP_JOBS`)
+is an explained row's fixed work outside the model and ``solver`` the time a method spends outside it, attention
+flow's maximum flows, both counted in ``python``: the measured time of a fixed pure-Python job, :func:`reference_job`,
+so that they follow the machine's speed and load as the forwards do).
+:func:`estimate_seconds` computes it; ``bench/timing.py`` measures it against the actual time over methods and lengths
+(docs/SERVING.md, "Time budgets and deadlines", has the figures).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .architectures.description import Architecture, model_config
+from .errors import ExplainError
+from .inputs import model_device
+from .methods import Method, get_method
+
+#: The factor the measured speed is multiplied by: the measurement is one forward on an idle moment, the explanation
+#: may run while other work shares the cores; ``bench/timing.py`` shows the estimates stay above the actual times.
+SAFETY = 3.0
+#: Forwards timed per length when measuring a model's speed (the median is kept).
+REPEATS = 3
+#: The short length a text model's speed is measured at (besides the longest), to separate the per-call time.
+SHORT_LENGTH = 8
+
+
+class TimeBudgetError(ExplainError):
+    """The explanation is estimated to take longer than the per-request time budget allows (refused before it ran)."""
+
+
+#: Rows of the batched forward whose time gives the per-token time (:meth:`ModelSpeed.measure`).
+BATCH_ROWS = 8
+#: Iterations of the pure-Python reference job (:func:`reference_job`).
+REFERENCE_ITERATIONS = 200_000
+#: An explained row's fixed work outside the model (validation, planning, hooks, packaging), in reference jobs.
+SETUP_JOBS = 4.0
+
+
+@dataclass(frozen=True)
+class ModelSpeed:
+    """A model's measured forward time, safety factor included: ``call + token × n`` seconds for one row of ``n``;
+    and the time of a reference job of the machine's Python, which a method's solver time is counted in.
+
+    Attributes:
+        call: seconds per forward call, whatever its length.
+        token: seconds per token of a forward.
+        python: seconds of :func:`reference_job` (the unit of :attr:`~explainers.methods.Cost.solver`).
+        layers: the model's blocks (a solver's work may grow with them).
+    """
+
+    call: float
+    token: float
+    python: float = 0.0
+    layers: int = 1
+
+    def forward_seconds(self, length: int) -> float:
+        """Estimated seconds of one forward of one row of ``length`` tokens."""
+        return self.call + self.token * length
+
+    @classmethod
+    def measure(cls, model: nn.Module, arch: Architecture, longest: int, safety: float = SAFETY) -> ModelSpeed:
+        """Time forwards of one row on ``model`` (on its device, without gradients; the model is not changed).
+
+        Text models are timed at one row of :data:`SHORT_LENGTH` tokens (the per-call time), and at one row and
+        :data:`BATCH_ROWS` rows of ``longest`` tokens: the per-token time is the larger of the two slopes above the
+        short forward (one row, for the methods that run one; many rows, for those that batch copies of a row). Both
+        are multiplied by ``safety``. An image model has one length (its patches): its forward is timed at it and kept
+        as the per-call time, and a batch of it gives the per-token time the same way.
+
+        Args:
+            model: the loaded model.
+            arch: its description (:func:`~explainers.describe`).
+            longest: the longest input served, in tokens (a text model's ``max_length``; ignored for images).
+            safety: the factor the measured times are multiplied by.
+        """
+        python = reference_job() * safety
+        with torch.no_grad():  # the first forwards of a loaded model allocate and initialise: not what is measured
+            model(**_probe_inputs(model, arch, SHORT_LENGTH if arch.modality == "text" else 0))
+        if arch.modality == "image":
+            one = _probe_inputs(model, arch, 0)
+            seconds = _median_forward(model, one)
+            patches = arch.prefix_tokens + _patches(model)
+            batched = _median_forward(model, {key: value.repeat(BATCH_ROWS, 1, 1, 1) for key, value in one.items()})
+            token = max(batched - seconds, 0.0) / ((BATCH_ROWS - 1) * patches)
+            return cls(seconds * safety, token * safety, python, arch.num_layers)
+        longest = max(int(longest), SHORT_LENGTH + 1)
+        short = _median_forward(model, _probe_inputs(model, arch, SHORT_LENGTH))
+        long = _probe_inputs(model, arch, longest)
+        single = _median_forward(model, long)
+        batched = _median_forward(model, {key: value.repeat(BATCH_ROWS, 1) for key, value in long.items()})
+        token = max(single - short, 0.0) / (longest - SHORT_LENGTH)
+        token = max(token, max(batched - short, 0.0) / (BATCH_ROWS * longest - SHORT_LENGTH))
+        # Per-token time grows with the length (attention): the line through the longest length errs high below it.
+        return cls(short * safety, token * safety, python, arch.num_layers)
+
+
+def reference_job() -> float:
+    """Median seconds of a fixed pure-Python loop (:data:`REFERENCE_ITERATIONS` additions): how fast this machine's
+    Python runs now, the unit a method's solver time is declared in."""
+    seconds: list[float] = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        total = 0
+        for value in range(REFERENCE_ITERATIONS):
+            total += value
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+def _patches(model: nn.Module) -> int:
+    config: Any = model_config(model)
+    size, patch = int(getattr(config, "image_size", 224)), int(getattr(config, "patch_size", 16))
+    return (size // patch) ** 2
+
+
+def _probe_inputs(model: nn.Module, arch: Architecture, length: int) -> dict[str, torch.Tensor]:
+    """One row to time: ``length`` copies of one ordinary token id for text, a blank image for images."""
+    device = model_device(model)
+    config: Any = model_config(model)
+    if arch.modality == "image":
+        size = int(getattr(config, "image_size", 224))
+        channels = int(getattr(config, "num_channels", 3))
+        return {"pixel_values": torch.zeros((1, channels, size, size), device=device)}
+    vocabulary = int(getattr(arch.input_embeddings, "num_embeddings", 2))
+    ids = torch.full((1, length), min(100, vocabulary - 1), dtype=torch.long, device=device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _median_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> float:
+    """Median seconds of :data:`REPEATS` forwards (the median leaves out a first one that warms up)."""
+    seconds: list[float] = []
+    device = model_device(model)
+    with torch.no_grad():
+        for _ in range(REPEATS):
+            started = time.perf_counter()
+            model(**inputs)
+            if device.type == "cuda":  # kernels run asynchronously: wait for them
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+def estimate_seconds(
+    speed: ModelSpeed, method: str | Method, length: int, options: Mapping[str, int], rows: int = 1
+) -> float:
+    """Estimated seconds to predict and explain ``rows`` rows of ``length`` tokens with ``method`` (module docstring).
+
+    Raises:
+        UnknownMethodError: for a name that is not registered.
+    """
+    chosen = get_method(method) if isinstance(method, str) else method
+    cost = chosen.cost
+    forwards = cost.forwards(options, length)
+    calls = forwards if cost.calls is None else cost.calls(options, length)
+    work = (1.0 + calls) * speed.call + (1.0 + forwards) * speed.token * length
+    return rows * (work + (SETUP_JOBS + cost.solver(length, speed.layers)) * speed.python)
+
+
+def prediction_seconds(speed: ModelSpeed, length: int) -> float:
+    """Estimated seconds of a row that asks for its prediction only (its share of the shared forward)."""
+    return speed.forward_seconds(length)
+
+
+def check_time_budget(
+    speed: ModelSpeed,
+    method: Method,
+    length: int,
+    options: Mapping[str, int],
+    budget_s: float | None,
+    alternatives: Iterable[str] = (),
+    admitted_s: float = 0.0,
+    rows: int = 1,
+) -> float:
+    """Refuse (before any work) ``rows`` rows of ``length`` tokens whose estimate exceeds ``budget_s``, alone or beside
+    ``admitted_s`` seconds of rows already admitted to their batch.
+
+    Returns:
+        The estimate in seconds.
+
+    Raises:
+        TimeBudgetError: naming the estimate, the budget and what fits: the largest value of the option that decides
+            the cost, or the ``alternatives`` (methods, at their default options) that fit.
+    """
+    needed = estimate_seconds(speed, method, length, options, rows)
+    if budget_s is None or admitted_s + needed <= budget_s:
+        return needed
+    if needed <= budget_s:
+        raise TimeBudgetError(
+            f"method {method.name!r} needs about {needed:.1f} s for {length} tokens, and the batch it joined already "
+            f"needs {admitted_s:.1f} s of the per-batch time budget of {budget_s:.1f} s; alone it fits: retry"
+        )
+    hints = [
+        f"{name} <= {value}" for name, value in _largest_fitting(speed, method, length, options, budget_s, rows).items()
+    ]
+    fitting = sorted(
+        name
+        for name in alternatives
+        if name != method.name and estimate_seconds(speed, name, length, {}, rows) <= budget_s
+    )
+    choices = []
+    if hints:
+        choices.append(f"{', '.join(hints)} fits")
+    if fitting:
+        choices.append(f"methods that fit: {', '.join(fitting)}")
+    choices.append("or send fewer tokens")
+    size = f"{length} tokens" if rows == 1 else f"{rows} x {length} tokens"
+    raise TimeBudgetError(
+        f"method {method.name!r} with {_shown(options)} needs about {needed:.1f} s for {size}, over the time "
+        f"budget of {budget_s:.1f} s; {'; '.join(choices)}"
+    )
+
+
+def _shown(options: Mapping[str, int]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in sorted(options.items())) or "its defaults"
+
+
+def _largest_fitting(
+    speed: ModelSpeed, method: Method, length: int, options: Mapping[str, int], budget_s: float, rows: int
+) -> dict[str, int]:
+    """For each integer option the cost grows with: the largest value (below the requested one, down to its minimum)
+    with which the row fits the budget, the other options unchanged; options the cost ignores are left out."""
+    found: dict[str, int] = {}
+    for name, value in options.items():
+        low = 1 if value >= 1 else value
+
+        def fits(candidate: int, name: str = name) -> bool:
+            changed = {**options, name: candidate}
+            return estimate_seconds(speed, method, length, changed, rows) <= budget_s
+
+        lowest = estimate_seconds(speed, method, length, {**options, name: low}, rows)
+        if lowest >= estimate_seconds(speed, method, length, options, rows):
+            continue  # the cost does not grow with this option
+        if not fits(low):
+            continue
+        good, bad = low, value
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            good, bad = (middle, bad) if fits(middle) else (good, middle)
+        found[name] = good
+    return found
