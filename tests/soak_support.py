@@ -366,6 +366,11 @@ def judge(report: LoadReport, kills: list[Kill], unanswered_limit: int = 0) -> t
     """The load's figures, each kill's, and what broke the criteria (module docstring); ``unanswered_limit``: how
     many requests may get no answer at all at a TorchServe worker's death (its 0.12 defect, docs/OPERATIONS.md)."""
     figures: dict[str, Any] = report.summary()
+    answered = sorted((o.finished - o.started) * 1000 for o in report.outcomes if o.ok)  # bad ones: their 4xx
+    figures["answered"] = len(answered)
+    figures["answered_per_second"] = round(len(answered) / report.seconds, 1) if report.seconds else 0.0
+    for name, q in (("answered_p50_ms", 0.5), ("answered_p99_ms", 0.99)):
+        figures[name] = round(answered[min(len(answered) - 1, int(q * len(answered)))], 1) if answered else 0.0
     problems: list[str] = []
     windows: list[tuple[float, float]] = []
     kill_figures = []
