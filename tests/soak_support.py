@@ -374,6 +374,12 @@ def judge(report: LoadReport, kills: list[Kill], unanswered_limit: int = 0) -> t
     problems: list[str] = []
     windows: list[tuple[float, float]] = []
     kill_figures = []
+
+    def last_kill(outcome: Outcome) -> Kill | None:
+        """The kill a failure belongs to: the last one before it ended."""
+        before = [kill for kill in kills if kill.killed is not None and kill.killed < outcome.finished]
+        return max(before, key=lambda kill: kill.killed or 0.0, default=None)
+
     for index, kill in enumerate(kills):
         if kill.killed is None:
             problems.append(f"the {kill.name} was never killed (load too short?)")
@@ -385,8 +391,8 @@ def judge(report: LoadReport, kills: list[Kill], unanswered_limit: int = 0) -> t
         answered = [outcome.finished for outcome in affected if outcome.ok and outcome.started > killed]
         recovery = min(answered) - killed if answered else math.inf
         windows.append((killed, end))
-        hit = [o for o in report.outcomes if o.finished > killed and o.started <= end and not o.ok and o.retryable]
-        hit += [o for o in report.outcomes if o.finished > killed and o.started <= end and o.status in NO_ANSWER]
+        hit = [o for o in report.outcomes if last_kill(o) is kill and o.started <= end
+               and not o.ok and (o.retryable or o.status in NO_ANSWER)]  # fmt: skip
         good = [outcome for outcome in hit if outcome.good]
         unanswered = sum(outcome.status in NO_ANSWER for outcome in good)
         kill_figures.append({
