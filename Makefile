@@ -173,9 +173,16 @@ test-ops: setup
 	$(PY) -m pytest -q tests/test_deploy.py tests/test_hardening.py tests/test_reliability.py tests/test_fuzz.py
 
 # The long reliability runs, outside CI's time budget: 60 s of mixed REST/gRPC load at concurrency 32 and 5,000
-# explanations of worker-memory soak (figures logged and appended to build/ops-figures.jsonl).
-soak: setup
-	SOAK=1 $(PY) -m pytest -q -o log_cli=true -o log_cli_level=WARNING tests/test_reliability.py
+# explanations of worker-memory soak (figures logged and appended to build/ops-figures.jsonl). SERVER=kserve|ray, or
+# POOL=1 (TorchServe with an explanation pool behind the router): 60 s of the same load at concurrency 32 through that
+# door, with its kill test (tests/integration/test_soak_doors.py); SOAK_STORE=model_store/build serves the default
+# models there instead of the tiny test ones.
+POOL ?=
+SOAK_STORE ?=
+SOAK_DOOR = $(if $(filter 1 yes true,$(POOL)),pool,$(filter-out torchserve,$(SERVER)))
+SOAK_TESTS = $(if $(SOAK_DOOR),tests/integration/test_soak_doors.py -k $(SOAK_DOOR),tests/test_reliability.py)
+soak: $(DOOR_DEPS)
+	SOAK=1 SOAK_STORE="$(SOAK_STORE)" $(PY) -m pytest -q -o log_cli=true -o log_cli_level=WARNING $(SOAK_TESTS)
 
 bench-serving: setup
 	$(PY) -m bench.load

@@ -1,5 +1,6 @@
 """Helpers of the operations tests (hardening, reliability, fuzz, deploy): one TorchServe for all of them, worker
-pids and memory, and a bounded mixed-load generator over REST and gRPC.
+pids and memory, and a bounded mixed-load generator over REST and gRPC, for TorchServe's protocol
+(:class:`TorchServeTarget`) and for the Open Inference Protocol of the KServe and Ray Serve doors (:class:`OipTarget`).
 
 The server is the same launcher and tiny archives as tests/integration (``model_store.serving.process.start``,
 :func:`tests.serving_support.tiny_archives`), started once per test session on free loopback ports the first time
@@ -21,7 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import psutil
@@ -36,6 +37,8 @@ from tests.serving_support import b64, http_call, http_post, png_bytes, tiny_arc
 logger = logging.getLogger(__name__)
 
 _SHARED: dict[str, Server] = {}
+#: Load outcome statuses of a request that got no answer before its client deadline (REST, gRPC).
+NO_ANSWER = frozenset({"TIMEOUT", "DEADLINE_EXCEEDED"})
 #: Workers per served model of the operations server (model-config.yaml overrides).
 WORKERS = {"sentiment": 2, "digits": 1}
 _LOCK = threading.Lock()
@@ -168,6 +171,20 @@ class Outcome:
     started: float
     finished: float
     detail: str = ""
+    #: Whether a failure is one a client sends again (503 / ``UNAVAILABLE``, TorchServe's "Worker died." 507 /
+    #: ``RESOURCE_EXHAUSTED``, or no connection); ``False`` for a success.
+    retryable: bool = False
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one request got: whether it was the correct answer, the status (HTTP status, gRPC code, ``connection``
+    or ``TIMEOUT``), a detail for failures, and whether a failure is retryable (:attr:`Outcome.retryable`)."""
+
+    ok: bool
+    status: str
+    detail: str = ""
+    retryable: bool = False
 
 
 @dataclass(frozen=True)
@@ -192,16 +209,23 @@ _BAD_TEXT: tuple[tuple[bytes, str], ...] = (
 )
 
 
-def make_plan(rng: random.Random, bad_fraction: float, image: bytes) -> Plan:
-    """A random request: text (3 in 4) or image, prediction or any registered method, ``bad_fraction`` bad."""
+def make_plan(
+    rng: random.Random,
+    bad_fraction: float,
+    image: bytes,
+    bad: tuple[tuple[bytes, str], ...] = _BAD_TEXT,
+    image_share: float = 0.25,
+) -> Plan:
+    """A random request: text or image (``image_share`` of them), prediction or any registered method,
+    ``bad_fraction`` bad (one of ``bad``: body and the error code it must get)."""
     if rng.random() < bad_fraction:
-        body, code = rng.choice(_BAD_TEXT)
+        body, code = rng.choice(bad)
         return Plan("sentiment", "bad", body, good=False, expected_code=code)
     method = rng.choice(["none", *available_methods()])
     explain: dict[str, Any] = {} if method == "none" else {"explain": {"method": method}}
     if method == "integrated_gradients":
         explain["explain"]["n_steps"] = 8
-    if rng.random() < 0.75:
+    if rng.random() >= image_share:
         text = f"{rng.choice(TEXTS)} {rng.randrange(1000)}"
         return Plan("sentiment", method, json.dumps({"text": text, **explain}).encode(), good=True)
     return Plan("digits", method, json.dumps({"image": b64(image), **explain}).encode(), good=True)
@@ -265,8 +289,64 @@ class LoadReport:
         }
 
 
+class Caller(Protocol):
+    """One load thread's connections to a door."""
+
+    def send(self, plan: Plan, protocol: str, rng: random.Random, timeout: float) -> Sent:
+        """Send one planned request over ``protocol`` (``rest`` or ``grpc``) and check its answer."""
+        ...
+
+    def close(self) -> None:
+        """Close the connections."""
+        ...
+
+
+class LoadTarget(Protocol):
+    """A door under load: what it is asked and how (:func:`run_load`)."""
+
+    def plan(self, rng: random.Random, bad_fraction: float, image: bytes) -> Plan:
+        """The next request to send."""
+        ...
+
+    def caller(self) -> Caller:
+        """New connections for one load thread."""
+        ...
+
+
+class TorchServeTarget:
+    """TorchServe's protocol (or the router's in front of it): JSON bodies on REST, on gRPC as JSON ``body`` or (one
+    good request in four) a protobuf ``ExplainRequest``; text (3 in 4) and image models, the TorchServe bad bodies."""
+
+    def __init__(self, server: Server, image_share: float = 0.25) -> None:
+        """Load ``server``'s public inference ports."""
+        self.server = server
+        self.image_share = image_share
+        self._messages = protos.explain_messages()
+
+    def plan(self, rng: random.Random, bad_fraction: float, image: bytes) -> Plan:
+        """A :func:`make_plan` request."""
+        return make_plan(rng, bad_fraction, image, image_share=self.image_share)
+
+    def caller(self) -> Caller:
+        """One gRPC channel, REST per request."""
+        return _TorchServeCaller(self.server, self._messages)
+
+
+class _TorchServeCaller:
+    def __init__(self, server: Server, messages: Any) -> None:
+        self.server = server
+        self.messages = messages
+        self.grpc = GrpcCaller(server)
+
+    def send(self, plan: Plan, protocol: str, rng: random.Random, timeout: float) -> Sent:
+        return _send(self.server, self.grpc, self.messages, plan, protocol, rng, timeout)
+
+    def close(self) -> None:
+        self.grpc.close()
+
+
 def run_load(
-    server: Server,
+    target: Server | LoadTarget,
     *,
     concurrency: int,
     seconds: float,
@@ -275,43 +355,49 @@ def run_load(
     seed: int = 0,
     request_timeout: float = 60.0,
     on_progress: Callable[[float], None] | None = None,
+    until: Callable[[float], bool] | None = None,
+    backoff: float = 0.0,
 ) -> LoadReport:
-    """Mixed load: ``concurrency`` threads, each alternating REST and gRPC (JSON body, or protobuf for one request
-    in four on gRPC), random methods and models, ``bad_fraction`` bad requests, until ``seconds`` have passed or
-    ``max_requests`` were sent. ``on_progress(elapsed)`` is called by thread 0 between requests (for fault
-    injection).
+    """Mixed load: ``concurrency`` threads, each alternating REST and gRPC, requests of ``target``'s plans (a
+    :class:`Server`: :class:`TorchServeTarget`), ``bad_fraction`` bad, until ``seconds`` have passed, ``max_requests``
+    were sent or ``until(elapsed)`` holds. ``on_progress(elapsed)`` is called by thread 0 between requests (for fault
+    injection). A thread whose request failed retryably waits ``backoff`` seconds before its next one, as a client that
+    retries would (else a door that refuses connections while it restarts is sent thousands of requests a second).
     """
+    door: LoadTarget = TorchServeTarget(target) if isinstance(target, Server) else target
     report = LoadReport()
     lock = threading.Lock()
     sent = [0]
     image = png_bytes()
-    messages = protos.explain_messages()
     started = time.monotonic()
     deadline = started + seconds
 
     def take() -> bool:
         with lock:
-            if sent[0] >= max_requests or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if sent[0] >= max_requests or now >= deadline or (until is not None and until(now - started)):
                 return False
             sent[0] += 1
             return True
 
     def worker(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
-        caller = GrpcCaller(server)
+        caller = door.caller()
         try:
             turn = index
             while take():
-                plan = make_plan(rng, bad_fraction, image)
+                plan = door.plan(rng, bad_fraction, image)
                 protocol = "rest" if turn % 2 == 0 else "grpc"
                 turn += 1
                 begin = time.monotonic()
-                ok, status, detail = _send(server, caller, messages, plan, protocol, rng, request_timeout)
-                outcome = Outcome(protocol, plan.model, plan.method, plan.good, ok, status, begin, time.monotonic())
-                if not ok:
-                    outcome = Outcome(**{**outcome.__dict__, "detail": detail})
+                result = caller.send(plan, protocol, rng, request_timeout)
+                outcome = Outcome(protocol, plan.model, plan.method, plan.good, result.ok, result.status, begin,
+                                  time.monotonic(), "" if result.ok else result.detail,
+                                  not result.ok and result.retryable)  # fmt: skip
                 with lock:
                     report.outcomes.append(outcome)
+                if outcome.retryable and backoff:
+                    time.sleep(backoff)
                 if index == 0 and on_progress is not None:
                     on_progress(time.monotonic() - started)
         finally:
@@ -328,7 +414,130 @@ def run_load(
     return report
 
 
+def torchserve_retryable(status: str, detail: str) -> bool:
+    """Whether a failed TorchServe call is one a client sends again: a full queue or an unreachable upstream (503 /
+    ``UNAVAILABLE``, no connection), or the request's worker died under it (REST 507 "Worker died.", gRPC
+    ``RESOURCE_EXHAUSTED``, TorchServe's mapping of 507; ``ExplainClient`` resends those)."""
+    return status in ("503", "connection", "UNAVAILABLE") or (
+        status in ("507", "RESOURCE_EXHAUSTED") and "Worker died" in detail
+    )
+
+
 def _send(
+    server: Server, caller: GrpcCaller, messages: Any, plan: Plan, protocol: str, rng: random.Random, timeout: float
+) -> Sent:
+    """Send one planned request to TorchServe's protocol and check the answer."""
+    ok, status, detail = _send_torchserve(server, caller, messages, plan, protocol, rng, timeout)
+    return Sent(ok, status, detail, not ok and torchserve_retryable(status, detail))
+
+
+#: Bad requests of the OIP doors, as the TorchServe documents they translate from (:func:`oip_request`), and the
+#: error code each must get. Invalid JSON has no OIP form; non-UTF-8 text is sent as raw BYTES on gRPC only.
+_BAD_OIP: tuple[tuple[bytes, str], ...] = (
+    (json.dumps({"explain": True}).encode(), "missing_text"),
+    (json.dumps({"text": "hi", "explain": {"method": "lime"}}).encode(), "unknown_method"),
+    (json.dumps({"text": "hi", "explain": {"method": "attnlrp", "target": "furious"}}).encode(), "invalid_target"),
+    (json.dumps({"text": "hi", "explain": {"method": "rollout", "start_layer": 99}}).encode(), "invalid_option"),
+    (json.dumps({"image": "AAAA"}).encode(), "unsupported_input"),
+    (json.dumps({"text": "x" * 20_001}).encode(), "text_too_long"),
+)
+
+
+def oip_request(document: dict[str, Any], protocol: str) -> tuple[list[Any], dict[str, Any]]:
+    """A TorchServe JSON document as the OIP explain extension's inputs and parameters (``text``/``image`` BYTES
+    inputs, base64 images on REST and raw bytes on gRPC; ``explain_method``, ``explain_target``,
+    ``explain_option_<name>``)."""
+    import base64
+
+    from servers.oip_client import Input
+
+    inputs = []
+    if "text" in document:
+        inputs.append(Input("text", "BYTES", [document["text"]]))
+    if "image" in document:
+        image = document["image"] if protocol == "rest" else base64.b64decode(document["image"])
+        inputs.append(Input("image", "BYTES", [image]))
+    parameters: dict[str, Any] = {}
+    explain = document.get("explain")
+    if isinstance(explain, dict):
+        parameters["explain_method"] = explain.get("method", "default")
+        if "target" in explain:
+            parameters["explain_target"] = explain["target"]
+        parameters.update({f"explain_option_{key}": value for key, value in explain.items()
+                           if key not in ("method", "target")})  # fmt: skip
+    elif explain:
+        parameters["explain_method"] = "default"
+    return inputs, parameters
+
+
+class OipTarget:
+    """The Open Inference Protocol of the KServe and Ray Serve doors (REST and gRPC; :mod:`servers.oip_client`): the
+    same requests as :class:`TorchServeTarget` (:func:`oip_request`) and the OIP-expressible bad ones."""
+
+    def __init__(self, host: str, rest_port: int, grpc_port: int, image_share: float = 0.25) -> None:
+        """Load the door at ``host``."""
+        self.host, self.rest_port, self.grpc_port = host, rest_port, grpc_port
+        self.image_share = image_share
+
+    def plan(self, rng: random.Random, bad_fraction: float, image: bytes) -> Plan:
+        """A :func:`make_plan` request with the OIP bad requests."""
+        return make_plan(rng, bad_fraction, image, bad=_BAD_OIP, image_share=self.image_share)
+
+    def caller(self) -> Caller:
+        """One REST connection and one gRPC channel."""
+        return _OipCaller(self)
+
+
+class _OipCaller:
+    def __init__(self, target: OipTarget) -> None:
+        self.target = target
+        self.clients: dict[tuple[str, float], Any] = {}
+
+    def _client(self, protocol: str, timeout: float) -> Any:
+        from servers.oip_client import GrpcOip, RestOip
+
+        key = (protocol, timeout)
+        if key not in self.clients:
+            target = self.target
+            self.clients[key] = (
+                RestOip(target.host, target.rest_port, timeout=timeout) if protocol == "rest"
+                else GrpcOip(f"{target.host}:{target.grpc_port}", timeout=timeout)
+            )  # fmt: skip
+        return self.clients[key]
+
+    def send(self, plan: Plan, protocol: str, rng: random.Random, timeout: float) -> Sent:
+        from servers.oip_client import OipCallError
+        from serving_core.errors import ERROR_TABLE
+
+        inputs, parameters = oip_request(json.loads(plan.body), protocol)
+        try:
+            outputs = self._client(protocol, timeout).infer(plan.model, inputs, parameters)
+        except OipCallError as error:
+            status = str(error.status)
+            if error.status == 0:
+                status = "TIMEOUT" if "timed out" in error.message else "connection"
+            if plan.good:
+                return Sent(False, status, error.message[:300], error.retryable and status != "TIMEOUT")
+            code = error.message.split("]")[0].lstrip("[") if error.message.startswith("[") else "?"
+            kind = ERROR_TABLE.get(plan.expected_code or "")
+            expected = kind is not None and error.status == (kind.http_status if protocol == "rest" else kind.grpc_code)
+            ok = code == plan.expected_code and expected
+            return Sent(ok, status, error.message[:300], error.retryable and status != "TIMEOUT")
+        if not plan.good:
+            return Sent(False, "200", f"no error for a bad request (expected {plan.expected_code})")
+        methods = outputs.get("explain_method", ([], [""]))[1]
+        if plan.method == "none":
+            return Sent(not any(methods) and "label_id" in outputs, "200", "prediction")
+        scores = outputs.get("scores", ([], []))[1]
+        ok = bool(methods) and methods[0] == plan.method and len(scores) > 0
+        return Sent(ok, "200", f"method {methods[:1]}")
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+
+def _send_torchserve(
     server: Server, caller: GrpcCaller, messages: Any, plan: Plan, protocol: str, rng: random.Random, timeout: float
 ) -> tuple[bool, str, str]:
     """Send one planned request; returns (correct, status, detail)."""

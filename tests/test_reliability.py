@@ -25,6 +25,7 @@ import pytest
 
 from model_store.serving.process import Server
 from tests.ops_support import (
+    NO_ANSWER,
     WORKERS,
     log_figures,
     management,
@@ -47,8 +48,6 @@ FIGURES = REPO_ROOT / "build" / "ops-figures.jsonl"
 RECOVERY_LIMIT_S = 10.0
 #: Client deadline of the worker-kill load: how long a request TorchServe dropped keeps its caller waiting.
 KILL_REQUEST_TIMEOUT_S = 10.0
-#: Load outcome statuses of a request that got no answer before its client deadline (REST, gRPC).
-NO_ANSWER = frozenset({"TIMEOUT", "DEADLINE_EXCEEDED"})
 
 
 @pytest.fixture(scope="session")
