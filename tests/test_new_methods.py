@@ -83,7 +83,8 @@ def test_smoothgrad_of_an_lm_target_is_its_row_alone_and_its_round_alone() -> No
             alone["attention_mask"], causal=True,
         )  # fmt: skip
         scores = explain_targets(lm, alone, one, method="smoothgrad", **options).scores
-        _close(whole[:, row][:, real], scores[:, 0])
+        # llama's eager softmax and rotary angles are float32 even in float64 (tests/test_generation.py): measured 4e-7
+        _close(whole[:, row][:, real], scores[:, 0], tolerance=1e-5)
     first_round = Targets.at_positions(positions[:1], labels[:1], active[:1], mask, causal=True)
     _close(explain_targets(lm, batch, first_round, method="smoothgrad", **options).scores[0], whole[0])
 

@@ -25,7 +25,15 @@ from .arch_zoo import VARIANTS, batch_for, row_alone
 captum_attr = pytest.importorskip("captum.attr", reason="Captum is not installed (pip install captum==0.9.0)")
 
 TOLERANCE = 1e-10
+#: The rotary families' eager attention computes its softmax (and transformers its rotary angles) in float32 even in a
+#: float64 model, so a row padded in a batch and the same row alone, as Captum runs it, differ by float32 rounding
+#: there (measured: up to 2e-7 of the largest score); tests/test_generation.py gives the same reason.
+FLOAT32_SOFTMAX = 1e-5
 NAMES = ["bert", "llama", "vit"]
+
+
+def _tolerance(name: str) -> float:
+    return FLOAT32_SOFTMAX if name == "llama" else TOLERANCE
 
 
 def _input_embeddings(model: Any) -> nn.Module:
@@ -99,7 +107,7 @@ def test_gradient_equals_captum_saliency(name: str) -> None:
         saliency = captum_attr.Saliency(_forward(model, alone))
         attribution = saliency.attribute(_embeddings(model, alone), target=int(cache["targets"][row]), abs=True)
         theirs = torch.linalg.vector_norm(attribution[0], dim=-1)
-        worst = max(worst, _compare(cache["ours"], row, real, theirs))
+        worst = max(worst, _compare(cache["ours"], row, real, theirs, _tolerance(name)))
     print(f"\n{name} gradient: largest relative difference from Captum {worst:.1e}")
 
 
@@ -121,7 +129,7 @@ def test_smoothgrad_equals_captum_noise_tunnel_with_the_same_noise(name: str) ->
             attribution = tunnel.attribute(
                 embeddings, nt_type="smoothgrad", nt_samples=samples, stdevs=scale, target=int(cache["targets"][row])
             )
-        worst = max(worst, _compare(cache["ours"], row, real, attribution[0].sum(dim=-1)))
+        worst = max(worst, _compare(cache["ours"], row, real, attribution[0].sum(dim=-1), _tolerance(name)))
     print(f"\n{name} smoothgrad: largest relative difference from Captum {worst:.1e}")
 
 
@@ -147,7 +155,7 @@ def test_occlusion_equals_captum_feature_ablation(name: str) -> None:
             attribution = ablation.attribute(
                 embeddings, baselines=baseline, feature_mask=features, target=int(cache["targets"][row])
             )
-            worst = max(worst, _compare(cache["ours"], row, real, attribution[0, :, 0]))
+            worst = max(worst, _compare(cache["ours"], row, real, attribution[0, :, 0], _tolerance(name)))
     print(f"\n{name} occlusion: largest relative difference from Captum {worst:.1e}")
 
 

@@ -28,6 +28,9 @@ checkout(FLOW, FLOW_MARKER)  # or skip this module, with one line
 pytest.importorskip("networkx", reason="networkx is not installed: the authors' flow code uses it")
 
 TOLERANCE = 1e-9
+#: The rotary families' eager attention computes its softmax in float32 even in a float64 model, so their maps (and
+#: the flow through them) differ from the row alone by float32 rounding (measured: 6.6e-9 on the flow's shares).
+FLOAT32_SOFTMAX = 1e-7
 
 
 def _their_flow(functions: dict[str, Any], matrices: np.ndarray, source: int) -> np.ndarray:
@@ -77,7 +80,7 @@ def test_attention_flow_equals_the_authors_networkx_code(name: str) -> None:
             got = ours[row].flatten()
             theirs = theirs[1:]  # the class token's share (ours scores the patches)
         worst = max(worst, float((got - theirs).abs().max()))
-        assert worst <= TOLERANCE, (row, got, theirs)
+        assert worst <= (FLOAT32_SOFTMAX if name == "llama" else TOLERANCE), (row, got, theirs)
     print(f"\n{name}: largest difference from the authors' attention flow {worst:.1e}")
 
 
