@@ -191,8 +191,8 @@ class Cost:
             machine's pure-Python reference job (:func:`explainers.timing.reference_job`).
     """
 
-    forwards: Callable[[Mapping[str, int], int], float]
-    calls: Callable[[Mapping[str, int], int], float] | None = None
+    forwards: Callable[[Mapping[str, OptionValue], int], float]
+    calls: Callable[[Mapping[str, OptionValue], int], float] | None = None
     solver: Callable[[int, int], float] = _no_solver
 
     @classmethod
@@ -201,11 +201,11 @@ class Cost:
         return cls(lambda options, length: forwards)
 
     @classmethod
-    def copies(cls, per_copy: float, copies: Callable[[Mapping[str, int], int], int]) -> Cost:
+    def copies(cls, per_copy: float, copies: Callable[[Mapping[str, OptionValue], int], int]) -> Cost:
         """The cost of a method that runs ``copies(options, n)`` copies of the row, ``per_copy`` forward equivalents
         each, ``internal_batch_size`` copies per call."""
 
-        def calls(options: Mapping[str, int], length: int) -> float:
+        def calls(options: Mapping[str, OptionValue], length: int) -> float:
             per_call = int(options.get("internal_batch_size", COPIES_PER_PASS))
             return per_copy * -(-copies(options, length) // max(per_call, 1))
 
@@ -335,6 +335,8 @@ class Method:
             (``None``: any).
         packages: Python packages it imports beyond the library's own (torch, transformers): module name ->
             requirement.
+        cost: its time shape (:class:`Cost`: forward equivalents, forward calls and solver time as functions of the
+            options and the length), turned into seconds by :mod:`explainers.timing` against a time budget.
     """
 
     name: str

@@ -35,7 +35,7 @@ from torch import nn
 from .architectures.description import Architecture, model_config
 from .errors import ExplainError
 from .inputs import model_device
-from .methods import Method, get_method
+from .methods import Method, OptionValue, get_method
 
 #: The factor the measured speed is multiplied by: the measurement is one forward on an idle moment, the explanation
 #: may run while other work shares the cores; ``bench/timing.py`` shows the estimates stay above the actual times.
@@ -163,9 +163,19 @@ def _median_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> flo
 
 
 def estimate_seconds(
-    speed: ModelSpeed, method: str | Method, length: int, options: Mapping[str, int], rows: int = 1
+    speed: ModelSpeed, method: str | Method, length: int, options: Mapping[str, OptionValue], rows: int = 1
 ) -> float:
     """Estimated seconds to predict and explain ``rows`` rows of ``length`` tokens with ``method`` (module docstring).
+
+    Args:
+        speed: the model's measured speed (:func:`measure_speed`).
+        method: a registered method, or its name.
+        length: the row's length in tokens (patches for images).
+        options: the method's options (as validated: defaults filled in).
+        rows: rows of that length and method.
+
+    Returns:
+        The estimate in seconds; it errs high.
 
     Raises:
         UnknownMethodError: for a name that is not registered.
@@ -187,7 +197,7 @@ def check_time_budget(
     speed: ModelSpeed,
     method: Method,
     length: int,
-    options: Mapping[str, int],
+    options: Mapping[str, OptionValue],
     budget_s: float | None,
     alternatives: Iterable[str] = (),
     admitted_s: float = 0.0,
@@ -232,17 +242,19 @@ def check_time_budget(
     )
 
 
-def _shown(options: Mapping[str, int]) -> str:
+def _shown(options: Mapping[str, OptionValue]) -> str:
     return ", ".join(f"{name}={value}" for name, value in sorted(options.items())) or "its defaults"
 
 
 def _largest_fitting(
-    speed: ModelSpeed, method: Method, length: int, options: Mapping[str, int], budget_s: float, rows: int
+    speed: ModelSpeed, method: Method, length: int, options: Mapping[str, OptionValue], budget_s: float, rows: int
 ) -> dict[str, int]:
     """For each integer option the cost grows with: the largest value (below the requested one, down to its minimum)
     with which the row fits the budget, the other options unchanged; options the cost ignores are left out."""
     found: dict[str, int] = {}
     for name, value in options.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue  # real-valued options (SmoothGrad's stdev) cost nothing: only counts are searched
         low = 1 if value >= 1 else value
 
         def fits(candidate: int, name: str = name) -> bool:

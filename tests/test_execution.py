@@ -70,7 +70,7 @@ def _assert_rows_as_alone(model: Any, batch: dict[str, Tensor], done: Execution,
     for scored in done.groups:
         for position, row in enumerate(scored.group.rows):
             target = None if targets is None else int(targets[row])
-            options = dict(scored.group.options)
+            options: dict[str, Any] = dict(scored.group.options)
             alone = explain(model, row_alone(batch, row), method=scored.group.method.name, target=target, **options)
             expected = alone.scores[0]
             got = scored.scores[position][mask[row]]

@@ -21,6 +21,7 @@ import pytest
 from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
 
 from explainers import describe, get_method, supported_methods
+from explainers.methods import OptionValue
 from model_store.serving.config import Ports
 from model_store.serving.process import Server, start, stop
 from tests.serving_support import b64, http_call, http_post, png_bytes
@@ -63,7 +64,7 @@ def _workers(server: Server, model: str) -> list[tuple[Any, Any]]:
     return sorted((worker.get("pid"), worker.get("status")) for worker in body[0]["workers"])
 
 
-def _most_expensive(archive: Path, field: str) -> dict[str, dict[str, int]]:
+def _most_expensive(archive: Path, field: str) -> dict[str, dict[str, OptionValue]]:
     """Every supported method with each of its options at its maximum for this model."""
     loader = AutoModelForSequenceClassification if field == "text" else AutoModelForImageClassification
     model = loader.from_pretrained(str(archive / "model"))
