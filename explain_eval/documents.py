@@ -1,5 +1,6 @@
 """Answers read again with documents left out: the teacher-forced log-probability of an answer's sentences after a
-chat whose documents are a subset of the ones given.
+chat whose documents are a subset of the ones given, and the document view of ``explain-eval --generation``
+(:func:`evaluate_documents`).
 
 The measure behind the document view of ``explain-eval --generation`` (:mod:`explain_eval.generation`) and the
 leave-one-document-out reference of ``bench/citations.py``: a document is *removed* by rendering the chat again without
@@ -11,14 +12,22 @@ sentence's value is the sum of its tokens' log-probabilities, the objective its 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import Any
+import json
+import math
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from explainers import render_chat, render_prompt
 from explainers.tasks.continuation import evaluating, pad_token
+
+if TYPE_CHECKING:
+    from .generation import GenerationFaithfulness
 
 
 def prompt_without(
@@ -108,3 +117,174 @@ def span_log_probabilities(
         chosen = predicting.gather(-1, tail.to(device)[None, :, None].expand(len(chunk), steps, 1)).squeeze(-1)
         rows.append(torch.stack([chosen[:, start:stop].sum(dim=-1) for start, stop in spans], dim=-1).cpu())
     return torch.cat(rows)
+
+
+#: How documents are removed in the document view (stated with its results).
+DOCUMENT_REMOVAL = (
+    "the sentence's k highest-ranked documents (its citations) left out of the chat, which is rendered again without "
+    "them (the others renumbered); the answer kept as generated; teacher-forced"
+)
+
+
+@dataclass(frozen=True)
+class ChatItem:
+    """A chat with documents: ``messages`` (or one user message, ``question``) and its ``documents``."""
+
+    messages: tuple[dict[str, str], ...]
+    documents: tuple[Any, ...]
+
+    @property
+    def title(self) -> str:
+        """The last user message (what the table lists)."""
+        return next((m["content"] for m in reversed(self.messages) if m.get("role") == "user"), "")
+
+
+def default_items_file() -> Path:
+    """The benchmark's retrieval items (``bench/data/citation_items.json``)."""
+    return Path(__file__).resolve().parent.parent / "bench" / "data" / "citation_items.json"
+
+
+def read_items(path: Path | None, n: int) -> list[ChatItem]:
+    """The first ``n`` chats of a JSON file: a list, or ``{"items": [...]}``, of ``{"messages", "documents"}`` or
+    ``{"question", "documents"}`` (default: :func:`default_items_file`).
+
+    Raises:
+        ValueError: for an item without documents or without messages and question.
+    """
+    raw = json.loads((path or default_items_file()).read_text(encoding="utf-8"))
+    entries = raw["items"] if isinstance(raw, dict) else raw
+    items = []
+    for index, entry in enumerate(entries[:n]):
+        if not entry.get("documents"):
+            raise ValueError(f"item {index} has no documents")
+        if "messages" in entry:
+            messages = tuple(entry["messages"])
+        elif "question" in entry:
+            messages = ({"role": "user", "content": entry["question"]},)
+        else:
+            raise ValueError(f"item {index} has neither messages nor a question")
+        items.append(ChatItem(messages, tuple(entry["documents"])))
+    if not items:
+        raise ValueError("no chat with documents to evaluate")
+    return items
+
+
+def evaluate_documents(
+    model: nn.Module,
+    tokenizer: Any,
+    items: Sequence[ChatItem],
+    methods: Sequence[str],
+    *,
+    name: str = "model",
+    new_tokens: int = 48,
+    ks: Sequence[int] = (1, 2),
+    seed: int = 0,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    on_method: Callable[[GenerationFaithfulness], None] | None = None,
+    answers: Sequence[Sequence[int]] | None = None,
+) -> GenerationFaithfulness:
+    """The document view: each chat's greedy answer split into sentences; per method, each sentence's documents
+    ranked (:func:`explainers.explain_citations`, the answer given); then for each ``k`` the sentence's ``k``
+    highest-ranked documents are removed (:func:`prompt_without`) and the fall of its summed log-probability
+    measured, teacher-forced. ``random`` ranks each sentence's documents in a seeded random order. A chat with no
+    more than ``k`` documents is left out at that ``k``; statistics as in :func:`explain_eval.generation.summarise`
+    (a chat's sentences averaged first).
+
+    Args:
+        model: the causal LM (eager attention).
+        tokenizer: its fast tokenizer with a chat template.
+        items: the chats.
+        methods: the methods (and ``random``).
+        name: the model's name in the table.
+        new_tokens: the most tokens of an answer.
+        ks: how many documents a sentence loses, each ``>= 1``.
+        seed: seed of the random ranking.
+        options: each method's options.
+        on_method: called with the result so far after each method.
+        answers: each chat's answer as token ids, instead of generating (``new_tokens`` is then not used).
+
+    Raises:
+        ValueError: for a ``k`` below 1, or answers for another number of chats.
+        ExplainError: for a method the model refuses, or a chat it cannot render.
+    """
+    from explainers import answer_sentences, decoded_offsets, explain_citations
+    from explainers.tasks.continuation import generate_continuation
+
+    from .generation import RANDOM, GenerationFaithfulness, summarise
+
+    if any(k < 1 for k in ks):
+        raise ValueError(f"every k must be at least 1, got {list(ks)}")
+    if answers is not None and len(answers) != len(items):
+        raise ValueError(f"{len(answers)} answers for {len(items)} chats")
+    started = time.perf_counter()
+    answers_read: list[tuple[tuple[int, ...], list[tuple[int, int]], str]] = []  # ids, sentences' steps, text
+    special = set(tokenizer.all_special_ids)
+    for index, item in enumerate(items):
+        if answers is None:
+            ids = torch.tensor([list(render_chat(tokenizer, item.messages, item.documents).input_ids)])
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            tokens = generate_continuation(model, inputs, new_tokens).tokens[0].tolist()
+        else:
+            tokens = [int(token) for token in answers[index]]
+        tokens = tokens[: next((i for i, token in enumerate(tokens) if token in special), len(tokens))]  # to EOS
+        text, offsets = decoded_offsets(tokenizer, tokens)
+        answers_read.append((tuple(tokens), [s.steps for s in answer_sentences(text, offsets)], text))
+    seconds = {"generate": round(time.perf_counter() - started, 3)}
+    cache: dict[tuple[int, tuple[int, ...]], Tensor] = {}
+
+    def values(row: int, removed: tuple[int, ...]) -> Tensor:
+        if (row, removed) not in cache:
+            item = items[row]
+            prompt = prompt_without(tokenizer, item.messages, item.documents, removed)
+            ids, spans, _ = answers_read[row]
+            cache[(row, removed)] = span_log_probabilities(model, [prompt], ids, spans)[0]
+        return cache[(row, removed)]
+
+    rows = [row for row, (_, spans, _) in enumerate(answers_read) if spans]
+    full = {row: values(row, ()) for row in rows}
+    generator = torch.Generator().manual_seed(seed)
+    per_method: dict[str, dict[int, dict[int, list[float]]]] = {}
+
+    def result() -> GenerationFaithfulness:
+        reference = per_method.get(RANDOM)
+        table = {
+            method: {
+                str(k): summarise(drops[k], None if method == RANDOM or reference is None else reference[k]) for k in ks
+            }
+            for method, drops in per_method.items()
+        }
+        return GenerationFaithfulness(
+            model=name, prompts=[item.title for item in items], continuations=[text for _, _, text in answers_read],
+            new_tokens=new_tokens, steps=sum(len(answers_read[row][1]) for row in rows), ks=list(ks),
+            mean_log_probability=float(torch.cat([full[row] for row in rows]).mean()) if rows else math.nan,
+            drops=table, seconds=dict(seconds), removal=DOCUMENT_REMOVAL, view="document",
+        )  # fmt: skip
+
+    for method in sorted(methods, key=lambda method: method != RANDOM):
+        started = time.perf_counter()
+        rankings: dict[int, list[list[int]]] = {}
+        for row in rows:
+            item = items[row]
+            count = len(item.documents)
+            if method == RANDOM:
+                rankings[row] = [torch.randperm(count, generator=generator).tolist() for _ in answers_read[row][1]]
+            else:
+                answer = list(answers_read[row][0])
+                cited = explain_citations(model, tokenizer, item.messages, item.documents, answer=answer,
+                                          method=method, options=(options or {}).get(method))  # fmt: skip
+                rankings[row] = [[document for document, _ in ranked] for ranked in cited.documents]
+        seconds[method] = round(time.perf_counter() - started, 3)
+        per_method[method] = {}
+        for k in ks:
+            drops: dict[int, list[float]] = {}
+            for row in rows:
+                if len(items[row].documents) <= k:
+                    continue
+                drops[row] = [
+                    float(full[row][sentence] - values(row, tuple(sorted(ranking[:k])))[sentence])
+                    for sentence, ranking in enumerate(rankings[row])
+                ]
+            per_method[method][k] = drops
+        if on_method is not None:
+            on_method(result())
+    return result()
