@@ -44,7 +44,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -438,13 +438,24 @@ def run_model(
     with_context_cite: bool,
     ablations: int,
     options: dict[str, dict[str, Any]],
+    on_item: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Every item on one model: the answer, leave-one-out, each method and ContextCite (see the module docstring)."""
+    """Every item on one model: the answer, leave-one-out, each method and ContextCite (see the module docstring);
+    ``on_item`` gets the run so far after each item (a run cut short keeps the items it finished)."""
     results: dict[str, MethodResult] = {name: MethodResult() for name in (LEAVE_ONE_OUT, *methods)}
     if with_context_cite:
         results[CONTEXT_CITE] = MethodResult()
     answers = []
     checks = {"context_cite_same_prompt": 0, "context_cite_same_answer": 0, "context_cite_all_zero": 0}
+
+    def snapshot() -> dict[str, Any]:
+        return {
+            "model": name,
+            "answers": list(answers),
+            "checks": dict(checks),
+            "results": {method: result.summary() for method, result in results.items()},
+        }
+
     for number, item in enumerate(items):
         answer = written_answer(model, tokenizer, item, max_new_tokens) if write else reference_answer(tokenizer, item)
         answers.append({"question": item.question, "documents": len(item.documents), "answer": answer.text,
@@ -478,12 +489,9 @@ def run_model(
         log.info("%s: item %d/%d (%d passages, %d sentences): %s", name, number + 1, len(items), len(item.documents),
                  len(answer.sentences), "; ".join(f"{key} {value.seconds[-1]:.2f} s" for key, value in results.items()
                                                   if value.seconds))  # fmt: skip
-    return {
-        "model": name,
-        "answers": answers,
-        "checks": checks,
-        "results": {method: result.summary() for method, result in results.items()},
-    }
+        if on_item is not None:
+            on_item(snapshot())
+    return snapshot()
 
 
 def _record(
@@ -567,10 +575,15 @@ def write_report(
 ) -> None:
     """``out`` (Markdown: note, date, command, machine, one table per model; then the runs of ``included`` reports,
     each with its own date, command and machine) and ``out`` with ``.json``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     this = {"command": command, "date": started, "machine": machine(), "end": finished_load, "runs": list(runs)}
+    write_reports([this, *included], out)
+
+
+def write_reports(reports: Sequence[dict[str, Any]], out: Path) -> None:
+    """Reports (each ``command``, ``date``, ``machine``, ``end``, ``runs``) as one Markdown file and its ``.json``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     parts = ["# Citations: agreement with leave-one-document-out, and time", "", NOTE]
-    for report in (this, *included):
+    for report in reports:
         parts += ["", f"Run {report['date']} (UTC): `{report['command']}`", ""]
         parts += [f"Machine: {report['machine']} at the start; {report.get('end', '?')} at the end."]
         for run in report["runs"]:
@@ -584,8 +597,14 @@ def write_report(
                     f"weights were all 0 for {checks['context_cite_all_zero']} sentences.",
                 ]
     out.write_text("\n".join(parts) + "\n", encoding="utf-8")
-    document = {**this, "included": list(included)}
+    document = {**reports[0], "included": list(reports[1:])}
     out.with_suffix(".json").write_text(json.dumps(document, indent=1), encoding="utf-8")
+
+
+def reports_in(path: Path) -> list[dict[str, Any]]:
+    """The report of a ``.json`` file this benchmark wrote, and the reports it included."""
+    document = json.loads(path.read_text(encoding="utf-8"))
+    return [{key: value for key, value in document.items() if key != "included"}, *document.get("included", [])]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -611,8 +630,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="add the runs of an earlier report's .json after this run's (its own command and date)",
     )
+    parser.add_argument("--merge-only", action="store_true", help="run nothing: write the --include reports as one")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    included = [report for path in args.include for report in reports_in(path)]
+    if args.merge_only:
+        write_reports(included, args.out)
+        print(f"wrote {args.out} and {args.out.with_suffix('.json')} from {len(included)} reports")
+        return 0
     torch.set_num_threads(args.threads)
     from explain_eval.generation import load_causal_lm, parse_options
 
@@ -626,10 +651,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{args.writer} has no tokenizer.json: build the writer (make writer) or pass --writer")
     if "writer" in args.models and not (args.writer / "config.json").is_file():
         parser.error(f"{args.writer} has no config.json: build the writer (make writer) or pass --writer")
-    included = []
-    for path in args.include:
-        earlier = json.loads(path.read_text(encoding="utf-8"))
-        included += [earlier, *earlier.get("included", [])]
     items = load_items(args.items_file, args.items)
     command = "python -m bench.citations " + " ".join(argv if argv is not None else sys.argv[1:])
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
@@ -637,15 +658,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.writer)
     for name in args.models:
         model = load_causal_lm(args.writer)[0] if name == "writer" else tiny_model(name, tokenizer)
+
+        def save(partial: dict[str, Any]) -> None:
+            load = os.getloadavg()
+            write_report([*runs, partial], args.out, command, started, f"load average {load[0]:.1f}", included)
+
         run = run_model(
             name if name == "writer" else f"tiny {name}", model, tokenizer, items, args.methods, write=name == "writer",
             max_new_tokens=args.max_new_tokens, with_context_cite=args.context_cite, ablations=args.ablations,
-            options=options,
+            options=options, on_item=save,
         )  # fmt: skip
-        runs.append(run)
         print(markdown_table(run), flush=True)
-        load = os.getloadavg()
-        write_report(runs, args.out, command, started, f"load average {load[0]:.1f}", included)
+        save(run)
+        runs.append(run)
     print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
     return 0
 
