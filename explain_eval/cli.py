@@ -81,11 +81,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="causal LMs: delete each greedy step's most relevant prompt tokens and report the fall of the step "
         "token's log-probability, per method against random (--model-dir: default the demo writer's build)",
     )
-    generation.add_argument("--new-tokens", type=int, default=8, help="greedy tokens per prompt (default 8)")
+    generation.add_argument(
+        "--view",
+        choices=("token", "word", "document"),
+        default="token",
+        help="what a step loses: its k highest-scored prompt tokens (default) or words; document: each sentence of "
+        "an answer to a chat with documents loses its k highest-ranked documents (its citations)",
+    )
+    generation.add_argument(
+        "--new-tokens", type=int, help="greedy tokens per prompt (default 8; --view document: 48 per answer)"
+    )
     generation.add_argument(
         "--k", default="1,2,4", help="prompt tokens each step loses, comma-separated (default 1,2,4)"
     )
     generation.add_argument("--prompts", type=Path, help="a file of prompts, one a line (default: 20 built-in ones)")
+    generation.add_argument(
+        "--documents",
+        type=Path,
+        help="--view document: a JSON list of {messages or question, documents} (default: bench/data's items)",
+    )
     generation.add_argument(
         "--option",
         action="append",

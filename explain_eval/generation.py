@@ -12,6 +12,13 @@ their order, positions are counted again from 0, as if the prompt had been writt
 before the step is kept as generated, and only prompt tokens are candidates (special tokens never are). A step whose
 prompt has no more than ``k`` candidate tokens is left out at that ``k`` (nothing would be left to read).
 
+Views (``--view``): ``token`` (the above); ``word``: a step loses its ``k`` highest-scored prompt *words* (the prompt's
+words as :func:`explainers.token_units` groups them, a word's score the sum of its tokens' scores), every token of
+them, and ``random`` ranks the words at random; ``document`` (:mod:`explain_eval.documents`): on chats with documents,
+each sentence of the greedy answer loses its ``k`` highest-ranked documents (its citations, from
+:func:`explainers.explain_citations`), the chat is rendered again without them, and the fall of the sentence's summed
+log-probability is measured, against a random order of the documents.
+
 Statistics: a step's drop is ``log p(token | prompt, earlier tokens) - log p(token | prompt minus the k tokens,
 earlier tokens)``; each prompt's steps are averaged first (steps of one prompt are not independent), and the table
 gives the mean over prompts ± its standard error, and the paired difference to ``random`` (mean ± standard error over
@@ -45,11 +52,16 @@ logger = logging.getLogger(__name__)
 #: The methods that explain generation (``relevance`` is refused for causal LMs), in the docs' order.
 GENERATION_METHODS = ("attention", "rollout", "gae", "grad_x_input", "integrated_gradients", "attnlrp", "cp_lrp")
 RANDOM = "random"
+VIEWS = ("token", "word", "document")
 DEFAULT_KS = (1, 2, 4)
 DEFAULT_NEW_TOKENS = 8
 REMOVAL = (
     "the step's k highest-scored prompt tokens deleted (the rest of the prompt packed, positions from 0), the "
     "continuation before the step kept; teacher-forced"
+)
+WORD_REMOVAL = (
+    "every token of the step's k highest-scored prompt words deleted (a word's score: the sum of its tokens'; the rest "
+    "of the prompt packed, positions from 0), the continuation before the step kept; teacher-forced"
 )
 #: Short prompts of everyday English (the default ``--prompts``): each has at least 5 tokens, so ``k = 4`` leaves one.
 DEFAULT_PROMPTS = (
@@ -90,7 +102,9 @@ class GenerationFaithfulness:
         mean_log_probability: the steps' mean unperturbed log-probability.
         drops: ``drops[method][str(k)]`` = ``{"mean", "stderr", "vs_random", "vs_random_stderr", "steps", "prompts"}``.
         seconds: ``seconds[method]`` the explanation's wall time (all prompts, one call), ``seconds["generate"]``.
-        removal: how tokens are removed (:data:`REMOVAL`).
+        removal: how tokens are removed (:data:`REMOVAL`, :data:`WORD_REMOVAL`, or the document view's).
+        view: ``token``, ``word`` (``k`` counts words) or ``document`` (``k`` documents, per sentence:
+            :mod:`explain_eval.documents`).
     """
 
     model: str
@@ -103,10 +117,12 @@ class GenerationFaithfulness:
     drops: dict[str, dict[str, dict[str, float]]]
     seconds: dict[str, float] = field(default_factory=dict)
     removal: str = REMOVAL
+    view: str = "token"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
+            "view": self.view,
             "model": self.model,
             "prompts": self.prompts,
             "continuations": self.continuations,
@@ -141,6 +157,86 @@ def top_k_removals(scores: Tensor, candidates: Tensor, k: int) -> Tensor:
     ranks = candidate_ranks(scores.reshape(batch * steps, width), expanded.reshape(batch * steps, width), True)
     removed = (ranks.reshape(batch, steps, width) < k) & expanded
     return removed & enough_candidates(candidates, k)[:, None, None]
+
+
+def prompt_words(tokenizer: Any, prompts: Sequence[str], prompt_ids: Tensor, candidates: Tensor) -> Tensor:
+    """Which word of its prompt each prompt position belongs to (:func:`explainers.token_units`, granularity
+    ``word``), ``-1`` where nothing may be removed (padding, special tokens).
+
+    Args:
+        tokenizer: the fast tokenizer the prompts were encoded with.
+        prompts: the prompt texts.
+        prompt_ids: ``(batch, P)`` the left-padded prompts.
+        candidates: ``(batch, P)`` bool, the removable tokens.
+
+    Returns:
+        ``(batch, P)`` long: word indices counted from 0 in each row.
+
+    Raises:
+        ValueError: if a prompt's tokens are not the row's (another tokenization than the one generated after).
+    """
+    from explainers import token_units
+
+    words = torch.full(prompt_ids.shape, -1, dtype=torch.long)
+    width = prompt_ids.shape[1]
+    for row, prompt in enumerate(prompts):
+        encoded = tokenizer(prompt, return_offsets_mapping=True)
+        ids = list(encoded["input_ids"])
+        if prompt_ids[row, width - len(ids) :].tolist() != ids:
+            raise ValueError(f"prompt {row} is not tokenized as the row the model read")
+        offsets = [(int(a), int(b)) if b > a else None for a, b in encoded["offset_mapping"]]
+        start = width - len(ids)
+        for index, unit in enumerate(token_units(prompt, offsets, "word")):
+            for token in unit.tokens:
+                if bool(candidates[row, start + token]):
+                    words[row, start + token] = index
+    present = words >= 0
+    for row in range(words.shape[0]):  # renumber each row's removable words 0, 1, ...
+        kept = words[row][present[row]]
+        if kept.numel():
+            words[row][present[row]] = torch.unique(kept, return_inverse=True)[1]
+    return words
+
+
+def word_scores(scores: Tensor, words: Tensor) -> Tensor:
+    """``(batch, T, W)`` each step's score of each word: the sum of its tokens' (``W``: the most words of a row).
+
+    Args:
+        scores: ``(batch, T, P)``.
+        words: ``(batch, P)`` from :func:`prompt_words`.
+    """
+    batch, steps, width = scores.shape
+    count = max(int(words.max()) + 1, 1)
+    valid = (words >= 0)[:, None, :].expand(batch, steps, width)
+    index = words.clamp(min=0)[:, None, :].expand(batch, steps, width)
+    summed = scores.new_zeros((batch, steps, count))
+    return summed.scatter_add_(-1, index, scores.masked_fill(~valid, 0))
+
+
+def top_k_word_removals(scores: Tensor, words: Tensor, k: int) -> Tensor:
+    """Which prompt positions each step loses: every token of its ``k`` highest-scored words (ties: the earlier word).
+
+    Args:
+        scores: ``(batch, T, W)`` word scores (:func:`word_scores`).
+        words: ``(batch, P)`` from :func:`prompt_words`.
+        k: how many words to remove (``k >= 1``).
+
+    Returns:
+        ``(batch, T, P)`` bool; a row with no more than ``k`` words loses none.
+    """
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    batch, steps, count = scores.shape
+    present = torch.zeros((batch, count), dtype=torch.bool)
+    for row in range(batch):
+        present[row, words[row][words[row] >= 0]] = True
+    expanded = present[:, None, :].expand(batch, steps, count)
+    ranks = candidate_ranks(scores.reshape(batch * steps, count), expanded.reshape(batch * steps, count), True)
+    chosen = (ranks.reshape(batch, steps, count) < k) & expanded
+    width = words.shape[1]
+    removed = chosen.gather(-1, words.clamp(min=0)[:, None, :].expand(batch, steps, width))
+    removed &= (words >= 0)[:, None, :]
+    return removed & (present.sum(dim=-1) > k)[:, None, None]
 
 
 def enough_candidates(candidates: Tensor, k: int) -> Tensor:
@@ -262,8 +358,12 @@ def evaluate_generation(
     explain: Callable[..., Any] | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     on_method: Callable[[GenerationFaithfulness], None] | None = None,
+    view: str = "token",
 ) -> GenerationFaithfulness:
     """Run the test (module docstring) on ``prompts``; ``methods`` may include ``"random"``.
+
+    In the ``word`` view a step loses its ``k`` highest-scored prompt *words* (each word's score the sum of its
+    tokens': :func:`explainers.explain_units`' rule), every token of them; ``random`` then ranks the words at random.
 
     Args:
         model: a causal LM of a supported family (eager attention).
@@ -280,9 +380,12 @@ def evaluate_generation(
         options: each method's options (``{"integrated_gradients": {"n_steps": 16}}``); others take their defaults.
         on_method: called with the result so far after each method (``random`` runs first: every partial result
             has its paired differences), so a long run that is cut short still leaves what it measured.
+        view: ``token`` (``k`` tokens) or ``word`` (``k`` words); the ``document`` view is
+            :func:`explain_eval.documents.evaluate_documents`.
 
     Raises:
-        ValueError: for no prompts, a ``k`` below 1, or a method the model refuses (the explainer's message).
+        ValueError: for no prompts, a ``k`` below 1, an unknown view, or a method the model refuses (the explainer's
+            message).
     """
     from explainers.tasks.continuation import generate_continuation, pad_token
     from explainers.tasks.generation import explain_continuation
@@ -291,6 +394,8 @@ def evaluate_generation(
         raise ValueError("no prompts to evaluate")
     if any(k < 1 for k in ks):
         raise ValueError(f"every k must be at least 1, got {list(ks)}")
+    if view not in ("token", "word"):
+        raise ValueError(f"view must be token or word here, got {view!r}")
     explain = explain or explain_continuation
     encoded = tokenizer(list(prompts), padding=True, return_tensors="pt")
     started = time.perf_counter()
@@ -299,6 +404,7 @@ def evaluate_generation(
     width = made.prompt_width
     special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
     candidates = made.prompt_mask.bool() & ~torch.isin(made.prompt_ids, special)
+    words = prompt_words(tokenizer, prompts, made.prompt_ids, candidates) if view == "word" else None
     step_mask = made.token_mask.bool()
     pad_id = pad_token(model)
     pairs = [
@@ -337,21 +443,31 @@ def evaluate_generation(
             mean_log_probability=statistics.fmean(unperturbed.values()),
             drops=table,
             seconds=dict(seconds),
+            removal=WORD_REMOVAL if view == "word" else REMOVAL,
+            view=view,
         )
 
     for method in sorted(methods, key=lambda method: method != RANDOM):
         started = time.perf_counter()
+        count = 1 if words is None else max(int(words.max()) + 1, 1)
         if method == RANDOM:
-            prompt_scores = torch.rand((*step_mask.shape, width), generator=generator, dtype=torch.float64)
+            prompt_scores = torch.rand((*step_mask.shape, width if words is None else count), generator=generator,
+                                       dtype=torch.float64)  # fmt: skip
         else:
             chosen = dict((options or {}).get(method, {}))
             explanation = explain(model, made, method=method, steps=None, contrast=None, options=chosen)
             prompt_scores = explanation.scores[:, :, :width].detach().double()
+            if words is not None:
+                prompt_scores = word_scores(prompt_scores, words)
         seconds[method] = round(time.perf_counter() - started, 3)
         per_method[method] = {}
         for k in ks:
-            removed = top_k_removals(prompt_scores, candidates, k)
-            usable = enough_candidates(candidates, k)
+            if words is None:
+                removed = top_k_removals(prompt_scores, candidates, k)
+                usable = enough_candidates(candidates, k)
+            else:
+                removed = top_k_word_removals(prompt_scores, words, k)
+                usable = (words.max(dim=-1).values + 1) > k
             wanted = [(row, step) for row, step in pairs if usable[row]]
             keys = [(row, step, tuple(torch.nonzero(removed[row, step]).flatten().tolist())) for row, step in wanted]
             missing = sorted({key for key in keys if key not in cache})
@@ -375,9 +491,12 @@ def evaluate_generation(
 def markdown_table(result: GenerationFaithfulness) -> str:
     """The drop table (nats; higher = more faithful), methods ranked by their drop at the largest ``k``."""
     ks = [str(k) for k in result.ks]
+    what = {"token": "prompt tokens", "word": "prompt words", "document": "documents"}[result.view]
+    counted = "sentences of answers" if result.view == "document" else "greedy steps"
     lines = [
-        f"**{result.model}** ({len(result.prompts)} prompts, {result.steps} greedy steps of at most "
-        f"{result.new_tokens} tokens, mean step log-probability {result.mean_log_probability:.2f}; {result.removal})",
+        f"**{result.model}** ({result.view} view, k {what}; {len(result.prompts)} prompts, {result.steps} {counted} of "
+        f"at most {result.new_tokens} tokens, mean {'sentence' if result.view == 'document' else 'step'} "
+        f"log-probability {result.mean_log_probability:.2f}; {result.removal})",
         "",
         "| method | " + " | ".join(f"drop, k = {k}" for k in ks) + " | "
         + " | ".join(f"minus random, k = {k}" for k in ks) + " | explain s |",
@@ -461,8 +580,13 @@ def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argpar
         methods.append(RANDOM)
     try:
         ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
-        prompts = read_prompts(args.prompts, args.n)
         options = parse_options(args.option or [])
+        if args.view == "document":
+            from .documents import read_items
+
+            items = read_items(args.documents, args.n)
+        else:
+            prompts = read_prompts(args.prompts, args.n)
     except ValueError as error:
         parser.error(str(error))
     if not ks or ks[0] < 1:
@@ -473,12 +597,24 @@ def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argpar
     name = (args.model or [model_dir.parent.name if model_dir.name == "model" else model_dir.name])[0]
     command = "explain-eval " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.perf_counter()
+
+    def save(partial: GenerationFaithfulness) -> None:
+        write_results(partial, args.out, command, options)
+
     try:
-        result = evaluate_generation(
-            model, tokenizer, prompts, methods, name=name, new_tokens=args.new_tokens, ks=ks, seed=args.seed,
-            batch_size=args.batch_size, progress=not args.no_progress, options=options,
-            on_method=lambda partial: write_results(partial, args.out, command, options),
-        )  # fmt: skip
+        if args.view == "document":
+            from .documents import evaluate_documents
+
+            result = evaluate_documents(
+                model, tokenizer, items, methods, name=name, new_tokens=args.new_tokens or 48, ks=ks, seed=args.seed,
+                options=options, on_method=save,
+            )  # fmt: skip
+        else:
+            result = evaluate_generation(
+                model, tokenizer, prompts, methods, name=name, new_tokens=args.new_tokens or DEFAULT_NEW_TOKENS, ks=ks,
+                seed=args.seed, batch_size=args.batch_size, progress=not args.no_progress, options=options,
+                on_method=save, view=args.view,
+            )  # fmt: skip
     except ExplainError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
