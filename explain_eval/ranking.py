@@ -550,7 +550,8 @@ def model_table(document: Mapping[str, Any]) -> str:
     """One model's table (probabilities in percent; methods ranked by ABPC; ``n/a`` rows last)."""
     header = (
         f"### {document['model']}\n\n{document['task']}, `{document['model_type']}`; target: {document['target']}; "
-        f"removal: {document['removal']}; n = {document['n']} examples per seed (of {document['pool']} held out), "
+        f"removal: {document['removal']}; n = {document['n']} examples per seed, drawn from {document['pool']} "
+        "held-out ones, "
         f"seeds {', '.join(str(seed) for seed in document['seeds'])}; mean target probability "
         f"{100 * document['mean_full_probability']:.1f}%.\n"
     )
@@ -586,6 +587,42 @@ def rank_table(documents: Sequence[Mapping[str, Any]], methods: Sequence[str]) -
             str(ranks[document["model"]][name]) if name in ranks[document["model"]] else "n/a" for document in documents
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+#: The ordering Chefer et al. (CVPR 2021) report on ViT and BERT: their relevance above these baselines.
+CHEFER_BASELINES = ("rollout", "gradcam", "partial_lrp", "attention")
+
+
+def comparison(first: Mapping[str, Any], second: Mapping[str, Any], metric: str) -> str:
+    """Whether ``first`` beats ``second`` on ``metric`` (by :data:`METRICS`' direction): ``holds`` or ``reversed``
+    when the means differ by more than twice the combined standard error over seeds (and by more than 0.05 points),
+    else ``tie``."""
+    higher = METRICS[metric][1]
+    a, b = first[metric], second[metric]
+    difference = (a["mean"] - b["mean"]) if higher else (b["mean"] - a["mean"])
+    error = math.sqrt(a["stderr"] ** 2 + b["stderr"] ** 2)
+    if math.isnan(error) or abs(difference) <= max(2 * error, 5e-4):
+        return f"tie ({100 * difference:+.1f})"
+    return f"{'holds' if difference > 0 else 'reversed'} ({100 * difference:+.1f})"
+
+
+def chefer_table(documents: Sequence[Mapping[str, Any]]) -> str:
+    """Chefer et al.'s ordering (relevance above :data:`CHEFER_BASELINES`) held against each model where both apply:
+    per metric, ``holds``, ``reversed`` or ``tie`` and relevance's advantage in points."""
+    lines = [
+        "| model | relevance vs | ABPC | positive AUC | negative AUC | comprehensiveness | sufficiency |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for document in documents:
+        methods = document["methods"]
+        if "not_applicable" in methods.get("relevance", {"not_applicable": ""}):
+            continue
+        for baseline in CHEFER_BASELINES:
+            if "not_applicable" in methods.get(baseline, {"not_applicable": ""}):
+                continue
+            cells = [comparison(methods["relevance"], methods[baseline], metric) for metric in METRICS]
+            lines.append(f"| {document['model']} | {baseline} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -637,6 +674,13 @@ def write_outputs(out: Path, header: Mapping[str, Any], documents: Sequence[Mapp
         "",
         "## Ranks by ABPC\n",
         rank_table(documents, header["methods"]),
+        "",
+        "## Chefer et al.'s ordering\n",
+        "Chefer et al. report their relevance above rollout, GradCAM, partial LRP and raw attention on ViT and BERT. "
+        "Per model where relevance applies: `holds` when relevance is better by more than twice the combined standard "
+        "error over seeds, `reversed` when worse by as much, else `tie`; in brackets relevance's advantage in points "
+        "(positive = better).\n",
+        chefer_table(documents),
         "",
         "## Per model\n",
         "\n\n".join(model_table(document) for document in documents),
