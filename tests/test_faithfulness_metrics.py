@@ -21,7 +21,7 @@ from explain_eval.erasure import (
     top_masks,
 )
 from explain_eval.faithfulness import FRACTIONS, area_under_curve
-from explain_eval.ranking import METRICS, batch_metrics
+from explain_eval.ranking import METRICS, batch_metrics, comparison
 
 
 def test_top_counts_round_up_and_keep_at_least_one() -> None:
@@ -81,6 +81,16 @@ def test_mean_and_stderr() -> None:
     mean, stderr = mean_and_stderr([1.0, 2.0, 3.0])
     assert mean == 2.0 and stderr == pytest.approx(1.0 / math.sqrt(3))
     assert math.isnan(mean_and_stderr([4.0])[1]) and mean_and_stderr([4.0])[0] == 4.0
+
+
+def test_comparison_reads_each_metric_in_its_direction_and_calls_ties() -> None:
+    def summary(mean: float, stderr: float) -> dict[str, dict[str, float]]:
+        return {metric: {"mean": mean, "stderr": stderr} for metric in METRICS}
+
+    assert comparison(summary(0.30, 0.01), summary(0.20, 0.01), "abpc") == "holds (+10.0)"
+    assert comparison(summary(0.30, 0.01), summary(0.20, 0.01), "positive_auc") == "reversed (-10.0)"  # lower wins
+    assert comparison(summary(0.30, 0.05), summary(0.20, 0.05), "abpc") == "tie (+10.0)"  # within 2 s.e.
+    assert comparison(summary(0.2, 0.0), summary(0.2 - 1e-9, 0.0), "abpc").startswith("tie")
 
 
 def _one_token_model(decisive: int) -> object:
