@@ -112,9 +112,9 @@ class Subject:
         """``(rows,)`` the target probability of the unperturbed inputs."""
         raise NotImplementedError
 
-    def removed_probability(self, batch: Any, removed: Tensor) -> Tensor:
-        """``(steps · rows,)`` the target probability after each removal of ``removed`` ``(steps · rows,
-        positions)`` (step-major: the batch repeated per step)."""
+    def removed_probability(self, batch: Any, rows: Tensor, removed: Tensor) -> Tensor:
+        """``(k,)`` the target probability of example ``rows[i]`` of the batch after the removal ``removed[i]``
+        (``rows``: ``(k,)`` long; ``removed``: ``(k, positions)`` bool)."""
         raise NotImplementedError
 
     def refusal(self, method: str) -> str | None:
@@ -194,11 +194,17 @@ class ClassifierSubject(Subject):
         """The predicted class's probability."""
         return batch["probabilities"].gather(-1, batch["targets"][:, None])[:, 0].double()
 
-    def removed_probability(self, batch: Any, removed: Tensor) -> Tensor:
-        """The predicted class's probability after the removals."""
-        probabilities = self.evaluator.predict_removed(batch["inputs"], batch["grid"])(removed)
-        targets = batch["targets"].repeat(removed.shape[0] // batch["targets"].shape[0])
-        return probabilities.gather(-1, targets[:, None])[:, 0].double()
+    def removed_probability(self, batch: Any, rows: Tensor, removed: Tensor) -> Tensor:
+        """The predicted class's probability after the removals (as :meth:`Evaluator.predict_removed` removes)."""
+        from .faithfulness import mask_tokens, zero_patches
+
+        picked = {key: value[rows] for key, value in batch["inputs"].items()}
+        if batch["grid"] is not None:
+            picked["pixel_values"] = zero_patches(picked["pixel_values"], removed.reshape(-1, *batch["grid"]))
+        else:
+            picked["input_ids"] = mask_tokens(picked["input_ids"], removed, int(self.evaluator.tokenizer.mask_token_id))
+        probabilities = self.evaluator.probabilities(picked)
+        return probabilities.gather(-1, batch["targets"][rows][:, None])[:, 0].double()
 
 
 class EntitySubject(Subject):
@@ -306,12 +312,11 @@ class EntitySubject(Subject):
         """The target label's probability at the entity's first token."""
         return batch["full"]
 
-    def removed_probability(self, batch: Any, removed: Tensor) -> Tensor:
+    def removed_probability(self, batch: Any, rows: Tensor, removed: Tensor) -> Tensor:
         """The same after masking the removed tokens."""
-        repeats = removed.shape[0] // batch["positions"].shape[0]
-        tiled = {key: value.repeat(repeats, 1) for key, value in batch["inputs"].items()}
-        tiled["input_ids"] = tiled["input_ids"].masked_fill(removed.bool(), int(self.tokenizer.mask_token_id))
-        return self._probability(tiled, batch["positions"].repeat(repeats), batch["labels"].repeat(repeats))
+        picked = {key: value[rows] for key, value in batch["inputs"].items()}
+        picked["input_ids"] = picked["input_ids"].masked_fill(removed.bool(), int(self.tokenizer.mask_token_id))
+        return self._probability(picked, batch["positions"][rows], batch["labels"][rows])
 
 
 class WriterSubject(Subject):
@@ -376,13 +381,12 @@ class WriterSubject(Subject):
         """The greedy token's probability."""
         return batch["full"].double()
 
-    def removed_probability(self, batch: Any, removed: Tensor) -> Tensor:
+    def removed_probability(self, batch: Any, rows: Tensor, removed: Tensor) -> Tensor:
         """The greedy token's probability after deleting the removed prompt tokens."""
         from .generation import step_log_probabilities
 
         made = batch["made"]
-        rows = made.prompt_ids.shape[0]
-        queries = [(index % rows, 0, removed[index]) for index in range(removed.shape[0])]
+        queries = [(int(row), 0, mask) for row, mask in zip(rows, removed, strict=True)]
         values = step_log_probabilities(
             self.model, made.prompt_ids, made.prompt_mask, made.tokens, queries, batch["pad_id"], self.batch_size
         )
@@ -411,15 +415,20 @@ class MethodResult:
 
 
 def batch_metrics(
-    scores: Tensor, candidates: Tensor, full: Tensor, removed: Callable[[Tensor], Tensor]
+    scores: Tensor, candidates: Tensor, full: Tensor, removed: Callable[[Tensor, Tensor], Tensor]
 ) -> dict[str, Tensor]:
     """Every metric of one batch under one ranking, per example, from one call of ``removed``.
+
+    The removals of the four tests overlap (ERASER's top k is a MoRF step; keeping only the top k is a LeRF step;
+    short inputs repeat counts): each distinct removal of an example is asked for once, and removing nothing is the
+    unperturbed probability.
 
     Args:
         scores: ``(batch, positions)`` the ranking's scores.
         candidates: ``(batch, positions)`` bool.
         full: ``(batch,)`` the unperturbed target probability.
-        removed: maps ``(steps · batch, positions)`` removal masks (step-major) to the target probabilities.
+        removed: maps ``rows`` ``(k,)`` and removal masks ``(k, positions)`` to the target probabilities ``(k,)``
+            (see :meth:`Subject.removed_probability`).
 
     Returns:
         ``{metric: (batch,) float64}`` for each metric of :data:`METRICS`, in probability units (0-1).
@@ -433,9 +442,8 @@ def batch_metrics(
             sufficiency_masks(scores, candidates, ERASER_BINS),
         ]
     )
-    steps, batch, positions = masks.shape
-    probabilities = removed(masks.reshape(steps * batch, positions)).reshape(steps, batch).double()
     full = full.double()
+    probabilities = distinct_removals(masks, full, removed)
     cut = len(fractions)
     most_first = torch.cat([full[None], probabilities[:cut]])
     least_first = torch.cat([full[None], probabilities[cut : 2 * cut]])
@@ -447,6 +455,20 @@ def batch_metrics(
         "comprehensiveness": erasure_score(full, probabilities[2 * cut : 2 * cut + bins]),
         "sufficiency": erasure_score(full, probabilities[2 * cut + bins :]),
     }
+
+
+def distinct_removals(masks: Tensor, full: Tensor, removed: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """``(steps, batch)`` the probabilities of ``masks`` ``(steps, batch, positions)``, asking ``removed`` once per
+    distinct (example, mask) and not at all for an empty mask (``full`` of that example)."""
+    steps, batch, positions = masks.shape
+    keyed = torch.cat([torch.arange(batch)[None, :, None].expand(steps, batch, 1), masks.long()], dim=-1)
+    unique, inverse = torch.unique(keyed.reshape(steps * batch, positions + 1), dim=0, return_inverse=True)
+    rows, unique_masks = unique[:, 0], unique[:, 1:].bool()
+    values = full[rows].clone()
+    needed = unique_masks.any(dim=-1)
+    if bool(needed.any()):
+        values[needed] = removed(rows[needed], unique_masks[needed]).double()
+    return values[inverse].reshape(steps, batch)
 
 
 def evaluate_subject(
@@ -707,14 +729,20 @@ def subject_document(
     }
 
 
+def model_folder(name: str, args: argparse.Namespace) -> Path:
+    """The checkpoint folder of a default model name (``--writer-dir``, else under ``--build-dir``)."""
+    if name == "writer" and args.writer_dir is not None:
+        return Path(args.writer_dir)
+    return Path(args.build_dir) / name / "model"
+
+
 def make_subject(name: str, args: argparse.Namespace) -> Subject:
     """The :class:`Subject` of a default model name."""
     from .generation import read_prompts
 
+    model_dir = model_folder(name, args)
     if name == "writer":
-        model_dir = args.writer_dir or args.build_dir / "writer" / "model"
         return WriterSubject(name, model_dir, read_prompts(args.prompts, 10**6))
-    model_dir = args.build_dir / name / "model"
     if name == "entities":
         return EntitySubject(name, model_dir)
     return ClassifierSubject(name, model_dir)
@@ -722,22 +750,14 @@ def make_subject(name: str, args: argparse.Namespace) -> Subject:
 
 def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
     """``explain-eval --all`` (the arguments of :func:`explain_eval.cli.build_parser`); returns the exit status.
-    The outputs are rewritten after each model and seed, so a run cut short keeps what it measured."""
+    The outputs are rewritten after each model and seed, so a run cut short keeps what it measured; a model that is
+    not built stops the run when its turn comes (status 2), the models before it written."""
     from explainers import available_methods
 
     models = args.model or list(MODELS)
     unknown_models = sorted(set(models) - set(MODELS))
     if unknown_models:
         parser.error(f"--all runs the default models {', '.join(MODELS)}; unknown: {unknown_models}")
-    for name in models:
-        folder = (
-            (args.writer_dir or args.build_dir / "writer" / "model")
-            if name == "writer"
-            else args.build_dir / name / "model"
-        )
-        if not (folder / "config.json").is_file():
-            hint = "make writer or --writer-dir" if name == "writer" else "make models or --build-dir"
-            parser.error(f"{folder} has no config.json: build {name} first ({hint})")
     methods = (
         [name.strip() for name in args.methods.split(",") if name.strip()] if args.methods else available_methods()
     )
@@ -769,6 +789,11 @@ def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argpar
     }
     documents: list[dict[str, Any]] = []
     for name in models:
+        folder = model_folder(name, args)
+        if not (folder / "config.json").is_file():
+            hint = "make writer or --writer-dir" if name == "writer" else "make models or --build-dir"
+            print(f"error: {folder} has no config.json: build {name} first ({hint})", file=sys.stderr)
+            return 2
         subject = make_subject(name, args)
         count = args.writer_n if name == "writer" else n
         full_means: list[float] = []

@@ -21,7 +21,7 @@ from explain_eval.erasure import (
     top_masks,
 )
 from explain_eval.faithfulness import FRACTIONS, area_under_curve
-from explain_eval.ranking import METRICS, batch_metrics, comparison
+from explain_eval.ranking import METRICS, batch_metrics, comparison, distinct_removals
 
 
 def test_top_counts_round_up_and_keep_at_least_one() -> None:
@@ -93,10 +93,32 @@ def test_comparison_reads_each_metric_in_its_direction_and_calls_ties() -> None:
     assert comparison(summary(0.2, 0.0), summary(0.2 - 1e-9, 0.0), "abpc").startswith("tie")
 
 
+def test_distinct_removals_ask_once_per_example_and_mask() -> None:
+    masks = torch.tensor(
+        [
+            [[True, False], [True, False]],
+            [[True, False], [False, False]],
+            [[False, True], [True, False]],
+        ]
+    )  # (steps 3, batch 2, positions 2)
+    full = torch.tensor([0.5, 0.7], dtype=torch.float64)
+    asked: list[tuple[int, tuple[bool, ...]]] = []
+
+    def removed(rows: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        asked.extend((int(row), tuple(mask.tolist())) for row, mask in zip(rows, chosen, strict=True))
+        return torch.tensor(
+            [0.1 * (row + 1) + (0.01 if mask[1] else 0.0) for row, mask in zip(rows.tolist(), chosen, strict=True)]
+        )
+
+    values = distinct_removals(masks, full, removed)
+    assert sorted(asked) == [(0, (False, True)), (0, (True, False)), (1, (True, False))]
+    assert torch.allclose(values, torch.tensor([[0.1, 0.2], [0.1, 0.7], [0.11, 0.2]], dtype=torch.float64))
+
+
 def _one_token_model(decisive: int) -> object:
     """A 'model' whose target probability is 0.9 while position ``decisive`` is present, else 0.1."""
 
-    def removed(masks: torch.Tensor) -> torch.Tensor:
+    def removed(rows: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         return torch.where(masks[:, decisive], 0.1, 0.9).double()
 
     return removed
