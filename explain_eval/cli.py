@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     every.add_argument("--seeds", default="0,1,2", help="--all: the seeds, comma-separated (default 0,1,2)")
     every.add_argument("--writer-n", type=int, default=12, help="--all: writer prompts per seed (default 12)")
     every.add_argument("--writer-dir", type=Path, help="--all: the writer's folder (default: the build's)")
+    every.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="--all: write one table (--out) from the .json files of several --all runs, each model from one run",
+    )
     return parser
 
 

@@ -140,7 +140,8 @@ class ClassifierSubject(Subject):
         from .evaluate import Evaluator, held_out
 
         self.name = name
-        self.evaluator = Evaluator(model_dir, "mask")
+        # small chunks: the removals come grouped by example, so a chunk is padded to few lengths
+        self.evaluator = Evaluator(model_dir, "mask", chunk=32)
         self.model_type = str(self.evaluator.model.config.model_type)
         self.task = "image classification" if self.evaluator.task == "image" else "text classification"
         self.pool = held_out(self.evaluator.task, model_dir.parent, 5000)
@@ -479,6 +480,7 @@ def evaluate_subject(
     batch_size: int,
     on_seed: Callable[[dict[str, MethodResult], int], None] | None = None,
     full_means: list[float] | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, MethodResult]:
     """Run every method (and ``random``) on ``n`` drawn examples per seed; see the module docstring.
 
@@ -490,6 +492,7 @@ def evaluate_subject(
         batch_size: examples explained together.
         on_seed: called with the results so far after each seed.
         full_means: if given, receives each seed's mean unperturbed target probability.
+        options: each method's options (``{"integrated_gradients": {"n_steps": 16}}``); others take their defaults.
 
     Returns:
         ``{method: MethodResult}`` in the order of ``methods``.
@@ -523,9 +526,11 @@ def evaluate_subject(
                     scores = torch.rand(candidates.shape, generator=generator, dtype=torch.float64)
                 else:
                     names = {option.name for option in get_method(method).options}
-                    options = {"seed": seed} if "seed" in names else {}
+                    chosen = dict((options or {}).get(method, {}))
+                    if "seed" in names:
+                        chosen["seed"] = seed
                     try:
-                        scores = subject.explain(batch, method, options)
+                        scores = subject.explain(batch, method, chosen)
                     except ExplainError as error:
                         results[method].not_applicable = str(error)
                         logger.info("%s: %s does not apply: %s", subject.name, method, error)
@@ -658,10 +663,10 @@ positive AUC (higher is better; a random ranking scores about 0), **comprehensiv
 k% are removed, **sufficiency** = `p` lost when only the top k% are kept (lower is better), both averaged over
 k in 1, 5, 10, 20, 50% (the top k% of n candidates is ceil(k·n) of them). Each cell is the mean over seeds of the
 per-seed mean over the drawn examples, ± its standard error over seeds; a seed draws the examples, the `random`
-ranking and the methods' own seed (SmoothGrad's noise). **seconds / example** is the explanation's wall time per
+ranking and the methods' own seed (SmoothGrad's noise). Methods run with their default options unless the command
+sets some (`--option`). **seconds / example** is the explanation's wall time per
 example in the same run (batched; the perturbation forwards are not included), on the machine named below, with
-other work sharing its cores: compare methods within one model, not across runs. Methods run with their default
-options."""
+other work sharing its cores: compare methods within one model, not across runs."""
 
 
 def machine() -> str:
@@ -691,8 +696,7 @@ def write_outputs(out: Path, header: Mapping[str, Any], documents: Sequence[Mapp
         "# Faithfulness of every method on every default model\n",
         NOTE,
         "",
-        f"- date: {header['date']}\n- command: `{header['command']}`\n- machine: {header['machine']}\n"
-        f"- wall time: {header.get('seconds', 0):.0f} s",
+        provenance(header),
         "",
         "## Ranks by ABPC\n",
         rank_table(documents, header["methods"]),
@@ -709,6 +713,52 @@ def write_outputs(out: Path, header: Mapping[str, Any], documents: Sequence[Mapp
         "",
     ]
     out.with_suffix(".md").write_text("\n".join(parts), encoding="utf-8")
+
+
+def provenance(header: Mapping[str, Any]) -> str:
+    """The date, command, machine and wall time of a run, or of each run a merged table is made of."""
+    lines = [f"- date: {header['date']}", f"- command: `{header['command']}`"]
+    for run in header.get("runs", []):
+        lines.append(
+            f"- run of {', '.join(run['models'])}: `{run['command']}` ({run['date']}, {run.get('seconds', 0):.0f} s)"
+        )
+    lines.append(f"- machine: {header['machine']}")
+    if "runs" not in header:
+        lines.append(f"- wall time: {header.get('seconds', 0):.0f} s")
+    return "\n".join(lines)
+
+
+def merge(paths: Sequence[Path], out: Path, command: str) -> None:
+    """One table from the ``.json`` outputs of several ``--all`` runs (e.g. models run side by side), each model
+    from one run; the runs' commands, dates and machines are kept.
+
+    Raises:
+        ValueError: for a model found in two files, or runs with different methods or machines.
+    """
+    runs = [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths]
+    documents: list[dict[str, Any]] = []
+    for run in runs:
+        if any(run.get(key) != runs[0].get(key) for key in ("methods", "machine", "options")):
+            raise ValueError(f"{paths[0]} and another file differ in methods, options or machine; merge like runs")
+        for document in run["models"]:
+            if any(document["model"] == seen["model"] for seen in documents):
+                raise ValueError(f"model {document['model']!r} is in more than one file")
+            documents.append(document)
+    header = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        "machine": runs[0]["machine"],
+        "methods": runs[0]["methods"],
+        "fractions": runs[0]["fractions"],
+        "eraser_bins": runs[0]["eraser_bins"],
+        "options": runs[0].get("options", {}),
+        "runs": [
+            {key: run.get(key) for key in ("command", "date", "seconds")}
+            | {"models": [document["model"] for document in run["models"]]}
+            for run in runs
+        ],
+    }
+    write_outputs(out, header, documents)
 
 
 def subject_document(
@@ -754,6 +804,17 @@ def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argpar
     not built stops the run when its turn comes (status 2), the models before it written."""
     from explainers import available_methods
 
+    from .generation import parse_options
+
+    command = "explain-eval " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.merge:
+        try:
+            merge(args.merge, args.out, command)
+        except (OSError, ValueError, KeyError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.out.with_suffix('.md')}, {args.out.with_suffix('.json')}")
+        return 0
     models = args.model or list(MODELS)
     unknown_models = sorted(set(models) - set(MODELS))
     if unknown_models:
@@ -772,12 +833,16 @@ def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argpar
         parser.error("--seeds takes integers, comma-separated")
     if not seeds or len(set(seeds)) != len(seeds):
         parser.error("--seeds takes distinct integers, comma-separated")
+    try:
+        options = parse_options(args.option or [])
+    except ValueError as error:
+        parser.error(str(error))
+    header_options = {"options": options}
     n = 100 if args.n is None else args.n
     if not 1 <= n <= 5000 or not 1 <= args.writer_n <= 5000:
         parser.error("--n and --writer-n must be between 1 and 5000")
     if args.threads:
         torch.set_num_threads(args.threads)
-    command = "explain-eval " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.perf_counter()
     header: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -786,6 +851,7 @@ def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argpar
         "methods": methods,
         "fractions": list(FRACTIONS),
         "eraser_bins": list(ERASER_BINS),
+        **header_options,
     }
     documents: list[dict[str, Any]] = []
     for name in models:
@@ -807,7 +873,7 @@ def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argpar
             header["seconds"] = time.perf_counter() - started
             write_outputs(args.out, header, [*documents, subject_document(subject, results, count, done, full_means)])
 
-        results = evaluate_subject(subject, methods, count, seeds, args.batch_size, save, full_means)
+        results = evaluate_subject(subject, methods, count, seeds, args.batch_size, save, full_means, options)
         documents.append(subject_document(subject, results, count, seeds, full_means))
         header["seconds"] = time.perf_counter() - started
         write_outputs(args.out, header, documents)
