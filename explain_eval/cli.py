@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--n",
         type=int,
-        default=500,
-        help="held-out examples per model (max 5000; default 500); --generation: prompts (default all)",
+        help="held-out examples per model (max 5000; default 500); --generation: prompts (default all); "
+        "--all: examples per seed of sentiment, digits and entities (default 100)",
     )
     parser.add_argument("--removal", choices=("mask", "delete"), default="mask", help="text: [MASK] or delete")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -107,6 +107,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="a method's option, e.g. integrated_gradients.n_steps=16 or smoothgrad.stdev=0.15 (repeatable; "
         "default: the method's defaults)",
     )
+    every = parser.add_argument_group("every method on every default model (explain_eval/ranking.py)")
+    every.add_argument(
+        "--all",
+        action="store_true",
+        help="rank every registered method (--methods: some) on sentiment, digits, entities and the writer (--model: "
+        "some): perturbation AUCs, ABPC, comprehensiveness, sufficiency and cost, mean ± standard error over seeds",
+    )
+    every.add_argument("--seeds", default="0,1,2", help="--all: the seeds, comma-separated (default 0,1,2)")
+    every.add_argument("--writer-n", type=int, default=12, help="--all: writer prompts per seed (default 12)")
+    every.add_argument("--writer-dir", type=Path, help="--all: the writer's folder (default: the build's)")
+    every.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="--all: write one table (--out) from the .json files of several --all runs, each model from one run",
+    )
     return parser
 
 
@@ -119,10 +136,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         saved = json.loads(args.replot.read_text(encoding="utf-8"))
         plot([ModelResult.from_dict(result) for result in saved["results"]], args.replot.with_suffix(".png"))
         return 0
+    if args.all:
+        from .ranking import run_cli as run_all
+
+        return run_all(args, argv, parser)
     if args.generation:
         from .generation import run_cli
 
         return run_cli(args, argv, parser)
+    if args.n is None:
+        args.n = 500
     models = args.model or ["sentiment"]
     if args.model_dir is not None and len(models) != 1:
         parser.error("--model-dir needs exactly one --model")
