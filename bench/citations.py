@@ -305,7 +305,7 @@ def context_cite(
 
     documents = check_documents(item.documents)
 
-    class DocumentSources(BaseContextPartitioner):  # type: ignore[misc]
+    class DocumentSources(BaseContextPartitioner):  # type: ignore[misc,unused-ignore]
         """Each document one source; an ablated context is the documents block of the documents kept."""
 
         def __init__(self) -> None:
@@ -445,7 +445,7 @@ def run_model(
     results: dict[str, MethodResult] = {name: MethodResult() for name in (LEAVE_ONE_OUT, *methods)}
     if with_context_cite:
         results[CONTEXT_CITE] = MethodResult()
-    answers = []
+    answers: list[dict[str, Any]] = []
     checks = {"context_cite_same_prompt": 0, "context_cite_same_answer": 0, "context_cite_all_zero": 0}
 
     def snapshot() -> dict[str, Any]:
@@ -654,7 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     items = load_items(args.items_file, args.items)
     command = "python -m bench.citations " + " ".join(argv if argv is not None else sys.argv[1:])
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
-    runs = []
+    runs: list[dict[str, Any]] = []
     tokenizer = load_tokenizer(args.writer)
     for name in args.models:
         model = load_causal_lm(args.writer)[0] if name == "writer" else tiny_model(name, tokenizer)

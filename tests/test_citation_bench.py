@@ -85,7 +85,7 @@ def test_leave_one_out_is_the_fall_when_one_document_is_removed() -> None:
 
 def test_a_removed_document_is_gone_and_the_others_renumbered() -> None:
     _, tokenizer = chat_model("llama")
-    text = tokenizer.decode(prompt_without(tokenizer, MESSAGES, DOCUMENTS, (0,)))
+    text = tokenizer.decode(list(prompt_without(tokenizer, MESSAGES, DOCUMENTS, (0,))))
     assert "Eiffel Tower\n" not in text and "[1] Big Ben" in text and "[3]" not in text
     with pytest.raises(ValueError, match="do not exist"):
         prompt_without(tokenizer, MESSAGES, DOCUMENTS, (3,))
