@@ -210,7 +210,7 @@ def evaluate_documents(
     from explainers import answer_sentences, decoded_offsets, explain_citations
     from explainers.tasks.continuation import generate_continuation
 
-    from .generation import RANDOM, GenerationFaithfulness, summarise
+    from .generation import RANDOM, GenerationFaithfulness, summary_table
 
     if any(k < 1 for k in ks):
         raise ValueError(f"every k must be at least 1, got {list(ks)}")
@@ -246,13 +246,7 @@ def evaluate_documents(
     per_method: dict[str, dict[int, dict[int, list[float]]]] = {}
 
     def result() -> GenerationFaithfulness:
-        reference = per_method.get(RANDOM)
-        table = {
-            method: {
-                str(k): summarise(drops[k], None if method == RANDOM or reference is None else reference[k]) for k in ks
-            }
-            for method, drops in per_method.items()
-        }
+        table = summary_table(per_method, ks)
         return GenerationFaithfulness(
             model=name, prompts=[item.title for item in items], continuations=[text for _, _, text in answers_read],
             new_tokens=new_tokens, steps=sum(len(answers_read[row][1]) for row in rows), ks=list(ks),

@@ -322,6 +322,19 @@ def summarise(
     return summary
 
 
+def summary_table(
+    per_method: Mapping[str, Mapping[int, Mapping[int, Sequence[float]]]], ks: Sequence[int]
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each method's :func:`summarise` at each ``k``, paired with the ``random`` ranking's drops where it ran."""
+    reference = per_method.get(RANDOM)
+    return {
+        method: {
+            str(k): summarise(drops[k], None if method == RANDOM or reference is None else reference[k]) for k in ks
+        }
+        for method, drops in per_method.items()
+    }
+
+
 def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
@@ -426,13 +439,7 @@ def evaluate_generation(
     ]
 
     def result() -> GenerationFaithfulness:
-        reference = per_method.get(RANDOM)
-        table = {
-            method: {
-                str(k): summarise(drops[k], None if method == RANDOM or reference is None else reference[k]) for k in ks
-            }
-            for method, drops in per_method.items()
-        }
+        table = summary_table(per_method, ks)
         return GenerationFaithfulness(
             model=name,
             prompts=list(prompts),
