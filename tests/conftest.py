@@ -32,8 +32,14 @@ from transformers import (
 from model_store.serving.config import POOL_KEY, Ports
 from model_store.serving.process import Server, start, stop
 from supervise.watchdog import OWNER_ENV
+from supervise.workdir import WORKDIR_ENV
 from tests.serving_support import tiny_archives
 from tests.weights import perturb
+
+# `make test` runs under the Makefile's exported EXPLAIN_WORKDIR (the clone, which keeps `make serve`'s
+# model_store/build and run/ there); the tests choose their own folders and directories, so the setting goes: they then
+# run the same under `make test` as under a bare pytest from the checkout's root (tests/test_workdir.py sets it itself).
+os.environ.pop(WORKDIR_ENV, None)
 
 VOCAB = 60
 NUM_LABELS = 3
