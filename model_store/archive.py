@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 import yaml
 
-from explainers import DEFAULT_METHOD
 from model_store.files import make_readable
 
 logger = logging.getLogger(__name__)
@@ -67,7 +66,9 @@ class ServingConfig:
     image_size: tuple[int, int] | None = None
     max_image_bytes: int | None = None
     model_dir: str = "model"
-    default_method: str = DEFAULT_METHOD
+    # explainers.DEFAULT_METHOD, written out: importing explainers would import torch, and the build's up-to-date check
+    # must stay cheap (tests/test_model_store.py); tests/test_defaults.py checks the two agree.
+    default_method: str = "attnlrp"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     autocast_bf16: bool = False
     min_workers: int = 1
