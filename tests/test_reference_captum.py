@@ -109,6 +109,7 @@ def test_gradient_equals_captum_saliency(name: str) -> None:
         theirs = torch.linalg.vector_norm(attribution[0], dim=-1)
         worst = max(worst, _compare(cache["ours"], row, real, theirs, _tolerance(name)))
     print(f"\n{name} gradient: largest relative difference from Captum {worst:.1e}")
+    assert worst <= _tolerance(name)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -131,6 +132,7 @@ def test_smoothgrad_equals_captum_noise_tunnel_with_the_same_noise(name: str) ->
             )
         worst = max(worst, _compare(cache["ours"], row, real, attribution[0].sum(dim=-1), _tolerance(name)))
     print(f"\n{name} smoothgrad: largest relative difference from Captum {worst:.1e}")
+    assert worst <= _tolerance(name)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -157,6 +159,7 @@ def test_occlusion_equals_captum_feature_ablation(name: str) -> None:
             )
             worst = max(worst, _compare(cache["ours"], row, real, attribution[0, :, 0], _tolerance(name)))
     print(f"\n{name} occlusion: largest relative difference from Captum {worst:.1e}")
+    assert worst <= _tolerance(name)
 
 
 def test_occlusion_equals_captum_occlusion_of_one_token_windows() -> None:
@@ -173,3 +176,4 @@ def test_occlusion_equals_captum_occlusion_of_one_token_windows() -> None:
         # Occlusion divides its sums by the windows' counts after ``.float()``: float32's rounding, not ours.
         worst = max(worst, _compare(result.scores, row, real, attribution[0, :, 0], tolerance=1e-6))
     print(f"\nbert occlusion (Captum's Occlusion): largest relative difference {worst:.1e}")
+    assert worst <= 1e-6
