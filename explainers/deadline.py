@@ -40,6 +40,13 @@ class Deadline:
         """The deadline at the wall-clock instant ``unix_seconds`` (seconds since the epoch, as a header carries it)."""
         return cls.within(float(unix_seconds) - time.time())
 
+    @classmethod
+    def of(cls, value: Deadline | float | None) -> Deadline | None:
+        """A deadline from what a caller passes: a :class:`Deadline`, seconds from now, or ``None`` (none)."""
+        if value is None or isinstance(value, Deadline):
+            return value
+        return cls.within(float(value))
+
     def remaining(self) -> float:
         """Seconds left (negative once passed)."""
         return self.expires - time.monotonic()

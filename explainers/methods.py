@@ -189,11 +189,22 @@ class Cost:
             as ``forwards``.
         solver: ``(n, layers) -> time`` spent outside the model (attention flow's maximum flows), in units of the
             machine's pure-Python reference job (:func:`explainers.timing.reference_job`).
+        per_target: ``(options, n) -> forward equivalents`` that each further target of the same row adds (a token
+            classifier's entities, a generation's steps: :func:`explainers.tasks.targets.explain_targets` explains
+            them from one forward): the backward passes, which repeat per target, while forwards are shared.
+            ``None``: everything but one forward, ``forwards - 1``.
     """
 
     forwards: Callable[[Mapping[str, OptionValue], int], float]
     calls: Callable[[Mapping[str, OptionValue], int], float] | None = None
     solver: Callable[[int, int], float] = _no_solver
+    per_target: Callable[[Mapping[str, OptionValue], int], float] | None = None
+
+    def target_forwards(self, options: Mapping[str, OptionValue], length: int) -> float:
+        """Forward equivalents each further target of a row adds (:attr:`per_target`)."""
+        if self.per_target is not None:
+            return self.per_target(options, length)
+        return max(self.forwards(options, length) - 1.0, 0.0)
 
     @classmethod
     def fixed(cls, forwards: float) -> Cost:
@@ -209,7 +220,11 @@ class Cost:
             per_call = int(options.get("internal_batch_size", COPIES_PER_PASS))
             return per_copy * -(-copies(options, length) // max(per_call, 1))
 
-        return cls(lambda options, length: per_copy * copies(options, length), calls)
+        def per_target(options: Mapping[str, OptionValue], length: int) -> float:
+            # every copy's forward serves all targets; its backward (all but one forward equivalent) repeats
+            return max(per_copy - 1.0, 0.0) * copies(options, length)
+
+        return cls(lambda options, length: per_copy * copies(options, length), calls, per_target=per_target)
 
 
 #: One grad-enabled forward and its backward (a backward costs about two forwards), the cost of a gradient method.

@@ -23,9 +23,10 @@ so that they follow the machine's speed and load as the forwards do).
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,11 @@ BATCH_ROWS = 8
 REFERENCE_ITERATIONS = 200_000
 #: An explained row's fixed work outside the model (validation, planning, hooks, packaging), in reference jobs.
 SETUP_JOBS = 4.0
+#: A generation step's work outside the model (sampling, the stopping rules), in reference jobs.
+STEP_JOBS = 0.2
+#: A cached generation step's reading of one earlier token, in per-token forward times (attention only: the
+#: per-token time also counts the layers' matrix products, which a cached token does not redo).
+CACHE_READ = 0.1
 
 
 @dataclass(frozen=True)
@@ -68,12 +74,20 @@ class ModelSpeed:
         token: seconds per token of a forward.
         python: seconds of :func:`reference_job` (the unit of :attr:`~explainers.methods.Cost.solver`).
         layers: the model's blocks (a solver's work may grow with them).
+        step: seconds of one cached generation step of one row (a causal LM; 0: not measured, the per-call time
+            is used).
     """
 
     call: float
     token: float
     python: float = 0.0
     layers: int = 1
+    step: float = 0.0
+
+    @property
+    def step_seconds(self) -> float:
+        """Seconds of one generation step: the measured :attr:`step`, else a forward call of one token."""
+        return self.step if self.step > 0 else self.call + self.token
 
     def forward_seconds(self, length: int) -> float:
         """Estimated seconds of one forward of one row of ``length`` tokens."""
@@ -112,8 +126,9 @@ class ModelSpeed:
         batched = _median_forward(model, {key: value.repeat(BATCH_ROWS, 1) for key, value in long.items()})
         token = max(single - short, 0.0) / (longest - SHORT_LENGTH)
         token = max(token, max(batched - short, 0.0) / (BATCH_ROWS * longest - SHORT_LENGTH))
+        step = _median_step(model, long) if arch.task == "causal_lm" else 0.0
         # Per-token time grows with the length (attention): the line through the longest length errs high below it.
-        return cls(short * safety, token * safety, python, arch.num_layers)
+        return cls(short * safety, token * safety, python, arch.num_layers, step * safety)
 
 
 def reference_job() -> float:
@@ -148,6 +163,28 @@ def _probe_inputs(model: nn.Module, arch: Architecture, length: int) -> dict[str
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+def _median_step(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> float:
+    """Median seconds of a cached generation step of one row after ``inputs`` (a causal LM's forward of one new token
+    reading the cache of the whole row; the cache is made once and each timed step starts from it)."""
+    device = model_device(model)
+    seconds: list[float] = []
+    with torch.no_grad():
+        prefill = model(**inputs, use_cache=True)
+        cache = prefill.cache if "cache" in prefill else prefill.past_key_values
+        if cache is None:
+            return 0.0
+        mask = torch.cat([inputs["attention_mask"], torch.ones_like(inputs["attention_mask"][:, :1])], dim=1)
+        token = inputs["input_ids"][:, -1:]
+        for _ in range(REPEATS):
+            copied = copy.deepcopy(cache)
+            started = time.perf_counter()
+            model(input_ids=token, attention_mask=mask, cache=copied, use_cache=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
 def _median_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> float:
     """Median seconds of :data:`REPEATS` forwards (the median leaves out a first one that warms up)."""
     seconds: list[float] = []
@@ -163,16 +200,25 @@ def _median_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> flo
 
 
 def estimate_seconds(
-    speed: ModelSpeed, method: str | Method, length: int, options: Mapping[str, OptionValue], rows: int = 1
+    speed: ModelSpeed,
+    method: str | Method,
+    length: int,
+    options: Mapping[str, OptionValue],
+    rows: int = 1,
+    targets: int = 1,
 ) -> float:
-    """Estimated seconds to predict and explain ``rows`` rows of ``length`` tokens with ``method`` (module docstring).
+    """Estimated seconds to predict and explain ``rows`` rows of ``length`` tokens with ``method`` (module docstring),
+    each for ``targets`` targets (a token classifier's entities, a generation's explained steps): every target after
+    the first adds its :meth:`~explainers.methods.Cost.target_forwards` (its backward passes; forwards are shared) at
+    the per-token time, batched into the first target's calls, and its solver time.
 
     Args:
-        speed: the model's measured speed (:func:`measure_speed`).
+        speed: the model's measured speed (:meth:`ModelSpeed.measure`).
         method: a registered method, or its name.
         length: the row's length in tokens (patches for images).
         options: the method's options (as validated: defaults filled in).
         rows: rows of that length and method.
+        targets: targets explained per row (at least 1).
 
     Returns:
         The estimate in seconds; it errs high.
@@ -182,10 +228,26 @@ def estimate_seconds(
     """
     chosen = get_method(method) if isinstance(method, str) else method
     cost = chosen.cost
-    forwards = cost.forwards(options, length)
-    calls = forwards if cost.calls is None else cost.calls(options, length)
+    further = max(int(targets), 1) - 1
+    forwards = cost.forwards(options, length) + further * cost.target_forwards(options, length)
+    # the targets' gradients are batched into the same calls (a vmap over the backward): they add work, not calls
+    calls = cost.forwards(options, length) if cost.calls is None else cost.calls(options, length)
     work = (1.0 + calls) * speed.call + (1.0 + forwards) * speed.token * length
-    return rows * (work + (SETUP_JOBS + cost.solver(length, speed.layers)) * speed.python)
+    solver = (1 + further) * cost.solver(length, speed.layers)
+    return rows * (work + (SETUP_JOBS + solver) * speed.python)
+
+
+def generation_seconds(speed: ModelSpeed, prompt_length: int, new_tokens: int) -> float:
+    """Estimated seconds to write ``new_tokens`` tokens after a prompt of ``prompt_length`` tokens: the prompt's
+    forward, then one cached forward call per new token (:attr:`ModelSpeed.step`, each also reading the cache of every
+    token before it, counted at the per-token time), with :data:`STEP_JOBS` of Python work per step (sampling,
+    stopping rules)."""
+    if new_tokens <= 0:
+        return 0.0
+    last = prompt_length + new_tokens
+    cache_reads = new_tokens * (prompt_length + last) / 2.0 * speed.token * CACHE_READ
+    steps = new_tokens * (speed.step_seconds + STEP_JOBS * speed.python)
+    return speed.forward_seconds(prompt_length) + steps + cache_reads
 
 
 def prediction_seconds(speed: ModelSpeed, length: int) -> float:
@@ -202,9 +264,23 @@ def check_time_budget(
     alternatives: Iterable[str] = (),
     admitted_s: float = 0.0,
     rows: int = 1,
+    targets: int = 1,
+    generate_s: float = 0.0,
 ) -> float:
     """Refuse (before any work) ``rows`` rows of ``length`` tokens whose estimate exceeds ``budget_s``, alone or beside
     ``admitted_s`` seconds of rows already admitted to their batch.
+
+    Args:
+        speed: the model's measured speed.
+        method: the method asked for.
+        length: the row's length in tokens (for a generation: prompt and new tokens).
+        options: the method's options (defaults filled in).
+        budget_s: the budget in seconds (``None``: none; the estimate is still returned).
+        alternatives: methods the row may use instead (named in the refusal when they fit at their defaults).
+        admitted_s: seconds of the rows already admitted to the batch.
+        rows: rows of that length and method.
+        targets: targets explained per row (entities, steps; :func:`estimate_seconds`).
+        generate_s: seconds of the row's generation before it is explained (:func:`generation_seconds`).
 
     Returns:
         The estimate in seconds.
@@ -213,7 +289,11 @@ def check_time_budget(
         TimeBudgetError: naming the estimate, the budget and what fits: the largest value of the option that decides
             the cost, or the ``alternatives`` (methods, at their default options) that fit.
     """
-    needed = estimate_seconds(speed, method, length, options, rows)
+
+    def estimate(chosen: str | Method, chosen_options: Mapping[str, OptionValue]) -> float:
+        return generate_s + estimate_seconds(speed, chosen, length, chosen_options, rows, targets)
+
+    needed = estimate(method, options)
     if budget_s is None or admitted_s + needed <= budget_s:
         return needed
     if needed <= budget_s:
@@ -221,24 +301,51 @@ def check_time_budget(
             f"method {method.name!r} needs about {needed:.1f} s for {length} tokens, and the batch it joined already "
             f"needs {admitted_s:.1f} s of the per-batch time budget of {budget_s:.1f} s; alone it fits: retry"
         )
-    hints = [
-        f"{name} <= {value}" for name, value in _largest_fitting(speed, method, length, options, budget_s, rows).items()
-    ]
-    fitting = sorted(
-        name
-        for name in alternatives
-        if name != method.name and estimate_seconds(speed, name, length, {}, rows) <= budget_s
-    )
+    hints = [f"{name} <= {value}" for name, value in _largest_fitting(estimate, method, options, budget_s).items()]
+    fitting = sorted(name for name in alternatives if name != method.name and estimate(name, {}) <= budget_s)
     choices = []
     if hints:
         choices.append(f"{', '.join(hints)} fits")
     if fitting:
         choices.append(f"methods that fit: {', '.join(fitting)}")
+    if targets > 1:
+        choices.append("or explain fewer targets (steps or entities)")
     choices.append("or send fewer tokens")
     size = f"{length} tokens" if rows == 1 else f"{rows} x {length} tokens"
+    if targets > 1:
+        size += f" and {targets} targets"
+    if generate_s > 0:
+        size += f" (generating them: {generate_s:.1f} s)"
     raise TimeBudgetError(
         f"method {method.name!r} with {_shown(options)} needs about {needed:.1f} s for {size}, over the time "
         f"budget of {budget_s:.1f} s; {'; '.join(choices)}"
+    )
+
+
+def check_generation_budget(
+    speed: ModelSpeed, prompt_length: int, new_tokens: int, budget_s: float | None, admitted_s: float = 0.0
+) -> float:
+    """Refuse a generation row that explains nothing whose writing alone is estimated over ``budget_s`` (alone, or
+    beside ``admitted_s`` seconds already admitted to its batch); returns the estimate.
+
+    Raises:
+        TimeBudgetError: naming the estimate, the budget and the most new tokens that fit.
+    """
+    needed = generation_seconds(speed, prompt_length, new_tokens)
+    if budget_s is None or admitted_s + needed <= budget_s:
+        return needed
+    if needed <= budget_s:
+        raise TimeBudgetError(
+            f"writing {new_tokens} tokens needs about {needed:.1f} s, and the batch it joined already needs "
+            f"{admitted_s:.1f} s of the per-batch time budget of {budget_s:.1f} s; alone it fits: retry"
+        )
+    low, high = 0, new_tokens
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if generation_seconds(speed, prompt_length, middle) <= budget_s else (low, middle)
+    raise TimeBudgetError(
+        f"writing {new_tokens} tokens after a prompt of {prompt_length} tokens needs about {needed:.1f} s, over the "
+        f"time budget of {budget_s:.1f} s; max_new_tokens <= {low} fits, or send a shorter prompt"
     )
 
 
@@ -247,7 +354,10 @@ def _shown(options: Mapping[str, OptionValue]) -> str:
 
 
 def _largest_fitting(
-    speed: ModelSpeed, method: Method, length: int, options: Mapping[str, OptionValue], budget_s: float, rows: int
+    estimate: Callable[[str | Method, Mapping[str, OptionValue]], float],
+    method: Method,
+    options: Mapping[str, OptionValue],
+    budget_s: float,
 ) -> dict[str, int]:
     """For each integer option the cost grows with: the largest value (below the requested one, down to its minimum)
     with which the row fits the budget, the other options unchanged; options the cost ignores are left out."""
@@ -258,11 +368,9 @@ def _largest_fitting(
         low = 1 if value >= 1 else value
 
         def fits(candidate: int, name: str = name) -> bool:
-            changed = {**options, name: candidate}
-            return estimate_seconds(speed, method, length, changed, rows) <= budget_s
+            return estimate(method, {**options, name: candidate}) <= budget_s
 
-        lowest = estimate_seconds(speed, method, length, {**options, name: low}, rows)
-        if lowest >= estimate_seconds(speed, method, length, options, rows):
+        if estimate(method, {**options, name: low}) >= estimate(method, options):
             continue  # the cost does not grow with this option
         if not fits(low):
             continue

@@ -16,6 +16,7 @@ from typing import Any
 
 from serving_core import metrics
 from serving_core.config import ConfigError, HandlerConfig
+from serving_core.deadlines import DEADLINE_HEADER, header_deadline
 from serving_core.errors import RowError
 from serving_core.loading import worker_device
 from serving_core.pools import model_of
@@ -28,6 +29,20 @@ logger = logging.getLogger(__name__)
 def _explain_header(context: Any, index: int) -> bool:
     value = context.get_request_header(index, "explain")
     return isinstance(value, str) and value.strip().lower() == "true"
+
+
+def _decoded(task: Task[Any, Any], row: dict[str, Any], context: Any, index: int, config: HandlerConfig) -> Any:
+    """Row ``index`` decoded, due by the earlier of its body's deadline and its ``Explain-Deadline-Ms`` header's.
+
+    Raises:
+        RowError: for what is wrong with the row or the header.
+    """
+    decoded = task.decode(row, _explain_header(context, index), config)
+    headers = context.get_all_request_header(index) or {}
+    header = next((value for name, value in headers.items() if str(name).lower() == DEADLINE_HEADER), None)
+    if header is None:
+        header = row.get(DEADLINE_HEADER)  # TorchServe's gRPC Predictions: an entry of the input map
+    return task.with_deadline(decoded, header_deadline(header))
 
 
 class ExplanationHandler:
@@ -73,7 +88,7 @@ class ExplanationHandler:
         decoded: list[Any] = []
         for index, row in enumerate(data):
             try:
-                decoded.append(task.decode(row, _explain_header(context, index), config))
+                decoded.append(_decoded(task, row, context, index, config))
             except RowError as error:
                 decoded.append(error)
         outcomes, timings = self.service.run(decoded, encodings)

@@ -97,8 +97,8 @@ class HandlerConfig:
             a row over the budget alone, or beside the rows already admitted to its batch, is refused with
             ``over_time_budget`` (413) instead of running past TorchServe's ``responseTimeout`` (which kills the
             worker). Default: half the archive's ``responseTimeout`` (TorchServe's 120 s when the yaml sets none),
-            :func:`default_time_budget`. Text and image tasks only (the others have no budget yet; setting it on
-            them fails to load).
+            :func:`default_time_budget`. A token classifier's row is estimated for each entity it explains, a
+            generation row for the tokens it may write and the steps it explains.
 
     The ``generation`` task (causal LMs) has no labels; ``max_length`` bounds its prompts in tokens (a longer prompt
     is ``too_many_tokens``: a truncated prompt would change what is generated).
@@ -235,8 +235,8 @@ TORCHSERVE_RESPONSE_TIMEOUT = 120
 #: The share of ``responseTimeout`` a batch's estimated time may take by default: the estimates err high, and the
 #: rest is margin for the batch's decoding, encoding and a machine busier than when the speed was measured.
 TIME_BUDGET_SHARE = 0.5
-#: The tasks whose rows are estimated against a time budget.
-TIME_BUDGET_TASKS = ("text", "image")
+#: The tasks whose rows are estimated against a time budget (every task).
+TIME_BUDGET_TASKS = ("text", "image", "token_classification", "generation")
 
 
 def default_time_budget(model_yaml: Mapping[str, Any]) -> float:
@@ -253,7 +253,7 @@ def _time_budget(section: Mapping[str, Any], task: str, model_yaml: Mapping[str,
     if value is None:
         return default_time_budget(model_yaml) if task in TIME_BUDGET_TASKS else None
     if task not in TIME_BUDGET_TASKS:
-        raise ConfigError(f"handler.time_budget_s applies to the text and image tasks only, not to {task!r}")
+        raise ConfigError(f"handler.time_budget_s applies to the tasks {TIME_BUDGET_TASKS}, not to {task!r}")
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"handler.time_budget_s must be a positive number of seconds, got {value!r}")
     return float(value)

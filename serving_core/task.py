@@ -34,6 +34,8 @@ from .wire import Encoding
 if TYPE_CHECKING:
     import torch
 
+    from explainers import Deadline
+
     from .config import HandlerConfig
 
 
@@ -137,6 +139,11 @@ class Task(ABC, Generic[Row, Result]):
     @abstractmethod
     def with_explanation(self, row: Row, config: HandlerConfig) -> Row:
         """The row asking for the model's default method if it asks for none (KServe v1 ``:explain``)."""
+
+    @abstractmethod
+    def with_deadline(self, row: Row, deadline: Deadline | None) -> Row:
+        """The row due by the earlier of its own deadline and ``deadline``, the one its door received (a REST header,
+        a gRPC call's deadline, a request parameter; ``None``: the row unchanged)."""
 
     @abstractmethod
     def to_dict(self, outcome: Result, config: HandlerConfig) -> dict[str, Any]:

@@ -238,10 +238,12 @@ def test_the_served_budget_defaults_to_half_the_response_timeout() -> None:
     assert HandlerConfig.from_model_yaml(_yaml(time_budget_s=2.5)).time_budget_s == 2.5
     with pytest.raises(ConfigError, match="time_budget_s must be a positive number"):
         HandlerConfig.from_model_yaml(_yaml(time_budget_s=0))
-    generation = {"handler": {"task": "generation"}}
-    assert HandlerConfig.from_model_yaml(generation).time_budget_s is None
-    with pytest.raises(ConfigError, match="text and image tasks only"):
-        HandlerConfig.from_model_yaml({"handler": {"task": "generation", "time_budget_s": 5}})
+    for task in ("generation", "token_classification"):  # every task has its budget (tests/test_timing_tasks.py)
+        labels = {"labels": ["O", "B-PER"]} if task == "token_classification" else {}
+        assert HandlerConfig.from_model_yaml({"handler": {"task": task, **labels}}).time_budget_s == 60.0
+        assert (
+            HandlerConfig.from_model_yaml({"handler": {"task": task, **labels, "time_budget_s": 5}}).time_budget_s == 5
+        )
 
 
 def test_a_request_carries_its_deadline_in_unix_milliseconds() -> None:

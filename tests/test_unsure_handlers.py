@@ -150,6 +150,9 @@ def test_explained_and_skipped_rows_are_counted(service: ExplanationService) -> 
         def get_request_header(self, index: int, name: str) -> None:
             return None
 
+        def get_all_request_header(self, index: int) -> dict[str, str]:
+            return {}
+
         def set_response_content_type(self, index: int, value: str) -> None:
             pass
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..chat import RenderedPrompt
+from ..deadline import Deadline
 from ..defaults import DEFAULT_METHOD
 from ..errors import InvalidTargetError
 from ..units import token_units
@@ -148,6 +149,7 @@ def explain_spans(
     *,
     method: str = DEFAULT_METHOD,
     options: Mapping[str, Any] | None = None,
+    deadline: Deadline | None = None,
 ) -> SpanExplanation:
     """Explain every span of every row (each the summed log-probability of its steps' tokens) with one forward.
 
@@ -158,13 +160,15 @@ def explain_spans(
         method: one of :func:`explainers.available_methods` that the family supports; default
             :data:`~explainers.DEFAULT_METHOD` (``attnlrp``).
         options: the method's options.
+        deadline: when the answer is due (``None``: none; :func:`~explainers.tasks.targets.explain_targets`).
 
     Raises:
-        ExplainError: for a refused method, bad options or spans (:class:`InvalidTargetError`).
+        ExplainError: for a refused method, bad options or spans (:class:`InvalidTargetError`);
+            :class:`~explainers.deadline.DeadlineExceededError` once ``deadline`` has passed.
     """
     targets = span_targets(made, spans)
     inputs = {"input_ids": made.sequences, "attention_mask": made.forward_mask}
-    explained = explain_targets(model, inputs, targets, method=method, **dict(options or {}))
+    explained = explain_targets(model, inputs, targets, method=method, deadline=deadline, **dict(options or {}))
     return SpanExplanation(
         method=explained.method,
         options=dict(explained.options),
@@ -288,6 +292,7 @@ def explain_citations(
     method: str = DEFAULT_METHOD,
     chat_template: str | None = None,
     options: Mapping[str, Any] | None = None,
+    deadline: Deadline | float | None = None,
 ) -> Citations:
     """Which documents each sentence of an answer rests on: the chat (or prompt) rendered with its documents
     (:func:`explainers.render_chat` / :func:`explainers.render_prompt`), the answer given or generated greedily, split
@@ -306,15 +311,19 @@ def explain_citations(
         method: the attribution method (default :data:`~explainers.DEFAULT_METHOD`, ``attnlrp``).
         chat_template: a chat template instead of the tokenizer's.
         options: the method's options.
+        deadline: abandon the work once this :class:`~explainers.deadline.Deadline` (or this many seconds from now)
+            has passed: checked between generation steps and between chunks of the explanation.
 
     Raises:
-        ExplainError: for bad messages, documents, method or options (see :func:`explainers.render_chat`).
+        ExplainError: for bad messages, documents, method or options (see :func:`explainers.render_chat`);
+            :class:`~explainers.deadline.DeadlineExceededError` once ``deadline`` has passed.
     """
     from ..chat import decoded_offsets, render_chat, render_prompt
     from .continuation import generate_continuation, given_continuation
 
     if (messages is None) == (prompt is None):
         raise InvalidTargetError("give messages or a prompt, not both")
+    due = Deadline.of(deadline)
     if messages is not None:
         rendered = render_chat(tokenizer, messages, documents, chat_template=chat_template)
     else:
@@ -322,7 +331,7 @@ def explain_citations(
     ids = torch.tensor([list(rendered.input_ids)])
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if answer is None:
-        made = generate_continuation(model, inputs, max_new_tokens)
+        made = generate_continuation(model, inputs, max_new_tokens, deadline=due)
     else:
         given = tokenizer(answer, add_special_tokens=False)["input_ids"] if isinstance(answer, str) else list(answer)
         made = given_continuation(model, inputs, torch.tensor([given]))
@@ -332,7 +341,9 @@ def explain_citations(
     explanation = None
     ranked: list[tuple[tuple[int, float], ...]] = []
     if sentences:
-        explanation = explain_spans(model, made, [[s.steps for s in sentences]], method=method, options=options)
+        explanation = explain_spans(
+            model, made, [[s.steps for s in sentences]], method=method, options=options, deadline=due
+        )
         labels = rendered.token_labels()
         count = len({field.index for field in rendered.fields if field.kind == "document"})
         for index in range(len(sentences)):

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..architectures.attention import attention_implementation
+from ..deadline import Deadline
 from ..errors import InvalidInputError, InvalidOptionError
 
 #: New tokens generated when the caller names no ``max_new_tokens``.
@@ -488,6 +489,7 @@ def generate_continuation(
     generation: Mapping[str, Any] | GenerationSettings | Sequence[Mapping[str, Any] | GenerationSettings] | None = None,
     top_logprobs: int | None = None,
     stop: Callable[[Tensor], Tensor] | None = None,
+    deadline: Deadline | None = None,
 ) -> Continuation:
     """Generate after each prompt of a batch, all rows together, each stopping at its EOS, its token budget or when
     ``stop`` says so.
@@ -504,6 +506,7 @@ def generate_continuation(
         stop: called after each step with the ``(batch, t)`` tokens written so far; returns a ``(batch,)`` bool of the
             rows that end at this step (their last token is kept, as an EOS is), e.g. when the decoded text reached a
             stop sequence. Rows that already ended are ignored whatever it says.
+        deadline: when the answer is due (``None``: none), checked before each step.
 
     Returns:
         The :class:`Continuation`; ``T`` is the longest row's number of steps.
@@ -511,6 +514,7 @@ def generate_continuation(
     Raises:
         InvalidInputError: for malformed prompts or prompt + new tokens beyond the model's positions.
         InvalidOptionError: for bad generation settings, token budgets or ``top_logprobs``.
+        DeadlineExceededError: once ``deadline`` has passed (the tokens written so far are dropped).
     """
     if top_logprobs is not None and (
         isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0
@@ -544,6 +548,8 @@ def generate_continuation(
             alive = alive & (budget > step)
             if not bool(alive.any()):
                 break
+            if deadline is not None:
+                deadline.check(f"generating step {step + 1} of at most {longest}")
             output = model(
                 input_ids=step_input,
                 attention_mask=mask,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from ..deadline import Deadline
 from ..defaults import DEFAULT_METHOD
 from ..errors import InvalidTargetError, UnsupportedModelError
 from .continuation import (
@@ -219,6 +220,7 @@ def explain_generation(
     steps: Steps = None,
     contrast: Any = None,
     generation: Mapping[str, Any] | GenerationSettings | None = None,
+    deadline: Deadline | float | None = None,
     **options: Any,
 ) -> GenerationExplanation:
     """Generate after each prompt (or take a given continuation) and explain every generated token.
@@ -241,6 +243,8 @@ def explain_generation(
             minus the foil's (with ``"sum"``: the summed log-probability difference).
         generation: sampling settings (keys of :data:`~explainers.tasks.continuation.GENERATION_KEYS`: ``do_sample``,
             ``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_token_id``); greedy by default.
+        deadline: abandon the work once this :class:`~explainers.deadline.Deadline` (or this many seconds from now)
+            has passed: checked before each generation step and between chunks of the explanation.
         **options: the method's options, as :func:`explainers.explain` takes them.
 
     Returns:
@@ -248,20 +252,22 @@ def explain_generation(
 
     Raises:
         ExplainError: (a ``ValueError``) for an unknown or refused method, bad options, prompts, continuation,
-            steps (:class:`InvalidTargetError`) or foils.
+            steps (:class:`InvalidTargetError`) or foils; :class:`~explainers.deadline.DeadlineExceededError` once
+            ``deadline`` has passed.
     """
     import time
 
     check_generation_call(model, method, options)
+    due = Deadline.of(deadline)
     started = time.perf_counter()
     if continuation is not None:
         made = given_continuation(model, inputs, continuation)
         generate_seconds = 0.0
     else:
-        made = generate_continuation(model, inputs, max_new_tokens, generation)
+        made = generate_continuation(model, inputs, max_new_tokens, generation, deadline=due)
         generate_seconds = time.perf_counter() - started
     return explain_continuation(model, made, method=method, steps=steps, contrast=contrast, options=options,
-                                generate_seconds=generate_seconds)  # fmt: skip
+                                generate_seconds=generate_seconds, deadline=due)  # fmt: skip
 
 
 def check_generation_call(model: nn.Module, method: str, options: Mapping[str, Any]) -> None:
@@ -296,6 +302,7 @@ def explain_continuation(
     options: Mapping[str, Any] | None = None,
     generate_seconds: float = 0.0,
     wanted: Tensor | None = None,
+    deadline: Deadline | None = None,
 ) -> GenerationExplanation:
     """Explain a :class:`~explainers.tasks.continuation.Continuation` (the second half of :func:`explain_generation`).
 
@@ -310,6 +317,7 @@ def explain_continuation(
         wanted: optional ``(batch, T)`` bool, the steps each row asks for among ``steps`` (a served batch whose rows
             ask for different steps shares one forward); the others are not explained (scores 0). ``contrast`` may
             then hold ``-1`` for the steps without a foil.
+        deadline: when the answer is due (``None``: none; :func:`~explainers.tasks.targets.explain_targets`).
     """
     total = made.steps
     resolved = resolve_steps(steps, total)
@@ -321,6 +329,7 @@ def explain_continuation(
         {"input_ids": made.sequences, "attention_mask": made.forward_mask},
         step_targets(made, resolved, foils, wanted),
         method=method,
+        deadline=deadline,
         **dict(options or {}),
     )
     probabilities = step_probabilities(explained.logits, made)

@@ -62,6 +62,7 @@ from ..capture import (
     prepared_model,
     rounds_per_call,
 )
+from ..deadline import Deadline
 from ..errors import InvalidTargetError, UnsupportedModelError
 from ..inputs import full_precision, validate_inputs
 from ..methods import (
@@ -272,6 +273,7 @@ def explain_targets(
     *,
     method: str,
     chunk_bytes: int = CHUNK_BYTES,
+    deadline: Deadline | None = None,
     **options: Any,
 ) -> TargetExplanation:
     """Explain every target of a batch of a token-level model, with one forward for the batch.
@@ -284,6 +286,8 @@ def explain_targets(
             targets that depend on the predictions, such as the entities a token classifier found).
         method: one of :func:`explainers.available_methods` that the model's family and task accept.
         chunk_bytes: bound on the gradients of one batched vector-Jacobian call.
+        deadline: when the answer is due (``None``: none): checked before the forward, before each chunk of rounds'
+            gradients and between the chunks of a method's own forwards (:mod:`explainers.deadline`).
         **options: the method's options, as :func:`explainers.explain` takes them.
 
     Returns:
@@ -291,7 +295,8 @@ def explain_targets(
 
     Raises:
         ExplainError: for an unknown or refused method, a bad option, bad inputs or targets that do not fit them;
-            :class:`UnsupportedModelError` for a sequence classifier (use :func:`explainers.explain`).
+            :class:`UnsupportedModelError` for a sequence classifier (use :func:`explainers.explain`);
+            :class:`~explainers.deadline.DeadlineExceededError` once ``deadline`` has passed.
     """
     arch = describe(model)
     if arch.task not in TOKEN_LEVEL_TASKS:
@@ -305,6 +310,8 @@ def explain_targets(
     mask = validated["attention_mask"]
     chosen.admit(int(mask.sum(dim=-1).max()))
     needs = chosen.needs
+    if deadline is not None:
+        deadline.check("any work")
     fused = fused_implementation(model)  # read before prepared_model switches the model
     with prepared_model(model):
         forward = forward_pass(model, arch, validated, needs, bind_rules(chosen.rules, model, arch), fused=fused)
@@ -315,7 +322,7 @@ def explain_targets(
         values = explained.objective(logits)
         seconds = dict(forward.seconds)
         started = time.perf_counter()
-        call = _Call(chosen, resolved, model, arch, validated, explained, _score_dtype(logits), chunk_bytes)
+        call = _Call(chosen, resolved, model, arch, validated, explained, _score_dtype(logits), chunk_bytes, deadline)
         if chosen.forwards is not None:
             timed = _own_forward_scores(call, fused)
             scores = timed.scores
@@ -390,6 +397,12 @@ class _Call:
     targets: Targets
     dtype: torch.dtype
     chunk_bytes: int
+    deadline: Deadline | None = None
+
+    def check_deadline(self, where: str) -> None:
+        """Abandon the work if the call's deadline has passed."""
+        if self.deadline is not None:
+            self.deadline.check(where)
 
     def method_inputs(
         self,
@@ -410,6 +423,7 @@ class _Call:
 def _map_scores(call: _Call, forward: Forward) -> Tensor:
     """Scores of a method that reads only the maps: every target's row at once, ``(K, B, n)``."""
     targets = call.targets
+    call.check_deadline(f"reading the maps of {targets.rounds} targets")
     capture = forward.capture(call.arch, torch.zeros(targets.active.shape[1], dtype=torch.long)).upcast()
     readout = targets.readout.transpose(0, 1)  # (B, K, n)
     mask = (targets.visible & call.inputs["attention_mask"].bool().unsqueeze(0)).transpose(0, 1)
@@ -468,6 +482,7 @@ def _target_scores(call: _Call, forward: Forward, values: Tensor) -> _Timed:
         picked, rows = targets.active[start:stop].nonzero(as_tuple=True)
         if picked.numel() == 0:
             continue
+        call.check_deadline(f"the targets {start + 1}-{stop} of {last_round + 1}")
         gradients: tuple[Tensor, ...] = ()
         if wrt:
             began = time.perf_counter()
@@ -501,6 +516,16 @@ def _own_forward_scores(call: _Call, fused: str | None) -> _Timed:
         return _Timed(torch.zeros((rounds, batch, mask.shape[-1]), dtype=call.dtype, device=mask.device), 0.0)
     objective = Objective(rounds, targets.objective)
     scored = call.method.forwards.run(
-        ForwardInputs(call.model, call.arch, call.inputs, objective, call.options, call.dtype, fused, call.chunk_bytes)
+        ForwardInputs(
+            call.model,
+            call.arch,
+            call.inputs,
+            objective,
+            call.options,
+            call.dtype,
+            fused,
+            call.chunk_bytes,
+            call.deadline,
+        )
     )
     return _Timed(scored.scores, scored.backward)

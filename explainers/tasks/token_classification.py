@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from ..architectures.description import describe, model_config
 from ..capture import forward_pass, prepared_model
+from ..deadline import Deadline
 from ..defaults import DEFAULT_METHOD
 from ..errors import InvalidInputError, InvalidTargetError, UnsupportedModelError
 from ..inputs import validate_inputs
@@ -256,6 +257,7 @@ def explain_tokens(
     method: str = DEFAULT_METHOD,
     positions: Any = None,
     entities: bool = True,
+    deadline: Deadline | float | None = None,
     **options: Any,
 ) -> TokenExplanation:
     """Explain every entity (or given span) of a batch of a token classifier, with one forward.
@@ -273,6 +275,8 @@ def explain_tokens(
         entities: with predicted spans, group the tags into entities by the scheme of ``id2label`` (``O`` skipped;
             a label set that follows no scheme is read token by token); ``False``: explain every token (special
             tokens excepted) for its predicted label, ``O`` included.
+        deadline: abandon the work once this :class:`~explainers.deadline.Deadline` (or this many seconds from now)
+            has passed: checked before the forward and between chunks of the entities' explanation.
         **options: the method's options, as :func:`explainers.explain` takes them.
 
     Returns:
@@ -280,7 +284,8 @@ def explain_tokens(
 
     Raises:
         ExplainError: for a model that is not a token classifier, an unknown or refused method, a bad option, bad
-            inputs or bad ``positions``.
+            inputs or bad ``positions``; :class:`~explainers.deadline.DeadlineExceededError` once ``deadline`` has
+            passed.
     """
     arch, scheme = _token_classifier(model)
     model_inputs, special = _split_inputs(inputs)
@@ -294,7 +299,7 @@ def explain_tokens(
         resolved[:] = _resolve_spans(logits, positions, scheme, eligible, mask, entities)
         return span_targets(resolved, scheme, mask)
 
-    explained = explain_targets(model, model_inputs, resolve, method=method, **options)
+    explained = explain_targets(model, model_inputs, resolve, method=method, deadline=Deadline.of(deadline), **options)
     scores = explained.scores.transpose(0, 1)  # (B, K, n)
     values = explained.values.transpose(0, 1)
     return TokenExplanation(

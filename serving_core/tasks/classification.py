@@ -9,15 +9,17 @@ Decoding and the answer's fields are :mod:`~serving_core.tasks.classify_schema`'
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from explainers import RowRequest
+from explainers import Deadline, RowRequest
 
 from .. import metrics
 from ..config import HandlerConfig
+from ..deadlines import earliest
 from ..errors import RowError
 from ..task import BatchTimings, Task
 from .classify_schema import DecodedRow, RowOutcome, decode_row, fill_response, outcome_to_dict
@@ -48,8 +50,13 @@ class ClassificationTask(Task[DecodedRow, RowOutcome]):
         """The row, with the default method if it asks for none."""
         if row.request.method is not None:
             return row
-        request = RowRequest(method=config.default_method)
+        request = RowRequest(method=config.default_method, deadline=row.request.deadline)
         return DecodedRow(row.encoding, request, row.text, row.image, row.text_pair, row.granularity)
+
+    def with_deadline(self, row: DecodedRow, deadline: Deadline | None) -> DecodedRow:
+        """The row due by the earlier of its own deadline and ``deadline``."""
+        due = earliest(row.request.deadline, deadline)
+        return row if due is row.request.deadline else replace(row, request=replace(row.request, deadline=due))
 
     def to_dict(self, outcome: RowOutcome, config: HandlerConfig) -> dict[str, Any]:
         """The JSON answer (docs/SERVING.md, "Response")."""

@@ -33,7 +33,7 @@ from explainers import Deadline, RowRequest, RowSkipped
 
 from .. import wire
 from ..config import HandlerConfig
-from ..deadlines import decode_deadline_ms
+from ..deadlines import decode_deadline_ms, proto_deadline
 from ..errors import RowError
 from ..pools import IMAGE_MAGIC
 from ..wire import Encoding, parse_json, rounded, rounded_list
@@ -233,6 +233,7 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
         raise RowError("unsupported_input", f"this is a {config.task} model: set ExplainRequest.{config.input_kind}")
     request = RowRequest()
     granularity = "token"
+    deadline = proto_deadline(message.deadline_ms)
     if message.HasField("explain"):
         explain = message.explain
         granularity = _granularity(decode_granularity(explain.granularity), config)
@@ -249,6 +250,7 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
             below = None
         options = wire.proto_options(explain)
         request = _row_request(explain.method or config.default_method, target, options, config, below)
+    request = replace(request, deadline=deadline)
     if kind == "text":
         text, pair = _check_pair(message.text, message.text_pair or None, config)
         return DecodedRow(Encoding.PROTOBUF, request, text=text, text_pair=pair, granularity=granularity)

@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 
+from explainers import Deadline
+
 from ..config import HandlerConfig
+from ..deadlines import earliest
 from ..task import BatchTimings, Task
 from .generation_schema import (
     GenerationAsk,
@@ -51,6 +54,11 @@ class GenerationTask(Task[GenerationRow, GenerationOutcome]):
         if row.ask is not None:
             return row
         return dataclasses.replace(row, ask=GenerationAsk(config.default_method))
+
+    def with_deadline(self, row: GenerationRow, deadline: Deadline | None) -> GenerationRow:
+        """The row due by the earlier of its own deadline and ``deadline``."""
+        due = earliest(row.deadline, deadline)
+        return row if due is row.deadline else dataclasses.replace(row, deadline=due)
 
     def to_dict(self, outcome: GenerationOutcome, config: HandlerConfig) -> dict[str, Any]:
         """The JSON answer (docs/SERVING.md, "Generation models")."""

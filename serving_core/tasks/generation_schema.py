@@ -28,14 +28,16 @@ whose ``generation`` field (proto/explain.proto, ``GenerationRequest``) carries 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from explainers import Document, Message, StepSum
+from explainers import Deadline, Document, Message, StepSum
 
 from .. import wire
 from ..config import HandlerConfig
+from ..deadlines import decode_deadline_ms, earliest, proto_deadline
 from ..errors import RowError
 from ..wire import Encoding, parse_json, rounded, rounded_list
 from .chat_schema import (
@@ -52,9 +54,9 @@ from .chat_schema import (
 
 _DOCUMENT_KEYS = frozenset(
     {"prompt", "messages", "documents", "max_new_tokens", "generation", "continuation", "continuation_ids", "explain",
-     "logprobs", "stop"}
+     "logprobs", "stop", "deadline_ms"}
 )  # fmt: skip
-_EXPLAIN_RESERVED = frozenset({"method", "steps", "contrast", "granularity", "span"})
+_EXPLAIN_RESERVED = frozenset({"method", "steps", "contrast", "granularity", "span", "deadline_ms"})
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", "seed")
 #: ``explain.steps`` asking for each sentence of the answer.
 SENTENCES = "sentences"
@@ -95,6 +97,7 @@ class GenerationRow:
     documents: tuple[Document, ...] = ()
     logprobs: int | None = None
     stop: tuple[str, ...] = ()
+    deadline: Deadline | None = None
 
     @property
     def given(self) -> bool:
@@ -229,7 +232,12 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
     stop = decode_stop(document.get("stop"))
     if stop and (continuation is not None or ids is not None):
         raise RowError("invalid_request", "'stop' ends a generation: a given continuation is explained as it is")
-    return _row(
+    explain = document.get("explain")
+    deadline = earliest(
+        decode_deadline_ms(document.get("deadline_ms")),
+        decode_deadline_ms(explain.get("deadline_ms"), "explain.deadline_ms") if isinstance(explain, Mapping) else None,
+    )
+    row = _row(
         Encoding.JSON,
         prompt,
         document.get("max_new_tokens"),
@@ -243,6 +251,7 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
         logprobs=decode_logprobs(document.get("logprobs")),
         stop=stop,
     )
+    return row if deadline is None else dataclasses.replace(row, deadline=deadline)
 
 
 def decode_logprobs(value: Any) -> int | None:
@@ -449,7 +458,7 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
         raise RowError("invalid_request", "set GenerationRequest.prompt or messages, not both")
     prompt = None if messages is not None else request.prompt
     documents = decode_documents(raw_documents, config)
-    return _row(
+    row = _row(
         Encoding.PROTOBUF,
         prompt,
         int(request.max_new_tokens),
@@ -461,6 +470,8 @@ def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
         messages,
         documents,
     )
+    deadline = proto_deadline(message.deadline_ms)
+    return row if deadline is None else dataclasses.replace(row, deadline=deadline)
 
 
 def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:

@@ -14,6 +14,13 @@ they keep an EOS, and its text ends before it); a row that asks for ``logprobs``
 from the generation loop (a given continuation: from its probabilities' forward), the others cost nothing more.
 Rows that fail to decode or whose request is invalid get their own error; the others are served. Nothing per request
 is kept on the service object. Loading and devices are :mod:`serving_core.loading`'s.
+
+Time (docs/SERVING.md, "Time budgets and deadlines"): with a ``time_budget_s``, each row is estimated before anything
+is generated (:mod:`explainers.timing`): writing its ``max_new_tokens`` (or reading its given continuation) and, if it
+asks, explaining its steps (every step, at most ``max_new_tokens``; one for a sum; a sentence per step at most) at the
+length of prompt and answer; a row over the budget, alone or beside the rows admitted before it, is refused with
+``over_time_budget``. A row with a deadline stops generating once it passes (``deadline_exceeded``; the batch's other
+rows go on), and its explanation group (rows are grouped by deadline) is abandoned between chunks of steps.
 """
 
 from __future__ import annotations
@@ -31,19 +38,25 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from explainers import (
+    Deadline,
+    DeadlineExceededError,
     ExplainError,
     InvalidOptionError,
     InvalidTargetError,
+    ModelSpeed,
     PromptField,
     RenderedPrompt,
     SpanExplanation,
     StepSum,
     decoded_offsets,
+    describe,
     explain_spans,
     render_chat,
     render_prompt,
     span_steps,
 )
+from explainers.architectures.support import supported_methods
+from explainers.methods import available_methods, get_method
 from explainers.tasks.continuation import (
     Continuation,
     GenerationSettings,
@@ -55,6 +68,12 @@ from explainers.tasks.continuation import (
     vocabulary_size,
 )
 from explainers.tasks.generation import check_generation_call, explain_continuation, resolve_steps
+from explainers.timing import (
+    check_generation_budget,
+    check_time_budget,
+    generation_seconds,
+    prediction_seconds,
+)
 
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
@@ -118,7 +137,15 @@ class GenerationService:
         self.special_ids = frozenset(int(i) for i in self.tokenizer.all_special_ids)
         self.byte_decoder = byte_level_decoder(self.tokenizer)
         self.special_pieces = frozenset(str(piece) for piece in self.tokenizer.all_special_tokens)
-        logger.info("loaded causal LM from %s on %s", model_dir, device)
+        self.arch = describe(self.model)
+        self.alternatives = supported_methods(self.arch.model_type, available_methods(), self.arch.task)
+        self.speed: ModelSpeed | None = None
+        if config.time_budget_s is not None:  # measured once, at the longest prompt and answer served
+            self.speed = ModelSpeed.measure(self.model, self.arch, config.max_length + config.max_new_tokens)
+        logger.info(
+            "loaded causal LM from %s on %s; time budget %s s, speed %s", model_dir, device, config.time_budget_s,
+            self.speed,
+        )  # fmt: skip
 
     def _foil_id(self, foil: str | int) -> int:
         if isinstance(foil, int):
@@ -211,24 +238,88 @@ class GenerationService:
                 prepared.append(self._prepare(index, row))
             except RowError as error:
                 outcomes[index].error = error
+        prepared = self._admitted(prepared, outcomes)
         if not prepared:
             return outcomes, BatchTimings()
+        late: set[int] = set()
         try:
-            made, generate_seconds, logprobs = self._continuations(prepared)
+            made, generate_seconds, logprobs = self._continuations(prepared, late)
         except Exception:
             logger.exception("generation of a batch of %d rows failed", len(prepared))
             for item in prepared:
                 outcomes[item.index].error = RowError("internal", "the batch failed on the server; see the server log")
             return outcomes, BatchTimings()
         for position, item in enumerate(prepared):
+            if position in late:  # its deadline passed while it was being written
+                assert item.row.deadline is not None
+                outcomes[item.index].error = _deadline_error(item.row.deadline, "writing the rest of the answer")
+                continue
             self._fill(outcomes[item.index], item, made, position, logprobs[position])
         forward, backward = self._explain(prepared, made, outcomes)
         tokens = int(made.token_mask[[not item.row.given for item in prepared]].sum())
         return outcomes, BatchTimings(forward=forward, backward=backward, generate=generate_seconds, tokens=tokens)
 
-    def _continuations(self, prepared: Sequence[_Prepared]) -> tuple[Continuation, float, list[_RowLogprobs | None]]:
+    def _admitted(self, prepared: list[_Prepared], outcomes: list[GenerationOutcome]) -> list[_Prepared]:
+        """The rows admitted against the time budget, in order; each refused row gets ``over_time_budget`` (or
+        ``deadline_exceeded`` when its deadline has already passed)."""
+        admitted: list[_Prepared] = []
+        seconds = 0.0
+        for item in prepared:
+            deadline = item.row.deadline
+            if deadline is not None and deadline.passed:
+                outcomes[item.index].error = _deadline_error(deadline, "any work")
+                continue
+            try:
+                seconds += self._estimate(item, seconds)
+            except ExplainError as error:
+                outcomes[item.index].error = from_explain_error(error)
+                if item.row.ask is not None:
+                    outcomes[item.index].method = item.row.ask.method
+                continue
+            admitted.append(item)
+        return admitted
+
+    def _estimate(self, item: _Prepared, admitted_s: float) -> float:
+        """A row's estimated seconds (0 without a budget): writing its tokens, then explaining its steps.
+
+        Raises:
+            TimeBudgetError: when it does not fit beside ``admitted_s`` seconds of the rows admitted before it.
+        """
+        budget, speed = self.config.time_budget_s, self.speed
+        if budget is None or speed is None:
+            return 0.0
+        row = item.row
+        prompt = len(item.prompt_ids)
+        if item.continuation_ids is not None:
+            new_tokens = len(item.continuation_ids)
+            writing = prediction_seconds(speed, prompt + new_tokens)
+        else:
+            new_tokens = row.max_new_tokens
+            writing = generation_seconds(speed, prompt, new_tokens)
+        ask = row.ask
+        if ask is None:
+            if item.continuation_ids is not None:
+                return writing
+            return check_generation_budget(speed, prompt, new_tokens, budget, admitted_s)
+        method = get_method(ask.method)
+        options = method.resolve_options(ask.options, self.arch)
+        if isinstance(ask.steps, StepSum):
+            targets = 1
+        elif isinstance(ask.steps, tuple) and ask.span is None:
+            targets = len(ask.steps)
+        else:
+            targets = max(new_tokens, 1)  # every step, or a sentence per step at most
+        return check_time_budget(
+            speed, method, prompt + new_tokens, options, budget, self.alternatives, admitted_s,
+            targets=targets, generate_s=writing,
+        )  # fmt: skip
+
+    def _continuations(
+        self, prepared: Sequence[_Prepared], late: set[int]
+    ) -> tuple[Continuation, float, list[_RowLogprobs | None]]:
         """One :class:`Continuation` of every prepared row: the generated rows from one generation call, then the
-        given ones; the generation's seconds; and each row's log-probabilities, if it asked for them."""
+        given ones; the generation's seconds; and each row's log-probabilities, if it asked for them. A row whose
+        deadline passes while it is written stops there; its position is added to ``late``."""
         pad = pad_token(self.model)
         prompts = [item.prompt_ids for item in prepared]
         width = max(len(prompt) for prompt in prompts)
@@ -249,7 +340,12 @@ class GenerationService:
                 [prepared[position].row.max_new_tokens for position in generating],
                 [prepared[position].settings for position in generating],
                 top_logprobs=max(asked) if asked else None,
-                stop=self._stopper([prepared[position].row.stop for position in generating]),
+                stop=self._stopper(
+                    [prepared[position].row.stop for position in generating],
+                    [prepared[position].row.deadline for position in generating],
+                    [prepared[position].row.max_new_tokens for position in generating],
+                    lambda offset: late.add(generating[offset]),
+                ),
             )
             seconds = time.perf_counter() - started
             assert made.probabilities is not None
@@ -270,11 +366,20 @@ class GenerationService:
             known = self._probabilities(given, known, probabilities, logprobs, [item.row for item in prepared])
         return Continuation(prompt_ids, prompt_mask, tokens, mask, known), seconds, logprobs
 
-    def _stopper(self, stops: Sequence[tuple[str, ...]]) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """The ``stop`` callback of the generation loop for rows with ``stop`` sequences (``None``: no row has any):
-        a row ends at the step whose decoded text first contains one of its sequences."""
-        if not any(stops):
+    def _stopper(
+        self,
+        stops: Sequence[tuple[str, ...]],
+        deadlines: Sequence[Deadline | None],
+        budgets: Sequence[int],
+        passed: Callable[[int], None],
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The ``stop`` callback of the generation loop (``None``: no row has stop sequences or a deadline): a row
+        ends at the step whose decoded text first contains one of its sequences, or, while it is still being
+        written (no EOS yet, under its token budget ``budgets``, no stop sequence), once its deadline has passed
+        (``passed`` is told the row's offset, once)."""
+        if not any(stops) and not any(deadlines):
             return None
+        finished: set[int] = set()
 
         def stopped(tokens: torch.Tensor) -> torch.Tensor:
             ended = torch.zeros(tokens.shape[0], dtype=torch.bool)
@@ -282,6 +387,16 @@ class GenerationService:
                 if sequences:
                     text = self.tokenizer.decode(tokens[row].tolist(), skip_special_tokens=True)
                     ended[row] = any(sequence in text for sequence in sequences)
+            for row, deadline in enumerate(deadlines):
+                if deadline is None or row in finished:
+                    continue
+                written = tokens[row].tolist()
+                if bool(ended[row]) or len(written) >= budgets[row] or any(token in self.eos for token in written):
+                    finished.add(row)  # it ends here or has ended: answered, whatever its deadline
+                elif deadline.passed:
+                    finished.add(row)
+                    passed(row)
+                    ended[row] = True
             return ended
 
         return stopped
@@ -403,17 +518,17 @@ class GenerationService:
                 kind = ("sum", member.steps.start, member.steps.stop)
             else:
                 kind = ("steps",)
-            key = (ask.method, tuple(sorted(ask.options.items())), kind, member.foils is not None)
+            key = (ask.method, tuple(sorted(ask.options.items())), kind, member.foils is not None, item.row.deadline)
             groups.setdefault(key, []).append(member)
         forward = backward = 0.0
-        for (method, options, kind, contrasted), members in groups.items():
+        for (method, options, kind, contrasted, deadline), members in groups.items():
             positions = [member.position for member in members]
             subset = made.rows(positions)
             try:
                 if kind[0] == "spans":
-                    result: Any = self._explain_spans(subset, members, method, dict(options))
+                    result: Any = self._explain_spans(subset, members, method, dict(options), deadline)
                 else:
-                    result = self._explain_steps(subset, members, method, dict(options), kind, contrasted)
+                    result = self._explain_steps(subset, members, method, dict(options), kind, contrasted, deadline)
             except ExplainError as error:
                 for position in positions:
                     outcomes[prepared[position].index].error = from_explain_error(error)
@@ -473,13 +588,18 @@ class GenerationService:
         return [str(self.tokenizer.decode([token])) for token in ids]
 
     def _explain_spans(
-        self, subset: Continuation, members: Sequence[_Member], method: str, options: dict[str, Any]
+        self,
+        subset: Continuation,
+        members: Sequence[_Member],
+        method: str,
+        options: dict[str, Any],
+        deadline: Deadline | None,
     ) -> SpanExplanation | None:
         """One forward for every span of the group's rows (``None`` when no row has a sentence to explain)."""
         spans = [[span.steps for span in member.spans or []] for member in members]
         if not any(spans):
             return None
-        return explain_spans(self.model, subset, spans, method=method, options=options)
+        return explain_spans(self.model, subset, spans, method=method, options=options, deadline=deadline)
 
     def _explain_steps(
         self,
@@ -489,6 +609,7 @@ class GenerationService:
         options: dict[str, Any],
         kind: tuple[Any, ...],
         contrasted: bool,
+        deadline: Deadline | None,
     ) -> Any:
         """One forward for the group's steps (or sums), the rows' own steps and foils as ``wanted`` and foil ids."""
         total = subset.steps
@@ -513,6 +634,7 @@ class GenerationService:
             contrast=foil_ids if contrasted else None,
             options=options,
             wanted=wanted,
+            deadline=deadline,
         )
 
     def _fill_explanation(
@@ -658,3 +780,12 @@ def _clipped(
     for offset in offsets:
         kept.append(None if offset is None or offset[0] >= length else (offset[0], min(offset[1], length)))
     return text[:length], kept
+
+
+def _deadline_error(deadline: Deadline, where: str) -> RowError:
+    """The ``deadline_exceeded`` error of a row whose deadline passed before ``where``."""
+    try:
+        deadline.check(where)
+    except DeadlineExceededError as error:
+        return from_explain_error(error)
+    return from_explain_error(DeadlineExceededError(f"the request's deadline passed before {where}"))

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from explainers import Deadline
+
 from ..config import HandlerConfig
 from ..task import Task
 from .classification import TEXT
@@ -44,6 +46,10 @@ class TokenClassificationTask(Task[DecodedRow, TokenOutcome]):
     def with_explanation(self, row: DecodedRow, config: HandlerConfig) -> DecodedRow:
         """The row, with the default method if it asks for none."""
         return TEXT.with_explanation(row, config)
+
+    def with_deadline(self, row: DecodedRow, deadline: Deadline | None) -> DecodedRow:
+        """The row due by the earlier of its own deadline and ``deadline``."""
+        return TEXT.with_deadline(row, deadline)
 
     def to_dict(self, outcome: TokenOutcome, config: HandlerConfig) -> dict[str, Any]:
         """The JSON answer (docs/SERVING.md, "Token classification")."""

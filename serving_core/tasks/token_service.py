@@ -8,13 +8,20 @@ with its options) and each group is one call of :func:`explainers.explain_tokens
 :func:`explainers.predict_tokens`): one forward for the group's rows, the gradient methods' products batched over its
 entities. A row whose request is invalid (method, option, an input a token classifier does not take) gets its own
 error; the others are served.
+
+Time (docs/SERVING.md, "Time budgets and deadlines"): with a ``time_budget_s`` each explained row is estimated before
+any work (:mod:`explainers.timing`) for as many entities as it has real tokens, at most; a row over the budget at that
+bound has its entities counted by a prediction forward of its group first and is estimated again for them, then
+refused with ``over_time_budget`` if it still does not fit (its group explains the counted entities, the same spans).
+Rows with a deadline (``explain.deadline_ms``) are grouped by it, and their group's work is abandoned between chunks
+of entities once it passes (``deadline_exceeded``).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +29,9 @@ from typing import Any
 import torch
 
 from explainers import (
+    Deadline,
     ExplainError,
+    ModelSpeed,
     TokenExplanation,
     TokenPrediction,
     available_methods,
@@ -32,8 +41,9 @@ from explainers import (
     predict_tokens,
     unit_scores,
 )
-from explainers.architectures.support import check_method
-from explainers.tasks.tagging import label_scheme
+from explainers.architectures.support import check_method, supported_methods
+from explainers.tasks.tagging import Span, label_scheme
+from explainers.timing import TimeBudgetError, check_time_budget, prediction_seconds
 
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
@@ -45,6 +55,11 @@ from .text_units import text_units
 from .token_schema import EntityOutcome, TokenOutcome
 
 logger = logging.getLogger(__name__)
+
+
+_MethodKey = tuple[str, tuple[tuple[str, int | float], ...]]
+#: A group of rows served together: their method and options (``None``: a prediction) and their deadline.
+_GroupKey = tuple[_MethodKey | None, Deadline | None]
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,15 @@ class TokenClassificationService:
             )
         self.scheme = label_scheme(config.labels)
         self.arch = describe(self.model)
+        self.speed: ModelSpeed | None = None
+        if config.time_budget_s is not None:  # measured once, on the loaded model and its device
+            with autocast(config, device):
+                self.speed = ModelSpeed.measure(self.model, self.arch, config.max_length)
+        self.alternatives = supported_methods(self.arch.model_type, available_methods(), self.arch.task)
+        logger.info(
+            "loaded token classifier from %s on %s; time budget %s s, speed %s",
+            model_dir, device, config.time_budget_s, self.speed,
+        )  # fmt: skip
 
     def _encode(self, text: str) -> _Encoded:
         encoded = self.tokenizer(
@@ -98,7 +122,7 @@ class TokenClassificationService:
         inputs["special_tokens_mask"] = [int(flag) for flag in special]
         return _Encoded(inputs, offsets, special, bool(encoded.encodings[0].overflowing))
 
-    def _request_key(self, row: DecodedRow) -> tuple[str, tuple[tuple[str, int | float], ...]] | None:
+    def _request_key(self, row: DecodedRow) -> _MethodKey | None:
         """The group of a row: ``None`` for a prediction, else its method and resolved options.
 
         Raises:
@@ -132,7 +156,7 @@ class TokenClassificationService:
     ) -> tuple[list[TokenOutcome], BatchTimings]:
         """Serve a batch: one :class:`TokenOutcome` per row, in order, and the summed stage timings of its groups."""
         outcomes = [TokenOutcome(encoding=encoding) for encoding in encodings]
-        groups: dict[tuple[str, tuple[tuple[str, int | float], ...]] | None, list[int]] = {}
+        groups: dict[_GroupKey, list[int]] = {}
         encoded: dict[int, _Encoded] = {}
         for index, row in enumerate(rows):
             outcome = outcomes[index]
@@ -149,18 +173,38 @@ class TokenClassificationService:
                 outcome.method = row.request.method
                 continue
             encoded[index] = self._encode(row.text or "")
-            groups.setdefault(key, []).append(index)
+            groups.setdefault((key, row.request.deadline), []).append(index)
+        admitted = _Admission(self, encoded)
+        for (key, _), indices in groups.items():
+            if key is None:
+                admitted.predictions(indices)
         forward = backward = 0.0
-        for key, indices in groups.items():
+        for (key, deadline), indices in groups.items():
+            spans: dict[int, list[Span]] | None = None
+            if key is not None:
+                spans = admitted.explained(key, indices, outcomes, deadline)
+                indices = [index for index in indices if outcomes[index].error is None]
+                if not indices:
+                    continue
             batch = self.tokenizer.pad([encoded[index].inputs for index in indices], padding=True, return_tensors="pt")
             inputs = {name: batch[name] for name in (*self.input_names, "special_tokens_mask") if name in batch}
             try:
+                if deadline is not None:
+                    deadline.check("any work")
                 with autocast(self.config, self.device):
                     if key is None:
                         result: TokenPrediction = predict_tokens(self.model, inputs)
                     else:
                         options: dict[str, Any] = dict(key[1])
-                        result = explain_tokens(self.model, inputs, method=key[0], **options)
+                        positions = None if spans is None else [spans[index] for index in indices]
+                        result = explain_tokens(
+                            self.model, inputs, method=key[0], positions=positions, deadline=deadline, **options
+                        )
+            except ExplainError as error:  # the deadline passed: the group's rows answer it, the others are served
+                for index in indices:
+                    outcomes[index].error = from_explain_error(error)
+                    outcomes[index].method = None if key is None else key[0]
+                continue
             except Exception:
                 logger.exception("group of %d rows failed", len(indices))
                 for index in indices:
@@ -176,6 +220,13 @@ class TokenClassificationService:
                 if row.granularity != "token" and outcomes[index].method is not None and outcomes[index].error is None:
                     self._fill_units(outcomes[index], row.text or "", encoded[index], row.granularity)
         return outcomes, BatchTimings(forward, backward)
+
+    def predicted_spans(self, encoded: Sequence[_Encoded]) -> list[list[Span]]:
+        """The entities a prediction forward finds in rows (to count them before they are explained)."""
+        batch = self.tokenizer.pad([item.inputs for item in encoded], padding=True, return_tensors="pt")
+        inputs = {name: batch[name] for name in (*self.input_names, "special_tokens_mask") if name in batch}
+        with autocast(self.config, self.device):
+            return predict_tokens(self.model, inputs).spans
 
     def _fill_units(self, outcome: TokenOutcome, text: str, encoded: _Encoded, granularity: str) -> None:
         """Each entity's scores summed into the text's words or sentences (the answer's ``context``)."""
@@ -234,3 +285,58 @@ class TokenClassificationService:
                     scores=row_scores[number].tolist() if explained and row_scores is not None else None,
                 )
             )
+
+
+class _Admission:
+    """A batch's rows admitted against the model's time budget, in order: the predictions first, then each explained
+    row (``time_budget_s`` ``None``: every row is admitted)."""
+
+    def __init__(self, service: TokenClassificationService, encoded: Mapping[int, _Encoded]) -> None:
+        self.service = service
+        self.encoded = encoded
+        self.seconds = 0.0
+
+    def predictions(self, indices: Sequence[int]) -> None:
+        """Count the prediction-only rows."""
+        speed = self.service.speed
+        if speed is not None:
+            self.seconds += sum(prediction_seconds(speed, len(self.encoded[i].offsets)) for i in indices)
+
+    def explained(
+        self, key: _MethodKey, indices: Sequence[int], outcomes: Sequence[TokenOutcome], deadline: Deadline | None
+    ) -> dict[int, list[Span]] | None:
+        """Admit a group's explained rows, each estimated for at most one entity per real token, and where that is
+        over the budget for the entities a prediction forward counts; a row that does not fit gets
+        ``over_time_budget``. Returns the counted spans of the group's rows (``None``: nothing was counted)."""
+        service = self.service
+        budget, speed = service.config.time_budget_s, service.speed
+        if budget is None or speed is None:
+            return None
+        method = get_method(key[0])
+        options = dict(key[1])
+        unsure: list[int] = []
+        for index in indices:
+            item = self.encoded[index]
+            bound = max(sum(not flag for flag in item.special), 1)
+            try:
+                self.seconds += check_time_budget(
+                    speed, method, len(item.offsets), options, budget, (), self.seconds, targets=bound
+                )
+            except TimeBudgetError:
+                unsure.append(index)
+        if not unsure:
+            return None
+        if deadline is not None and deadline.passed:
+            return None  # the group answers deadline_exceeded without work
+        counted = dict(zip(indices, self.service.predicted_spans([self.encoded[i] for i in indices]), strict=True))
+        for index in unsure:
+            item = self.encoded[index]
+            try:
+                self.seconds += check_time_budget(
+                    speed, method, len(item.offsets), options, budget, service.alternatives, self.seconds,
+                    targets=max(len(counted[index]), 1),
+                )  # fmt: skip
+            except TimeBudgetError as error:
+                outcomes[index].error = from_explain_error(error)
+                outcomes[index].method = method.name
+        return counted
