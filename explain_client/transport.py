@@ -7,11 +7,16 @@ field says what to explain, so the route never decides it) over urllib3's pool o
 failed, so the row's ``error`` field is turned into the same :class:`~explain_client.results.ServiceError` a REST
 caller gets. Transport failures are ``ServiceError``s too (``timeout``, ``unavailable``, ``unauthorized``, …); whether
 to try again is the client's decision, not the transport's.
+
+Each call tells the service when the client stops waiting: the ``Explain-Deadline-Ms`` header (REST) or
+``ExplainRequest.deadline_ms`` (gRPC) holds now + ``timeout`` in Unix milliseconds, so the worker abandons work nobody
+waits for (docs/SERVING.md, "Time budgets and deadlines").
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 from types import TracebackType
 from typing import Any, Literal, Protocol
@@ -23,6 +28,15 @@ from .auth import refused_token
 from .generation import Generation, GenerationCall
 from .results import Prediction, ServiceError
 from .wire import Request, prediction_from_protobuf
+
+#: The header a REST call carries its deadline in.
+DEADLINE_HEADER = "Explain-Deadline-Ms"
+
+
+def deadline_ms(timeout: float) -> int:
+    """The Unix time in milliseconds ``timeout`` seconds from now: when the caller stops waiting."""
+    return int((time.time() + float(timeout)) * 1000)
+
 
 DEFAULT_REST_URL = "http://127.0.0.1:8080"
 DEFAULT_GRPC_ADDRESS = "127.0.0.1:7070"
@@ -111,7 +125,7 @@ class RestBackend:
     def _exchange(self, model: str, document: dict[str, Any], timeout: float) -> dict[str, Any]:
         """POST one JSON document; the answer row's document (which may carry a row ``error``)."""
         body = json.dumps(document).encode("utf-8")
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", DEADLINE_HEADER: str(deadline_ms(timeout))}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         try:
@@ -186,6 +200,7 @@ class GrpcBackend:
     def _predict(self, model: str, message: Any, timeout: float) -> Any:
         """One ``Predictions`` call carrying ``message`` (an ``ExplainRequest``); the ``ExplainResponse``."""
         grpc = self._grpc
+        message.deadline_ms = deadline_ms(timeout)
         payload = message.SerializeToString()
         predictions_request = self.inference_pb2.PredictionsRequest(model_name=model, input={"request": payload})
         try:

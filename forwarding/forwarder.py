@@ -97,7 +97,13 @@ class Policy:
         return path
 
     def respond(
-        self, method: str, path: str, authorization: str | None, body: bytes, upstream: Upstream
+        self,
+        method: str,
+        path: str,
+        authorization: str | None,
+        body: bytes,
+        upstream: Upstream,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply | None:
         """Answer a REST request here instead of forwarding it (``None``, the default: forward it).
 
@@ -107,6 +113,7 @@ class Policy:
             authorization: the ``Authorization`` value :meth:`authorization` chose to send upstream.
             body: the request body.
             upstream: the upstream server, for the requests the answer needs (any thread may call it).
+            headers: the request's headers as received.
         """
         return None
 
@@ -253,7 +260,7 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
                     self._reply(refused.status, refused.message)
                 self._discard_body()
                 return
-            reply = policy.respond(self.command, self.path, authorization, body, upstream)
+            reply = policy.respond(self.command, self.path, authorization, body, upstream, dict(self.headers.items()))
             if reply is not None:
                 self._send(reply)
                 return

@@ -25,7 +25,9 @@ from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters
 
+from explainers import Deadline
 from serving_core import metrics, wire
+from serving_core.deadlines import DEADLINE_HEADER, header_deadline
 from serving_core.errors import RowError
 from serving_core.task import get_task
 
@@ -138,19 +140,20 @@ class ExplainModel(Model):
         return [spec.to_dict() for spec in codec.output_specs(self.settings.config, self.head_type)]
 
     async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
-        """OIP ``infer`` (an ``InferRequest``) or v1 ``:predict`` (a dict)."""
+        """OIP ``infer`` (an ``InferRequest``, over REST or gRPC) or v1 ``:predict`` (a dict); an
+        ``Explain-Deadline-Ms`` header (gRPC: metadata) is every row's deadline."""
         if isinstance(payload, InferRequest):
-            return await self._infer(payload)
-        return await self._v1(payload, explain=False)
+            return await self._infer(payload, headers)
+        return await self._v1(payload, explain=False, headers=headers)
 
     async def explain(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
         """v1 ``:explain``: every instance explained."""
-        return await self._v1(payload, explain=True)
+        return await self._v1(payload, explain=True, headers=headers)
 
-    async def _infer(self, request: InferRequest) -> InferResponse:
+    async def _infer(self, request: InferRequest, headers: Mapping[str, str] | None = None) -> InferResponse:
         config = self.settings.config
         try:
-            rows = oip.decode_request(to_oip_request(request), config)
+            rows = oip.decode_request(to_oip_request(request), config, _header_deadline(headers))
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
@@ -164,10 +167,14 @@ class ExplainModel(Model):
             self._observe(rows, served, time.perf_counter() - started)
         return to_infer_response(self.name, request, outputs)
 
-    async def _v1(self, payload: Any, explain: bool) -> dict[str, Any]:
+    async def _v1(self, payload: Any, explain: bool, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
         config = self.settings.config
         try:
+            deadline = _header_deadline(headers)
             rows = v1.decode_instances(payload, config, explain)
+            if deadline is not None:
+                task = get_task(config.task)
+                rows = [row if isinstance(row, RowError) else task.with_deadline(row, deadline) for row in rows]
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
@@ -221,3 +228,13 @@ class ExplainModel(Model):
         share = encode / max(len(served.outcomes), 1)
         for row, outcome in zip(rows, served.outcomes, strict=True):
             task.observe(self.name, row, outcome, served.timings, share)
+
+
+def _header_deadline(headers: Mapping[str, str] | None) -> Deadline | None:
+    """The deadline of a request's ``Explain-Deadline-Ms`` header (REST) or metadata (gRPC), whatever its case.
+
+    Raises:
+        RowError: ``invalid_request`` for a value that is not Unix milliseconds.
+    """
+    value = next((v for name, v in (headers or {}).items() if str(name).lower() == DEADLINE_HEADER), None)
+    return header_deadline(value)

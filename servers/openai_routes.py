@@ -27,6 +27,7 @@ from serving_core.openai_api import (
     events,
     model_list,
     stream_chunks,
+    with_deadline_header,
 )
 
 from .kserve_model import ExplainModel, RequestError, RetryableError
@@ -65,7 +66,7 @@ async def _complete(
             raise OpenAIError("invalid_json", f"the body is not JSON: {error}") from None
         except RequestError as error:  # the door's body limit, raised while the body is read
             raise OpenAIError(error.error.code, error.error.message) from None
-        translated = translate(body)
+        translated = translate(with_deadline_header(body, dict(request.headers)))
         model = models.get(translated.model)
         if model is None:
             served = ", ".join(models) or "none"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
@@ -55,7 +55,13 @@ class _Rewrite(Policy):
         return path.replace("/a/", "/b/") if b"explain" in body else path
 
     def respond(
-        self, method: str, path: str, authorization: str | None, body: bytes, upstream: Upstream
+        self,
+        method: str,
+        path: str,
+        authorization: str | None,
+        body: bytes,
+        upstream: Upstream,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply | None:
         if path != "/local":
             return None

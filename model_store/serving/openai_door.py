@@ -32,6 +32,7 @@ from serving_core.openai_api import (
     model_list,
     row_failure,
     stream_chunks,
+    with_deadline_header,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,9 +59,16 @@ class OpenAIRoutes:
         self._pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_CHOICES, thread_name_prefix="openai")
 
     def respond(
-        self, method: str, path: str, authorization: str | None, body: bytes, upstream: Upstream
+        self,
+        method: str,
+        path: str,
+        authorization: str | None,
+        body: bytes,
+        upstream: Upstream,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply | None:
-        """The answer of an OpenAI API request (``None`` for any other request: the router forwards it)."""
+        """The answer of an OpenAI API request (``None`` for any other request: the router forwards it); ``headers``
+        are the request's (its ``Explain-Deadline-Ms``)."""
         route = urlsplit(path).path.rstrip("/")
         if not (route == MODELS_ROUTE and method == "GET") and not (route in _TRANSLATORS and method == "POST"):
             return None
@@ -68,7 +76,7 @@ class OpenAIRoutes:
             if route == MODELS_ROUTE:
                 self._check_token(authorization, upstream)
                 return _json(200, model_list(self.models, self._created))
-            return self._complete(_TRANSLATORS[route], body, authorization, upstream)
+            return self._complete(_TRANSLATORS[route], body, authorization, upstream, headers)
         except OpenAIError as error:
             return _json(error.status, error.to_dict())
         except (OSError, http.client.HTTPException) as error:
@@ -89,9 +97,9 @@ class OpenAIRoutes:
         return _json(status, OpenAIError(code, message, status=status).to_dict())
 
     def _complete(self, translate: Callable[[Any], Translated], body: bytes, authorization: str | None,
-                  upstream: Upstream) -> Reply:  # fmt: skip
+                  upstream: Upstream, headers: Mapping[str, str] | None = None) -> Reply:  # fmt: skip
         try:
-            translated = translate(json.loads(body))
+            translated = translate(with_deadline_header(json.loads(body), headers))
         except (UnicodeDecodeError, ValueError) as error:
             self._check_token(authorization, upstream)  # a wrong key is told so first, as OpenAI does
             raise OpenAIError("invalid_json", f"the body is not JSON: {error}") from None

@@ -25,7 +25,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from explain_client.protos import inference_stubs
@@ -51,10 +51,16 @@ class PoolRouter(Policy):
         self.openai = OpenAIRoutes(generation, self.rest_path, created=int(time.time()))
 
     def respond(
-        self, method: str, path: str, authorization: str | None, body: bytes, upstream: Upstream
+        self,
+        method: str,
+        path: str,
+        authorization: str | None,
+        body: bytes,
+        upstream: Upstream,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply | None:
         """The OpenAI API's answer (:class:`~model_store.serving.openai_door.OpenAIRoutes`); ``None`` otherwise."""
-        return self.openai.respond(method, path, authorization, body, upstream)
+        return self.openai.respond(method, path, authorization, body, upstream, headers)
 
     def refusal(self, path: str, refused: RefusedError) -> Reply | None:
         """The OpenAI routes' refusals in OpenAI's shape; ``None`` otherwise."""

@@ -7,6 +7,9 @@ each row asks to explain (the request parameters, overridden row by row by per-r
 - Optional per-row inputs of the same names (``explain_method`` BYTES ``[B]``, ``explain_target`` INT64 ``[B]``,
   ``explain_option_<name>`` INT64 or FP64 ``[B]``) override the parameters row by row (``""`` / a negative value =
   not set).
+- Request parameter ``explain_deadline_ms`` (int64, the Unix time in milliseconds by which the answer is due): every
+  row's deadline, for every task (:func:`servers.oip.codecs.decode_request` applies it; docs/SERVING.md, "Time budgets
+  and deadlines").
 - A task may read parameters of its own (generation: ``explain_steps``): its codec names them.
 """
 
@@ -25,6 +28,8 @@ from .tensors import OipRequest, int_value, option_value, text_value
 EXPLAIN_METHOD = "explain_method"
 #: Request parameter / per-row input naming the explained class (int64 index or a label name).
 EXPLAIN_TARGET = "explain_target"
+#: Request parameter carrying the deadline of every row of the request (Unix milliseconds).
+EXPLAIN_DEADLINE = "explain_deadline_ms"
 #: Prefix of the request parameters / per-row inputs that carry a method option (``explain_option_start_layer``).
 OPTION_PREFIX = "explain_option_"
 #: The value of ``explain_method`` that means the model's default method.
@@ -92,11 +97,11 @@ def _parameter_asks(parameters: Mapping[str, Any], config: HandlerConfig, own: C
     unknown = sorted(
         name
         for name in parameters
-        if name.startswith("explain_") and name not in (EXPLAIN_METHOD, EXPLAIN_TARGET, *own)
+        if name.startswith("explain_") and name not in (EXPLAIN_METHOD, EXPLAIN_TARGET, EXPLAIN_DEADLINE, *own)
         and not name.startswith(OPTION_PREFIX)
     )  # fmt: skip
     if unknown:
-        reads = ", ".join([EXPLAIN_METHOD, EXPLAIN_TARGET, *sorted(own)])
+        reads = ", ".join([EXPLAIN_METHOD, EXPLAIN_TARGET, EXPLAIN_DEADLINE, *sorted(own)])
         raise RowError(
             "invalid_request",
             f"unknown parameter(s) {unknown}; the explain extension reads {reads} and {OPTION_PREFIX}<name>",

@@ -2,9 +2,8 @@
 
 - Inputs ``text`` (BYTES ``[B]``) and, for sentence-pair models, ``text_pair`` (BYTES ``[B]``, ``""`` = no pair);
   images: ``image`` (BYTES ``[B]``, each element the encoded PNG/JPEG file, raw bytes or base64 text); what each row
-  asks to explain: :mod:`servers.oip.asks` (``explain_method``, ``explain_target``, ``explain_option_<name>``); the
-  request parameter ``explain_deadline_ms`` (int64, the Unix time in milliseconds by which the answer is due) is every
-  row's deadline (docs/SERVING.md, "Time budgets and deadlines").
+  asks to explain: :mod:`servers.oip.asks` (``explain_method``, ``explain_target``, ``explain_option_<name>``,
+  ``explain_deadline_ms``).
 - Outputs ``label`` (BYTES ``[B]``), ``label_id`` (INT64 ``[B]``), ``probabilities`` (FP32 ``[B, C]``) (multi-label
   heads add ``predicted``, BOOL ``[B, C]``; regression heads answer ``value``, FP32 ``[B]``), ``truncated`` (text)
   and, when a row is explained, ``tokens`` (BYTES ``[B, n]``) and ``scores`` (FP32 ``[B, n]``), rows padded to the
@@ -20,9 +19,7 @@ import binascii
 from collections.abc import Sequence
 from typing import Any
 
-from explainers import Deadline
 from serving_core.config import HandlerConfig
-from serving_core.deadlines import decode_deadline_ms
 from serving_core.errors import RowError
 from serving_core.pools import IMAGE_MAGIC
 from serving_core.tasks.classify_schema import DecodedRow, RowOutcome, decode_fields
@@ -30,18 +27,6 @@ from serving_core.tasks.classify_schema import DecodedRow, RowOutcome, decode_fi
 from .asks import EXPLAIN_METHOD, EXPLAIN_TARGET, OPTION_PREFIX, RowAsk, check_inputs, decode_rows, row_asks
 from .codecs import register_codec
 from .tensors import OipRequest, Tensor, TensorSpec, batch_size, error_specs, padded, text_value
-
-#: The request parameter carrying the deadline of every row of the request (Unix milliseconds).
-EXPLAIN_DEADLINE = "explain_deadline_ms"
-
-
-def request_deadline(request: OipRequest) -> Deadline | None:
-    """The request's ``explain_deadline_ms`` parameter as a deadline (``None``: none).
-
-    Raises:
-        RowError: ``invalid_request`` for a value that is not a positive integer.
-    """
-    return decode_deadline_ms(request.parameters.get(EXPLAIN_DEADLINE), EXPLAIN_DEADLINE)
 
 
 def prediction_outputs(outcomes: Sequence[RowOutcome], labels: Sequence[str], head_type: str) -> list[Tensor]:
@@ -136,16 +121,14 @@ class TextCodec:
             pairs = request.inputs["text_pair"].rows()
             if len(pairs) != batch:
                 raise RowError("invalid_request", f"input 'text_pair' must have as many rows as 'text' ({batch})")
-        asks = row_asks(request, batch, config, own=(EXPLAIN_DEADLINE,))
-        deadline = request_deadline(request)
+        asks = row_asks(request, batch, config)
 
         def build(row: int, ask: RowAsk) -> DecodedRow:
             text = text_value(texts[row], f"text[{row}]")
             pair = text_value(pairs[row], f"text_pair[{row}]") if pairs[row] is not None else None
             return decode_fields(
-                config, text=text, text_pair=pair or None, method=ask.method, target=ask.target, options=ask.options,
-                deadline=deadline,
-            )  # fmt: skip
+                config, text=text, text_pair=pair or None, method=ask.method, target=ask.target, options=ask.options
+            )
 
         return decode_rows(batch, asks, build)
 
@@ -193,14 +176,11 @@ class ImageCodec:
         check_inputs(request, "image", set(), {"text": message, "text_pair": message})
         batch = batch_size(request, "image")
         images = request.inputs["image"].rows()
-        asks = row_asks(request, batch, config, own=(EXPLAIN_DEADLINE,))
-        deadline = request_deadline(request)
+        asks = row_asks(request, batch, config)
 
         def build(row: int, ask: RowAsk) -> DecodedRow:
             image = _image_bytes(images[row], row, config)
-            return decode_fields(
-                config, image=image, method=ask.method, target=ask.target, options=ask.options, deadline=deadline
-            )
+            return decode_fields(config, image=image, method=ask.method, target=ask.target, options=ask.options)
 
         return decode_rows(batch, asks, build)
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from explainers import Deadline
 from serving_core.config import HandlerConfig
+from serving_core.deadlines import decode_deadline_ms, earliest
 from serving_core.errors import RowError
+from serving_core.task import get_task
 
+from .asks import EXPLAIN_DEADLINE
 from .tensors import OipRequest, Tensor, TensorSpec, error_outputs
 
 
@@ -71,13 +75,19 @@ def codec_for(config: HandlerConfig) -> TaskCodec:
     return CODECS[config.task]
 
 
-def decode_request(request: OipRequest, config: HandlerConfig) -> list[Any]:
-    """Decode an OIP request into one row (or its error) per batch element, by the model's task codec.
+def decode_request(request: OipRequest, config: HandlerConfig, deadline: Deadline | None = None) -> list[Any]:
+    """Decode an OIP request into one row (or its error) per batch element, by the model's task codec; each row is
+    due by the earlier of the request's ``explain_deadline_ms`` parameter and ``deadline`` (the door's: a header).
 
     Raises:
-        RowError: if the request as a whole is malformed.
+        RowError: if the request as a whole is malformed (or its ``explain_deadline_ms`` is not Unix milliseconds).
     """
-    return codec_for(config).decode(request, config)
+    rows = codec_for(config).decode(request, config)
+    due = earliest(decode_deadline_ms(request.parameters.get(EXPLAIN_DEADLINE), EXPLAIN_DEADLINE), deadline)
+    if due is None:
+        return rows
+    task = get_task(config.task)
+    return [row if isinstance(row, RowError) else task.with_deadline(row, due) for row in rows]
 
 
 def encode_response(outcomes: Sequence[Any], config: HandlerConfig) -> list[Tensor]:

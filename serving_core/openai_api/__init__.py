@@ -13,7 +13,7 @@ Plain Python (no torch): the router in front of TorchServe imports it. docs/SERV
 
 from .answers import completion_answer, events, model_list, stream_chunks
 from .errors import OpenAIError, row_failure
-from .requests import Translated, chat_request, completion_request
+from .requests import Translated, chat_request, completion_request, with_deadline_header
 
 __all__ = [
     "OpenAIError",
@@ -25,4 +25,5 @@ __all__ = [
     "model_list",
     "row_failure",
     "stream_chunks",
+    "with_deadline_header",
 ]

@@ -11,7 +11,8 @@ What maps onto what:
 - ``temperature`` (> 0 samples; 0, or absent without ``top_p``/``top_k``: greedy, the REST door's default),
   ``top_p``, ``top_k`` (vLLM's extension), ``seed`` → ``generation``; choice ``j`` of ``n`` samples with ``seed + j``;
 - ``stop`` → ``stop``; ``logprobs``/``top_logprobs`` (chat) or ``logprobs: k`` (completions) → ``logprobs``;
-- the extensions ``explain`` and ``documents`` → the same fields.
+- the extensions ``explain``, ``documents`` and ``deadline_ms`` (the Unix time in milliseconds by which the answer is
+  due; also the ``Explain-Deadline-Ms`` header, :func:`with_deadline_header`: the earlier wins) → the same fields.
 
 Parameters that would change the answer in a way this service cannot honour (tools, functions, a JSON
 ``response_format``, ``logit_bias``, penalties, audio, ``echo``, ``suffix``, ``best_of`` above ``n``, token-id prompts)
@@ -274,10 +275,38 @@ def _shared_fields(request: Mapping[str, Any], logprobs: int | None) -> dict[str
         shared["stop"] = stop
     if logprobs is not None:
         shared["logprobs"] = logprobs
-    for extension in ("explain", "documents"):
+    for extension in ("explain", "documents", "deadline_ms"):
         if request.get(extension) is not None:
             shared[extension] = request[extension]
     return shared
+
+
+#: The HTTP header a request may carry its deadline in (as :data:`serving_core.deadlines.DEADLINE_HEADER`).
+DEADLINE_HEADER = "explain-deadline-ms"
+
+
+def with_deadline_header(body: Any, headers: Mapping[str, str] | None) -> Any:
+    """The request ``body`` due by the earlier of its ``deadline_ms`` and the ``Explain-Deadline-Ms`` header of
+    ``headers`` (Unix milliseconds; matched whatever its case); the body unchanged without the header.
+
+    Raises:
+        OpenAIError: ``invalid_request`` for a header that is not a positive integer.
+    """
+    value = next((v for name, v in (headers or {}).items() if name.lower() == DEADLINE_HEADER), None)
+    if value is None or not isinstance(body, Mapping):
+        return body
+    text = str(value).strip()
+    if not text.isdigit() or int(text) <= 0:
+        raise OpenAIError(
+            "invalid_request",
+            f"the {DEADLINE_HEADER} header must be the Unix time in milliseconds by which the answer is due (a "
+            f"positive integer), got {value!r}",
+        )
+    due = int(text)
+    own = body.get("deadline_ms")
+    if isinstance(own, int) and not isinstance(own, bool) and 0 < own < due:
+        return body
+    return {**body, "deadline_ms": due}
 
 
 def _sampling(request: Mapping[str, Any]) -> dict[str, Any] | None:
