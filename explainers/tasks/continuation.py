@@ -153,7 +153,8 @@ def pad_token(model: nn.Module) -> int:
     return eos[0] if eos else 0
 
 
-def _position_limit(model: nn.Module) -> int | None:
+def position_limit(model: nn.Module) -> int | None:
+    """The most positions the model takes (``max_position_embeddings`` or ``n_positions``; ``None``: unbounded)."""
     config = model_config(model)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     for name in ("max_position_embeddings", "n_positions"):
@@ -337,7 +338,7 @@ def left_padded_prompts(model: nn.Module, inputs: Mapping[str, Any]) -> tuple[Te
 
 
 def _check_length(model: nn.Module, prompt_mask: Tensor, new_tokens: int) -> None:
-    limit = _position_limit(model)
+    limit = position_limit(model)
     longest = int(prompt_mask.sum(dim=1).max())
     if limit is not None and longest + new_tokens > limit:
         raise InvalidInputError(

@@ -187,8 +187,9 @@ _OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert"})
 DEFAULT_MAX_LENGTH = 128
 
 
-def _max_length(config: Any, requested: int | None) -> int:
-    """Tokens per input: ``requested``, else 128, never more than the model has positions for.
+def _max_length(config: Any, requested: int | None, new_tokens: int = 0) -> int:
+    """Tokens per input: ``requested``, else 128, never more than the model has positions for beside the
+    ``new_tokens`` a generation model may write after its prompt.
 
     Raises:
         PackageError: if ``requested`` exceeds the model's positions.
@@ -200,12 +201,20 @@ def _max_length(config: Any, requested: int | None) -> int:
         limit = positions - int(getattr(config, "pad_token_id", 1) or 1) - 1
     else:
         limit = positions
+    if limit is not None and new_tokens:
+        if limit - new_tokens < 1:
+            raise PackageError(
+                f"max_new_tokens {new_tokens} leaves no room for a prompt in the {limit} positions of this "
+                f"{config.model_type} model: pass --max-new-tokens {limit // 2} or less"
+            )
+        limit -= new_tokens
     if requested is None:
         return min(DEFAULT_MAX_LENGTH, limit) if limit is not None else DEFAULT_MAX_LENGTH
     if limit is not None and requested > limit:
+        beside = f" beside max_new_tokens {new_tokens}" if new_tokens else ""
         raise PackageError(
-            f"max_length {requested} exceeds the {limit} positions of this {config.model_type} model: pass "
-            f"--max-length {limit} or less"
+            f"max_length {requested} exceeds the {limit + new_tokens} positions of this {config.model_type} "
+            f"model{beside}: pass --max-length {limit} or less"
         )
     return requested
 
@@ -420,7 +429,8 @@ def _validate_staged(
     if task == "token_classification":
         warnings += _token_checks(labels, settings)
     if task in ("text", "token_classification", "generation"):
-        max_length = _max_length(config, settings.max_length)
+        reserved = settings.max_new_tokens if task == "generation" else 0
+        max_length = _max_length(config, settings.max_length, reserved)
         fix = "save it next to the model with tokenizer.save_pretrained(folder) (tokenizer.json or vocabulary files)"
         if not any(is_vocabulary(file_name) for file_name in files):
             raise PackageError(f"{folder} has no loadable tokenizer (no tokenizer.json or vocabulary file); {fix}")

@@ -64,6 +64,7 @@ from explainers.tasks.continuation import (
     generate_continuation,
     model_eos_tokens,
     pad_token,
+    position_limit,
     step_logprobs,
     vocabulary_size,
 )
@@ -137,6 +138,7 @@ class GenerationService:
         self.special_ids = frozenset(int(i) for i in self.tokenizer.all_special_ids)
         self.byte_decoder = byte_level_decoder(self.tokenizer)
         self.special_pieces = frozenset(str(piece) for piece in self.tokenizer.all_special_tokens)
+        self.positions = position_limit(self.model)
         self.arch = describe(self.model)
         self.alternatives = supported_methods(self.arch.model_type, available_methods(), self.arch.task)
         self.speed: ModelSpeed | None = None
@@ -213,6 +215,14 @@ class GenerationService:
                     f"the continuation has {len(continuation)} tokens; this model explains at most "
                     f"{self.config.max_new_tokens} (max_new_tokens)",
                 )
+        answer = len(continuation) if continuation is not None else row.max_new_tokens
+        if self.positions is not None and len(prompt) + answer > self.positions:
+            raise RowError(
+                "too_many_tokens",
+                f"the prompt has {len(prompt)} tokens and {answer} new tokens would make {len(prompt) + answer}, "
+                f"beyond the model's {self.positions} positions: send a shorter prompt or ask for at most "
+                f"{max(self.positions - len(prompt), 0)} new tokens (max_new_tokens)",
+            )
         foils = None
         try:
             if row.ask is not None:
@@ -260,11 +270,12 @@ class GenerationService:
         return outcomes, BatchTimings(forward=forward, backward=backward, generate=generate_seconds, tokens=tokens)
 
     def _admitted(self, prepared: list[_Prepared], outcomes: list[GenerationOutcome]) -> list[_Prepared]:
-        """The rows admitted against the time budget, in order; each refused row gets ``over_time_budget`` (or
+        """The rows admitted against the time budget, in order: the rows that only generate are counted first, then
+        the rows that ask for an explanation, each in order; each refused row gets ``over_time_budget`` (or
         ``deadline_exceeded`` when its deadline has already passed)."""
         admitted: list[_Prepared] = []
         seconds = 0.0
-        for item in prepared:
+        for item in sorted(prepared, key=lambda item: item.row.ask is not None):  # a stable sort: order kept
             deadline = item.row.deadline
             if deadline is not None and deadline.passed:
                 outcomes[item.index].error = _deadline_error(deadline, "any work")
@@ -277,7 +288,7 @@ class GenerationService:
                     outcomes[item.index].method = item.row.ask.method
                 continue
             admitted.append(item)
-        return admitted
+        return sorted(admitted, key=lambda item: item.index)
 
     def _estimate(self, item: _Prepared, admitted_s: float) -> float:
         """A row's estimated seconds (0 without a budget): writing its tokens, then explaining its steps.

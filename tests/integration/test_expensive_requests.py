@@ -1,10 +1,9 @@
-"""No accepted request takes a worker down: through a real TorchServe serving the tiny text and image archives with a
-low time budget, the most expensive request each method accepts (every option at its maximum, the longest text, a
-full batch of them) is sent next to a stream of predictions. Every answer is a result or a clean refusal
-(``over_time_budget``, ``over_memory_budget``, ``deadline_exceeded``), TorchServe's workers keep their pids (none was
-restarted, read through its management API), and every prediction is answered.
-
-Token classification and generation models have no time budget yet: they are not covered here."""
+"""No accepted request takes a worker down: through a real TorchServe serving a tiny model of every task (text and
+image classifiers, a token classifier, a causal LM) with a low time budget, the most expensive request each method
+accepts (every option at its maximum, the longest input, the most new tokens with every step explained, a full batch
+of them) is sent next to a stream of predictions. Every answer is a result or a clean refusal (``over_time_budget``,
+``over_memory_budget``, ``deadline_exceeded``), TorchServe's workers keep their pids (none was restarted, read through
+its management API), and every prediction is answered."""
 
 from __future__ import annotations
 
@@ -18,12 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
+import yaml
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+)
 
 from explainers import describe, get_method, supported_methods
 from explainers.methods import OptionValue
 from model_store.serving.config import Ports
 from model_store.serving.process import Server, start, stop
+from tests import checkpoints
+from tests.generation_checkpoint import causal_lm
 from tests.serving_support import b64, http_call, http_post, png_bytes
 
 pytestmark = pytest.mark.slow
@@ -37,12 +45,37 @@ REFUSALS = {"over_time_budget", "over_memory_budget", "deadline_exceeded"}
 LONG_TEXT = " ".join(["the flight was late and the crew was rude but the food was good"] * 40)
 
 
+#: Each served model's input field and what a served answer holds.
+FIELDS = {"sentiment": "text", "digits": "image", "entities": "text", "writer": "prompt"}
+ANSWERED = {"sentiment": "explanation", "digits": "explanation", "entities": "entities", "writer": "steps"}
+LOADERS: dict[str, Any] = {
+    "sentiment": AutoModelForSequenceClassification, "digits": AutoModelForImageClassification,
+    "entities": AutoModelForTokenClassification, "writer": AutoModelForCausalLM,
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def budgeted(archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    run_dir = tmp_path_factory.mktemp("budget-run")
+def served_archives(archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny sentiment and digits archives, and a tiny token classifier and causal LM packaged beside them."""
+    from model_store.package import package, validate
+
     store = next(iter(archives.values())).parent.parent
-    served = ("sentiment", "digits")
-    models = {name: str(archives[name].relative_to(store)) for name in served}
+    folders = tmp_path_factory.mktemp("budget-checkpoints")
+    packaged = {"sentiment": archives["sentiment"], "digits": archives["digits"]}
+    for name, build in (("entities", checkpoints.token_classifier), ("writer", causal_lm)):
+        folder = build(folders / name)
+        packaged[name] = package(
+            folder, f"budget-{name}", store / "budget-packages", None, validate(folder, name)
+        ).archive
+    return packaged
+
+
+@pytest.fixture(scope="module")
+def budgeted(served_archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    run_dir = tmp_path_factory.mktemp("budget-run")
+    store = served_archives["sentiment"].parent.parent
+    served = tuple(FIELDS)
+    models = {name: _relative(served_archives[name], store) for name in served}
     settings = {
         "batchSize": BATCH, "maxBatchDelay": 20, "responseTimeout": RESPONSE_TIMEOUT_S,
         "handler": {"time_budget_s": TIME_BUDGET_S, "threads": 1},
@@ -64,15 +97,53 @@ def _workers(server: Server, model: str) -> list[tuple[Any, Any]]:
     return sorted((worker.get("pid"), worker.get("status")) for worker in body[0]["workers"])
 
 
-def _most_expensive(archive: Path, field: str) -> dict[str, dict[str, OptionValue]]:
-    """Every supported method with each of its options at its maximum for this model."""
-    loader = AutoModelForSequenceClassification if field == "text" else AutoModelForImageClassification
-    model = loader.from_pretrained(str(archive / "model"))
-    arch = describe(model)
+def _relative(archive: Path, store: Path) -> str:
+    import os
+
+    return os.path.relpath(archive, store)
+
+
+def _most_expensive(model: str, archive: Path) -> dict[str, dict[str, OptionValue]]:
+    """Every method the model's family accepts for its task, with each of its options at its maximum."""
+    loaded = LOADERS[model].from_pretrained(str(archive / "model"))
+    arch = describe(loaded)
     return {
         name: {option.name: option.maximum(arch) for option in get_method(name).options}
-        for name in supported_methods(arch.model_type)
+        for name in supported_methods(arch.model_type, arch.task)
     }
+
+
+def _handler(archive: Path) -> dict[str, Any]:
+    return dict(yaml.safe_load((archive / "model-config.yaml").read_text())["handler"])
+
+
+def _longest_prompt(archive: Path) -> str:
+    """The longest prompt the archive accepts: as many words as fit its ``max_length`` tokens."""
+    tokenizer = AutoTokenizer.from_pretrained(str(archive / "model"))
+    limit = int(_handler(archive).get("max_length", 128))  # the packager leaves room for max_new_tokens after it
+    words = ["the", "flight", "was", "late", "and", "the", "crew", "was", "rude", "but", "the", "food", "was", "good"]
+    prompt = ""
+    for number in range(4 * limit):
+        longer = f"{prompt} {words[number % len(words)]}".strip()
+        if len(tokenizer(longer)["input_ids"]) > limit:
+            break
+        prompt = longer
+    return prompt
+
+
+def _payload(model: str, archive: Path) -> Any:
+    if model == "digits":
+        return b64(png_bytes((64, 64)))
+    if model == "writer":
+        return _longest_prompt(archive)
+    return LONG_TEXT
+
+
+def _expensive_document(model: str, archive: Path, payload: Any, method: str, options: dict[str, Any]) -> Any:
+    document: dict[str, Any] = {FIELDS[model]: payload, "explain": {"method": method, **options}}
+    if model == "writer":
+        document["max_new_tokens"] = int(_handler(archive).get("max_new_tokens", 64))
+    return document
 
 
 def _post(server: Server, model: str, document: dict[str, Any]) -> tuple[int, Any, float]:
@@ -84,19 +155,21 @@ def _post(server: Server, model: str, document: dict[str, Any]) -> tuple[int, An
     return status, reply, time.monotonic() - started
 
 
-def _clean(status: int, reply: Any) -> bool:
+def _clean(model: str, status: int, reply: Any) -> bool:
     if status == 200:
-        return isinstance(reply, dict) and "explanation" in reply
+        return isinstance(reply, dict) and ANSWERED[model] in reply
     error = reply.get("error", {}) if isinstance(reply, dict) else {}
     return error.get("code") in REFUSALS and error.get("http_status") == status and bool(error.get("message"))
 
 
-@pytest.mark.parametrize(("model", "field"), [("sentiment", "text"), ("digits", "image")])
+@pytest.mark.parametrize("model", list(FIELDS))
 def test_the_most_expensive_requests_are_answered_or_refused_and_no_worker_dies(
-    budgeted: Server, archives: dict[str, Path], model: str, field: str
+    budgeted: Server, served_archives: dict[str, Path], model: str
 ) -> None:
-    payload = LONG_TEXT if field == "text" else b64(png_bytes((64, 64)))
-    expensive = _most_expensive(archives[model], field)
+    archive = served_archives[model]
+    field = FIELDS[model]
+    payload = _payload(model, archive)
+    expensive = _most_expensive(model, archive)
     workers = _workers(budgeted, model)
     assert workers and all(status == "READY" for _, status in workers)
     predictions: list[tuple[int, float]] = []
@@ -113,7 +186,7 @@ def test_the_most_expensive_requests_are_answered_or_refused_and_no_worker_dies(
     try:
         with ThreadPoolExecutor(BATCH) as pool:
             for method, options in expensive.items():
-                document = {field: payload, "explain": {"method": method, **options}}
+                document = _expensive_document(model, archive, payload, method, options)
                 for status, reply, _ in pool.map(lambda row: _post(budgeted, model, row), [document] * BATCH):
                     answers.append((method, status, reply))
             # A deadline already passed is refused without work; one that passes while the row runs abandons it.
@@ -127,7 +200,7 @@ def test_the_most_expensive_requests_are_answered_or_refused_and_no_worker_dies(
     finally:
         stop_predicting.set()
         stream.join()
-    unclean = [(method, status, reply) for method, status, reply in answers if not _clean(status, reply)]
+    unclean = [(method, status, reply) for method, status, reply in answers if not _clean(model, status, reply)]
     assert not unclean, unclean
     refused = [reply["error"]["code"] for _, status, reply in answers if status != 200]
     assert "over_time_budget" in refused  # the budget was reached, so the test exercised it
