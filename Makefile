@@ -102,7 +102,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 unit: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The test command README.md gives and .ci/run calls: system packages, the door extras, lint, types, the whole suite.
 test: system-test extras lint unit

@@ -178,7 +178,8 @@ def core_venv(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
     started = time.perf_counter()
     _run([sys.executable, "-m", "venv", str(venv)], 300)
     python = venv / "bin" / "python"
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    # --no-compile: no bytecode compiled at install (torch's thousands of modules); Python caches what is imported
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
     release = importlib.metadata.version("torch").split("+")[0]
     index = _torch_index()
     _run([*pip, *(["--index-url", index] if index else []), f"torch=={release}"], 900, cwd=root)
@@ -238,7 +239,7 @@ def test_the_core_wheel_explains_a_tiny_model_outside_the_repository(core_venv: 
 def serve_venv(core_venv: Path, wheels: dict[str, Path]) -> Path:
     """The core virtualenv with the serving and evaluation extras installed from the wheels; its Python."""
     root = core_venv.parent.parent.parent
-    pip = [str(core_venv), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [str(core_venv), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
     report = root / "serve-install.json"
     started = time.perf_counter()
     find_links = ["--find-links", str(wheels["client"].parent)]
@@ -257,10 +258,15 @@ def test_explain_eval_runs_from_the_wheel(serve_venv: Path, tmp_path: Path) -> N
 
 
 def _site_files(python: Path) -> set[str]:
-    """Every file under the virtualenv's ``site-packages``."""
+    """Every file under the virtualenv's ``site-packages`` but Python's own bytecode caches (``__pycache__``, written
+    on import since the packages were installed without compiling)."""
     purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], 60).stdout
     site = Path(purelib.strip())
-    return {str(path.relative_to(site)) for path in site.rglob("*") if path.is_file()}
+    return {
+        str(path.relative_to(site))
+        for path in site.rglob("*")
+        if path.is_file() and "__pycache__" not in path.relative_to(site).parts
+    }
 
 
 def _post(url: str, token: str, document: dict[str, Any]) -> tuple[int, dict[str, Any]]:
