@@ -10,6 +10,7 @@ decide for the whole batch from row 0 and explain row 0 only. No per-request sta
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from serving_core.config import ConfigError, HandlerConfig
 from serving_core.deadlines import DEADLINE_HEADER, header_deadline
 from serving_core.errors import RowError
 from serving_core.loading import worker_device
-from serving_core.pools import model_of
+from serving_core.pools import POOL_NICENESS, is_pool, model_of
 from serving_core.task import Service, Task, get_task
 from serving_core.wire import CONTENT_TYPES, row_encoding
 
@@ -43,6 +44,15 @@ def _decoded(task: Task[Any, Any], row: dict[str, Any], context: Any, index: int
     if header is None:
         header = row.get(DEADLINE_HEADER)  # TorchServe's gRPC Predictions: an entry of the input map
     return task.with_deadline(decoded, header_deadline(header))
+
+
+def lower_priority(niceness: int = POOL_NICENESS) -> None:
+    """Lower this worker process's CPU priority by ``niceness`` (an explanation pool's worker, which TorchServe runs
+    in a process of its own); where the system refuses, the worker runs at its priority and says so."""
+    try:
+        os.nice(niceness)
+    except OSError as error:
+        logger.warning("could not lower the explanation pool worker's priority: %s", error)
 
 
 class ExplanationHandler:
@@ -72,6 +82,8 @@ class ExplanationHandler:
         gpu_id = properties.get("gpu_id")
         device = worker_device(config, None if gpu_id is None else int(gpu_id))
         self.model_name = model_of(str(context.model_name))  # an explanation pool's metrics are its model's
+        if is_pool(str(context.model_name)):
+            lower_priority()  # this worker process serves the pool alone: predictions go first on shared cores
         self.service = get_task(config.task).load(config, model_dir, device)
         self.config = config
         metrics.check_multiprocess()

@@ -21,6 +21,10 @@ from collections.abc import Mapping
 
 #: Suffix of an explanation pool's served name.
 POOL_SUFFIX = ".explain"
+#: How much an explanation pool's worker process lowers its CPU priority (``os.nice``) when it loads: on cores shared
+#: with the prediction workers, a prediction is scheduled before an explanation's next slice (a niceness of 10 weighs
+#: about a tenth of the default's under Linux's scheduler), so predictions keep their latency while explanations run.
+POOL_NICENESS = 10
 
 #: The first bytes of a PNG and of a JPEG: a raw image body (the handlers read it as an image, too).
 IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
@@ -29,6 +33,11 @@ IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
 def pool_name(model: str) -> str:
     """The served name of ``model``'s explanation pool."""
     return model + POOL_SUFFIX
+
+
+def is_pool(served: str) -> bool:
+    """Whether a served name is an explanation pool's."""
+    return served.endswith(POOL_SUFFIX)
 
 
 def model_of(served: str) -> str:

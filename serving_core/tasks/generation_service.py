@@ -314,9 +314,9 @@ class GenerationService:
             return check_generation_budget(speed, prompt, new_tokens, budget, admitted_s)
         method = get_method(ask.method)
         options = method.resolve_options(ask.options, self.arch)
-        if isinstance(ask.steps, StepSum):
-            targets = 1
-        elif isinstance(ask.steps, tuple) and ask.span is None:
+        if isinstance(ask.steps, StepSum) or ask.span is not None:
+            targets = 1  # one summed objective: the steps' sum, or the span asked for
+        elif isinstance(ask.steps, tuple):
             targets = len(ask.steps)
         else:
             targets = max(new_tokens, 1)  # every step, or a sentence per step at most

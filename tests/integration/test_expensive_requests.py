@@ -8,6 +8,8 @@ its management API), and every prediction is answered."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import threading
 import time
 import urllib.request
@@ -28,8 +30,9 @@ from transformers import (
 
 from explainers import describe, get_method, supported_methods
 from explainers.methods import OptionValue
-from model_store.serving.config import Ports
+from model_store.serving.config import POOL_KEY, Ports
 from model_store.serving.process import Server, start, stop
+from serving_core.pools import POOL_NICENESS
 from tests import checkpoints
 from tests.generation_checkpoint import causal_lm
 from tests.serving_support import b64, http_call, http_post, png_bytes
@@ -207,3 +210,81 @@ def test_the_most_expensive_requests_are_answered_or_refused_and_no_worker_dies(
     assert predictions and all(status == 200 for status, _ in predictions), predictions
     assert max(seconds for _, seconds in predictions) < RESPONSE_TIMEOUT_S
     assert _workers(budgeted, model) == workers  # the same worker processes: none was restarted
+
+
+#: Sequential predictions timed alone, then beside the expensive explanations.
+UNLOADED_PREDICTIONS = 100
+
+
+@pytest.fixture(scope="module")
+def pooled(served_archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """TorchServe serving the tiny sentiment model with an explanation pool behind the router, a low time budget."""
+    run_dir = tmp_path_factory.mktemp("pool-budget-run")
+    archive = served_archives["sentiment"]
+    store = archive.parent.parent
+    handler = {"time_budget_s": TIME_BUDGET_S, "threads": 1}
+    settings = {
+        "batchSize": BATCH, "maxBatchDelay": 5, "responseTimeout": RESPONSE_TIMEOUT_S, "handler": handler,
+        POOL_KEY: {"batchSize": BATCH, "maxBatchDelay": 20},
+    }  # fmt: skip
+    models = {"sentiment": _relative(archive, store)}
+    started = start(run_dir, store, models, Ports.free(), timeout=180, overrides={"sentiment": settings})
+    try:
+        yield started
+    finally:
+        stop(run_dir)
+
+
+def _p99(seconds: list[float]) -> float:
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def test_predictions_beside_the_explanation_pool_stay_within_twice_their_unloaded_p99(
+    pooled: Server, served_archives: dict[str, Path]
+) -> None:
+    model = "sentiment"
+    assert pooled.pools == (model,)
+    prediction = {"text": LONG_TEXT}
+    for _ in range(10):  # warm-up
+        _post(pooled, model, prediction)
+    unloaded = [_post(pooled, model, prediction)[2] for _ in range(UNLOADED_PREDICTIONS)]
+    workers = {name: _workers(pooled, name) for name in (model, f"{model}.explain")}
+    # the pool's workers run at a lower CPU priority than the prediction workers (serving_core/pools.py)
+    assert {os.getpriority(os.PRIO_PROCESS, int(pid)) for pid, _ in workers[f"{model}.explain"]} == {POOL_NICENESS}
+    assert {os.getpriority(os.PRIO_PROCESS, int(pid)) for pid, _ in workers[model]} == {
+        os.getpriority(os.PRIO_PROCESS, 0)
+    }
+    expensive = _most_expensive(model, served_archives[model])
+    loaded: list[tuple[int, float]] = []
+    stop_predicting = threading.Event()
+
+    def predict() -> None:
+        while not stop_predicting.is_set() or len(loaded) < UNLOADED_PREDICTIONS:
+            status, _, seconds = _post(pooled, model, prediction)
+            loaded.append((status, seconds))
+
+    stream = threading.Thread(target=predict)
+    stream.start()
+    answers: list[tuple[str, int, Any]] = []
+    try:
+        with ThreadPoolExecutor(BATCH) as pool:
+            for method, options in expensive.items():
+                document = {"text": LONG_TEXT, "explain": {"method": method, **options}}
+                for status, reply, _ in pool.map(lambda row: _post(pooled, model, row), [document] * BATCH):
+                    answers.append((method, status, reply))
+    finally:
+        stop_predicting.set()
+        stream.join()
+    unclean = [(method, status, reply) for method, status, reply in answers if not _clean(model, status, reply)]
+    assert not unclean, unclean
+    assert any(status == 200 for _, status, _ in answers)  # the pool explained, not only refused
+    assert all(status == 200 for status, _ in loaded), loaded
+    alone, beside = _p99(unloaded), _p99([seconds for _, seconds in loaded])
+    served = sum(status == 200 for _, status, _ in answers)
+    logging.getLogger(__name__).warning(
+        "predictions beside the pool: p99 %.0f ms alone (%d), %.0f ms beside (%d) %d explanations served, %d refused",
+        alone * 1000, len(unloaded), beside * 1000, len(loaded), served, len(answers) - served,
+    )  # fmt: skip
+    assert beside <= 2 * alone, f"prediction p99 {beside * 1000:.0f} ms beside the pool, {alone * 1000:.0f} ms alone"
+    assert {name: _workers(pooled, name) for name in workers} == workers  # no worker was restarted
