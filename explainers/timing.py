@@ -294,13 +294,9 @@ def check_time_budget(
         return generate_s + estimate_seconds(speed, chosen, length, chosen_options, rows, targets)
 
     needed = estimate(method, options)
-    if budget_s is None or admitted_s + needed <= budget_s:
+    if _fits_beside(f"method {method.name!r} for {length} tokens", needed, admitted_s, budget_s):
         return needed
-    if needed <= budget_s:
-        raise TimeBudgetError(
-            f"method {method.name!r} needs about {needed:.1f} s for {length} tokens, and the batch it joined already "
-            f"needs {admitted_s:.1f} s of the per-batch time budget of {budget_s:.1f} s; alone it fits: retry"
-        )
+    assert budget_s is not None
     hints = [f"{name} <= {value}" for name, value in _largest_fitting(estimate, method, options, budget_s).items()]
     fitting = sorted(name for name in alternatives if name != method.name and estimate(name, {}) <= budget_s)
     choices = []
@@ -332,13 +328,9 @@ def check_generation_budget(
         TimeBudgetError: naming the estimate, the budget and the most new tokens that fit.
     """
     needed = generation_seconds(speed, prompt_length, new_tokens)
-    if budget_s is None or admitted_s + needed <= budget_s:
+    if _fits_beside(f"writing {new_tokens} tokens", needed, admitted_s, budget_s):
         return needed
-    if needed <= budget_s:
-        raise TimeBudgetError(
-            f"writing {new_tokens} tokens needs about {needed:.1f} s, and the batch it joined already needs "
-            f"{admitted_s:.1f} s of the per-batch time budget of {budget_s:.1f} s; alone it fits: retry"
-        )
+    assert budget_s is not None
     low, high = 0, new_tokens
     while high - low > 1:
         middle = (low + high) // 2
@@ -347,6 +339,22 @@ def check_generation_budget(
         f"writing {new_tokens} tokens after a prompt of {prompt_length} tokens needs about {needed:.1f} s, over the "
         f"time budget of {budget_s:.1f} s; max_new_tokens <= {low} fits, or send a shorter prompt"
     )
+
+
+def _fits_beside(what: str, needed: float, admitted_s: float, budget_s: float | None) -> bool:
+    """Whether ``needed`` seconds fit the budget beside ``admitted_s`` (``False``: over the budget alone).
+
+    Raises:
+        TimeBudgetError: "alone it fits: retry", when only the rows already admitted to the batch leave no room.
+    """
+    if budget_s is None or admitted_s + needed <= budget_s:
+        return True
+    if needed <= budget_s:
+        raise TimeBudgetError(
+            f"{what} needs about {needed:.1f} s, and the batch it joined already needs {admitted_s:.1f} s of the "
+            f"per-batch time budget of {budget_s:.1f} s; alone it fits: retry"
+        )
+    return False
 
 
 def _shown(options: Mapping[str, OptionValue]) -> str:

@@ -32,7 +32,7 @@ def _targets(mask: Tensor, log_probabilities: bool) -> Targets:
     return Targets.at_positions(positions, labels, active, mask, causal=True, log_probabilities=log_probabilities)
 
 
-def _occlusion(lm: Any, batch: dict[str, Tensor], targets: Targets, cached: bool, **options: int) -> Tensor:
+def _occlusion(lm: Any, batch: dict[str, Tensor], targets: Targets, cached: bool, **options: Any) -> Tensor:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(methods, "OCCLUSION_CACHE_MIN_TOKENS", 0 if cached else 10**9)
         calls: list[bool] = []
@@ -89,7 +89,7 @@ def test_the_cache_is_used_from_the_threshold_on_when_the_copies_span_several_fo
         calls.append(kwargs.get("cache") is not None)
         return forward_pass(*args, **kwargs)
 
-    def uses_cache(lengths: tuple[int, ...], **options: int) -> bool:
+    def uses_cache(lengths: tuple[int, ...], **options: Any) -> bool:
         calls.clear()
         batch = prompts(lengths, side="left")
         explain_targets(lm, batch, _targets(batch["attention_mask"], False), method="occlusion", **options)

@@ -158,6 +158,33 @@ def _post(server: Server, model: str, document: dict[str, Any]) -> tuple[int, An
     return status, reply, time.monotonic() - started
 
 
+def _beside_predictions(
+    server: Server, model: str, prediction: dict[str, Any], documents: list[tuple[str, Any]], at_least: int = 0
+) -> tuple[list[tuple[str, int, Any]], list[tuple[int, float]]]:
+    """Send each ``(method, document)`` as a full batch (``BATCH`` at once) while predictions are sent one after
+    another (at least ``at_least`` of them); every answer, and each prediction's status and seconds."""
+    predictions: list[tuple[int, float]] = []
+    stop_predicting = threading.Event()
+
+    def predict() -> None:
+        while not stop_predicting.is_set() or len(predictions) < at_least:
+            status, _, seconds = _post(server, model, prediction)
+            predictions.append((status, seconds))
+
+    stream = threading.Thread(target=predict)
+    stream.start()
+    answers: list[tuple[str, int, Any]] = []
+    try:
+        with ThreadPoolExecutor(BATCH) as pool:
+            for method, document in documents:
+                for status, reply, _ in pool.map(lambda row: _post(server, model, row), [document] * BATCH):
+                    answers.append((method, status, reply))
+    finally:
+        stop_predicting.set()
+        stream.join()
+    return answers, predictions
+
+
 def _clean(model: str, status: int, reply: Any) -> bool:
     if status == 200:
         return isinstance(reply, dict) and ANSWERED[model] in reply
@@ -175,34 +202,18 @@ def test_the_most_expensive_requests_are_answered_or_refused_and_no_worker_dies(
     expensive = _most_expensive(model, archive)
     workers = _workers(budgeted, model)
     assert workers and all(status == "READY" for _, status in workers)
-    predictions: list[tuple[int, float]] = []
-    stop_predicting = threading.Event()
-
-    def predict() -> None:
-        while not stop_predicting.is_set():
-            status, _, seconds = _post(budgeted, model, {field: payload})
-            predictions.append((status, seconds))
-
-    stream = threading.Thread(target=predict)
-    stream.start()
-    answers: list[tuple[str, int, Any]] = []
-    try:
-        with ThreadPoolExecutor(BATCH) as pool:
-            for method, options in expensive.items():
-                document = _expensive_document(model, archive, payload, method, options)
-                for status, reply, _ in pool.map(lambda row: _post(budgeted, model, row), [document] * BATCH):
-                    answers.append((method, status, reply))
-            # A deadline already passed is refused without work; one that passes while the row runs abandons it.
-            past = {field: payload, "explain": {"method": "attnlrp", "deadline_ms": int(time.time() * 1000) - 1000}}
-            status, reply, _ = _post(budgeted, model, past)
-            assert status == 504 and reply["error"]["code"] == "deadline_exceeded", reply
-            soon = {"method": "integrated_gradients", "n_steps": 64, "internal_batch_size": 1}
-            due = int(time.time() * 1000) + 50
-            status, reply, _ = _post(budgeted, model, {field: payload, "explain": {**soon, "deadline_ms": due}})
-            answers.append(("integrated_gradients (deadline)", status, reply))
-    finally:
-        stop_predicting.set()
-        stream.join()
+    documents = [
+        (method, _expensive_document(model, archive, payload, method, options)) for method, options in expensive.items()
+    ]
+    answers, predictions = _beside_predictions(budgeted, model, {field: payload}, documents)
+    # A deadline already passed is refused without work; one that passes while the row runs abandons it.
+    past = {field: payload, "explain": {"method": "attnlrp", "deadline_ms": int(time.time() * 1000) - 1000}}
+    status, reply, _ = _post(budgeted, model, past)
+    assert status == 504 and reply["error"]["code"] == "deadline_exceeded", reply
+    soon = {"method": "integrated_gradients", "n_steps": 64, "internal_batch_size": 1}
+    due = int(time.time() * 1000) + 50
+    status, reply, _ = _post(budgeted, model, {field: payload, "explain": {**soon, "deadline_ms": due}})
+    answers.append(("integrated_gradients (deadline)", status, reply))
     unclean = [(method, status, reply) for method, status, reply in answers if not _clean(model, status, reply)]
     assert not unclean, unclean
     refused = [reply["error"]["code"] for _, status, reply in answers if status != 200]
@@ -256,26 +267,10 @@ def test_predictions_beside_the_explanation_pool_stay_within_twice_their_unloade
         os.getpriority(os.PRIO_PROCESS, 0)
     }
     expensive = _most_expensive(model, served_archives[model])
-    loaded: list[tuple[int, float]] = []
-    stop_predicting = threading.Event()
-
-    def predict() -> None:
-        while not stop_predicting.is_set() or len(loaded) < UNLOADED_PREDICTIONS:
-            status, _, seconds = _post(pooled, model, prediction)
-            loaded.append((status, seconds))
-
-    stream = threading.Thread(target=predict)
-    stream.start()
-    answers: list[tuple[str, int, Any]] = []
-    try:
-        with ThreadPoolExecutor(BATCH) as pool:
-            for method, options in expensive.items():
-                document = {"text": LONG_TEXT, "explain": {"method": method, **options}}
-                for status, reply, _ in pool.map(lambda row: _post(pooled, model, row), [document] * BATCH):
-                    answers.append((method, status, reply))
-    finally:
-        stop_predicting.set()
-        stream.join()
+    documents = [
+        (method, {"text": LONG_TEXT, "explain": {"method": method, **options}}) for method, options in expensive.items()
+    ]
+    answers, loaded = _beside_predictions(pooled, model, prediction, documents, at_least=UNLOADED_PREDICTIONS)
     unclean = [(method, status, reply) for method, status, reply in answers if not _clean(model, status, reply)]
     assert not unclean, unclean
     assert any(status == 200 for _, status, _ in answers)  # the pool explained, not only refused
