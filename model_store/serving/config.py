@@ -10,6 +10,7 @@ management is never configurable. Token authorization stays on.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import string
@@ -62,18 +63,56 @@ class Ports:
 
     @classmethod
     def free(cls) -> Ports:
-        """Currently free loopback ports, all distinct (for tests)."""
-        sockets = []
+        """Currently free loopback ports, all distinct (for tests), chosen at random below the system's ephemeral
+        range: a port the system hands out for ``bind(0)`` could be taken again, between this pick and the server's
+        own bind, by another process's outgoing connection or random bind (Ray's workers bind many)."""
+        return cls(*free_ports(len(fields(cls))))
+
+
+#: The lowest port :func:`free_ports` picks.
+FREE_PORT_FLOOR = 20_000
+
+
+def _ephemeral_floor() -> int:
+    """The first port of the system's ephemeral range (Linux's ``ip_local_port_range``; 32768 where unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports free now, at random in ``[FREE_PORT_FLOOR, ephemeral range)`` (from the
+    system's ephemeral range where that span is too narrow)."""
+    low, high = FREE_PORT_FLOOR, _ephemeral_floor()
+    chosen: list[int] = []
+    if high - low >= 1000:
+        picker = random.SystemRandom()
+        for _ in range(count * 200):
+            port = picker.randrange(low, high)
+            if port not in chosen and _bindable(port):
+                chosen.append(port)
+                if len(chosen) == count:
+                    return chosen
+    sockets: list[socket.socket] = []
+    try:
+        while len(chosen) + len(sockets) < count:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return chosen + [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
         try:
-            for _ in fields(cls):
-                sock = socket.socket()
-                sock.bind(("127.0.0.1", 0))
-                sockets.append(sock)
-            numbers = [sock.getsockname()[1] for sock in sockets]
-        finally:
-            for sock in sockets:
-                sock.close()
-        return cls(*numbers)
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 #: TorchServe's ``max_request_size`` (config.properties.template), which the router applies too: a larger body is
