@@ -163,6 +163,16 @@ def case(request: pytest.FixtureRequest) -> Case:
     return request.param
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for the test: tiny models' forwards take a few ms, which OpenMP threads on shared cores
+    stretch (the time-budget tests time them)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def archives() -> dict[str, Path]:
     return tiny_archives()

@@ -32,14 +32,7 @@ from serving_core.errors import from_explain_error
 from serving_core.tasks.classify_schema import decode_row
 from tests.conftest import build_bert
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    """One intra-op thread: these tiny models' forwards are a few ms, which OpenMP threads on shared cores stretch."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 #: A model speed chosen for the arithmetic: 10 ms per call, 1 ms per token.

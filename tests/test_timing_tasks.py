@@ -32,12 +32,7 @@ SPEED = ModelSpeed(call=0.01, token=0.001, python=0.001, layers=2, step=0.005)
 TEXT = "a slow rude waiter served cold food to john smith in london and paris"
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_each_further_target_adds_its_backward_and_occlusion_shares_its_copies() -> None:
