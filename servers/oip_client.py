@@ -57,12 +57,15 @@ class RestOip:
         self.host, self.port, self.timeout = host, port, timeout
         self._connection: http.client.HTTPConnection | None = None
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """Send a JSON request; returns (status, parsed JSON body)."""
+    def request(
+        self, method: str, path: str, body: Any = None, extra_headers: Mapping[str, str] | None = None
+    ) -> tuple[int, Any]:
+        """Send a JSON request (with ``extra_headers``); returns (status, parsed JSON body)."""
         if self._connection is None:
             self._connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if payload is not None else {}
+        headers.update(extra_headers or {})
         try:
             self._connection.request(method, path, payload, headers)
             response = self._connection.getresponse()
@@ -75,8 +78,14 @@ class RestOip:
         except ValueError:
             return response.status, raw.decode(errors="replace")
 
-    def infer(self, model: str, inputs: Sequence[Input], parameters: Mapping[str, Any] | None = None) -> Outputs:
-        """``POST /v2/models/<model>/infer``.
+    def infer(
+        self,
+        model: str,
+        inputs: Sequence[Input],
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Outputs:
+        """``POST /v2/models/<model>/infer`` (with ``headers``, e.g. ``Explain-Deadline-Ms``).
 
         Raises:
             OipCallError: on a non-200 answer.
@@ -86,7 +95,7 @@ class RestOip:
         }
         if parameters:
             body["parameters"] = dict(parameters)
-        status, answer = self.request("POST", f"/v2/models/{model}/infer", body)
+        status, answer = self.request("POST", f"/v2/models/{model}/infer", body, headers)
         if status != 200:
             message = answer.get("error", answer) if isinstance(answer, dict) else answer
             raise OipCallError(status, str(message))
@@ -124,8 +133,14 @@ class GrpcOip:
             return self.pb.InferParameter(double_param=value)
         return self.pb.InferParameter(string_param=str(value))
 
-    def infer(self, model: str, inputs: Sequence[Input], parameters: Mapping[str, Any] | None = None) -> Outputs:
-        """``ModelInfer``.
+    def infer(
+        self,
+        model: str,
+        inputs: Sequence[Input],
+        parameters: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Outputs:
+        """``ModelInfer`` (``headers`` sent as metadata, e.g. ``explain-deadline-ms``).
 
         Raises:
             OipCallError: on a non-OK status.
@@ -143,7 +158,8 @@ class GrpcOip:
             parameters={key: self._parameter(value) for key, value in (parameters or {}).items()},
         )  # fmt: skip
         try:
-            reply = self.stub.ModelInfer(request, timeout=self.timeout)
+            metadata = [(key.lower(), value) for key, value in (headers or {}).items()]
+            reply = self.stub.ModelInfer(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as error:
             raise OipCallError(error.code().name, str(error.details())) from error
         outputs: Outputs = {}

@@ -302,3 +302,40 @@ def test_kserve_v1_serves_every_task(request: pytest.FixtureRequest, models: dic
         assert status == 400 and "missing_prompt" in json.dumps(answer)
     finally:
         client.close()
+
+
+@EXTRAS
+def test_the_kserve_door_takes_a_deadline_from_headers_metadata_and_parameters(request: pytest.FixtureRequest) -> None:
+    """Every task's rows on the KServe door answer a passed deadline with ``deadline_exceeded`` whichever way it came:
+    the ``Explain-Deadline-Ms`` header (REST), the same gRPC metadata, or the ``explain_deadline_ms`` parameter; a
+    deadline still ahead is served."""
+    import time
+
+    from servers.oip_client import GrpcOip, Input, OipCallError, RestOip
+
+    started = start_door(request, "kserve")
+    rest, grpc_client = RestOip("127.0.0.1", started.rest_port), GrpcOip(f"127.0.0.1:{started.grpc_port}")
+    inputs = {"entities": [Input("text", "BYTES", [SENTENCE])], WRITER: [Input("prompt", "BYTES", [PROMPTS[0]])]}
+    explain: dict[str, dict[str, Any]] = {
+        "entities": {"explain_method": "attnlrp"},
+        WRITER: {"explain_method": "attnlrp", "max_new_tokens": 2},
+    }
+    try:
+        for model in ("entities", WRITER):
+            passed = str(int(time.time() * 1000) - 1000)
+            ahead = int(time.time() * 1000) + 120_000
+            calls: tuple[tuple[Any, dict[str, Any], dict[str, str] | None, int | str], ...] = (
+                (rest, explain[model], {"Explain-Deadline-Ms": passed}, 504),
+                (grpc_client, explain[model], {"explain-deadline-ms": passed}, "DEADLINE_EXCEEDED"),
+                (rest, {**explain[model], "explain_deadline_ms": int(passed)}, None, 504),
+                (grpc_client, {**explain[model], "explain_deadline_ms": int(passed)}, None, "DEADLINE_EXCEEDED"),
+            )
+            for client, parameters, headers, status in calls:
+                with pytest.raises(OipCallError) as refused:
+                    client.infer(model, inputs[model], parameters, headers)
+                assert refused.value.status == status and "deadline_exceeded" in refused.value.message, model
+            served = rest.infer(model, inputs[model], {**explain[model], "explain_deadline_ms": ahead})
+            assert served["explain_method"][1] == ["attnlrp"], served
+    finally:
+        rest.close()
+        grpc_client.close()
