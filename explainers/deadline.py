@@ -67,7 +67,15 @@ class Deadline:
         """
         left = self.remaining()
         if left <= 0:
-            raise DeadlineExceededError(
-                f"the request's deadline passed {-left * 1000:,.0f} ms ago; the work was abandoned before {where} "
-                "(send a later deadline, or a cheaper request: fewer steps, samples or tokens)"
-            )
+            raise _exceeded(where, left)
+
+    def exceeded(self, where: str) -> DeadlineExceededError:
+        """The error of work abandoned before ``where`` because the deadline passed (:meth:`check` raises it)."""
+        return _exceeded(where, self.remaining())
+
+
+def _exceeded(where: str, left: float) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        f"the request's deadline passed {-left * 1000:,.0f} ms ago; the work was abandoned before {where} "
+        "(send a later deadline, or a cheaper request: fewer steps, samples or tokens)"
+    )

@@ -229,9 +229,10 @@ def estimate_seconds(
     chosen = get_method(method) if isinstance(method, str) else method
     cost = chosen.cost
     further = max(int(targets), 1) - 1
-    forwards = cost.forwards(options, length) + further * cost.target_forwards(options, length)
+    first = cost.forwards(options, length)
+    forwards = first + further * cost.target_forwards(options, length)
     # the targets' gradients are batched into the same calls (a vmap over the backward): they add work, not calls
-    calls = cost.forwards(options, length) if cost.calls is None else cost.calls(options, length)
+    calls = first if cost.calls is None else cost.calls(options, length)
     work = (1.0 + calls) * speed.call + (1.0 + forwards) * speed.token * length
     solver = (1 + further) * cost.solver(length, speed.layers)
     return rows * (work + (SETUP_JOBS + solver) * speed.python)

@@ -17,8 +17,9 @@ from typing import Any
 
 from serving_core import metrics
 from serving_core.config import ConfigError, HandlerConfig
-from serving_core.deadlines import DEADLINE_HEADER, header_deadline
+from serving_core.deadlines import header_deadline, headers_deadline
 from serving_core.errors import RowError
+from serving_core.headers import DEADLINE_HEADER
 from serving_core.loading import worker_device
 from serving_core.pools import POOL_NICENESS, is_pool, model_of
 from serving_core.task import Service, Task, get_task
@@ -39,11 +40,10 @@ def _decoded(task: Task[Any, Any], row: dict[str, Any], context: Any, index: int
         RowError: for what is wrong with the row or the header.
     """
     decoded = task.decode(row, _explain_header(context, index), config)
-    headers = context.get_all_request_header(index) or {}
-    header = next((value for name, value in headers.items() if str(name).lower() == DEADLINE_HEADER), None)
-    if header is None:
-        header = row.get(DEADLINE_HEADER)  # TorchServe's gRPC Predictions: an entry of the input map
-    return task.with_deadline(decoded, header_deadline(header))
+    deadline = headers_deadline(context.get_all_request_header(index))
+    if deadline is None:  # TorchServe's gRPC Predictions: an entry of the input map
+        deadline = header_deadline(row.get(DEADLINE_HEADER))
+    return task.with_deadline(decoded, deadline)
 
 
 def lower_priority(niceness: int = POOL_NICENESS) -> None:

@@ -25,9 +25,8 @@ from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters
 
-from explainers import Deadline
 from serving_core import metrics, wire
-from serving_core.deadlines import DEADLINE_HEADER, header_deadline
+from serving_core.deadlines import headers_deadline
 from serving_core.errors import RowError
 from serving_core.task import get_task
 
@@ -153,7 +152,7 @@ class ExplainModel(Model):
     async def _infer(self, request: InferRequest, headers: Mapping[str, str] | None = None) -> InferResponse:
         config = self.settings.config
         try:
-            rows = oip.decode_request(to_oip_request(request), config, _header_deadline(headers))
+            rows = oip.decode_request(to_oip_request(request), config, headers_deadline(headers))
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
@@ -170,11 +169,8 @@ class ExplainModel(Model):
     async def _v1(self, payload: Any, explain: bool, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
         config = self.settings.config
         try:
-            deadline = _header_deadline(headers)
-            rows = v1.decode_instances(payload, config, explain)
-            if deadline is not None:
-                task = get_task(config.task)
-                rows = [row if isinstance(row, RowError) else task.with_deadline(row, deadline) for row in rows]
+            deadline = headers_deadline(headers)
+            rows = get_task(config.task).with_deadlines(v1.decode_instances(payload, config, explain), deadline)
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
@@ -228,13 +224,3 @@ class ExplainModel(Model):
         share = encode / max(len(served.outcomes), 1)
         for row, outcome in zip(rows, served.outcomes, strict=True):
             task.observe(self.name, row, outcome, served.timings, share)
-
-
-def _header_deadline(headers: Mapping[str, str] | None) -> Deadline | None:
-    """The deadline of a request's ``Explain-Deadline-Ms`` header (REST) or metadata (gRPC), whatever its case.
-
-    Raises:
-        RowError: ``invalid_request`` for a value that is not Unix milliseconds.
-    """
-    value = next((v for name, v in (headers or {}).items() if str(name).lower() == DEADLINE_HEADER), None)
-    return header_deadline(value)

@@ -1,15 +1,17 @@
 """A request's deadline as the doors receive it: the Unix time in milliseconds by which its answer is due
-(``explain.deadline_ms`` in JSON, the ``deadline_ms`` parameter of the KServe/OIP and OpenAI doors), or a gRPC
-deadline's time remaining; turned into an :class:`explainers.Deadline` that the explanation checks between chunks
-(docs/SERVING.md, "Time budgets and deadlines")."""
+(``explain.deadline_ms`` in JSON, ``ExplainRequest.deadline_ms``, the ``explain_deadline_ms`` parameter of the OIP,
+the ``Explain-Deadline-Ms`` header); turned into an :class:`explainers.Deadline` that the explanation checks between
+chunks (docs/SERVING.md, "Time budgets and deadlines")."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from explainers import Deadline
 
 from .errors import RowError
+from .headers import DEADLINE_HEADER, deadline_ms, header
 
 
 def decode_deadline_ms(value: Any, where: str = "deadline_ms") -> Deadline | None:
@@ -45,24 +47,24 @@ def proto_deadline(deadline_ms: int) -> Deadline | None:
     return None if deadline_ms == 0 else decode_deadline_ms(int(deadline_ms), "ExplainRequest.deadline_ms")
 
 
-#: The HTTP header a REST request may carry its deadline in (Unix milliseconds, as ``explain.deadline_ms``).
-DEADLINE_HEADER = "explain-deadline-ms"
-
-
 def header_deadline(value: Any) -> Deadline | None:
-    """The deadline of an :data:`DEADLINE_HEADER` header's value (``None``: absent).
+    """The deadline of an ``Explain-Deadline-Ms`` header's value (:func:`serving_core.headers.deadline_ms`;
+    ``None``: absent).
 
     Raises:
         RowError: ``invalid_request`` for a value that is not a positive integer.
     """
-    if value is None or value == "":
-        return None
-    if isinstance(value, bytes | bytearray):
-        value = bytes(value).decode("latin-1")
-    text = str(value).strip()
-    return decode_deadline_ms(int(text) if text.isdigit() else text, f"the {DEADLINE_HEADER} header")
+    try:
+        due = deadline_ms(value)
+    except ValueError as error:
+        raise RowError("invalid_request", str(error)) from None
+    return None if due is None else Deadline.at_unix(due / 1000)
 
 
-def grpc_deadline(time_remaining: float | None) -> Deadline | None:
-    """The deadline of a gRPC call from its ``context.time_remaining()`` (``None``: the caller set none)."""
-    return None if time_remaining is None else Deadline.within(time_remaining)
+def headers_deadline(headers: Mapping[Any, Any] | None) -> Deadline | None:
+    """The deadline of the ``Explain-Deadline-Ms`` entry of request headers or gRPC metadata, whatever its case.
+
+    Raises:
+        RowError: ``invalid_request`` for a value that is not a positive integer.
+    """
+    return header_deadline(header(headers, DEADLINE_HEADER))

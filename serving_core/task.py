@@ -145,6 +145,12 @@ class Task(ABC, Generic[Row, Result]):
         """The row due by the earlier of its own deadline and ``deadline``, the one its door received (a REST header,
         a gRPC call's deadline, a request parameter; ``None``: the row unchanged)."""
 
+    def with_deadlines(self, rows: Sequence[Row | RowError], deadline: Deadline | None) -> list[Row | RowError]:
+        """:meth:`with_deadline` of every decoded row of a request (a row's error stays as it is)."""
+        if deadline is None:
+            return list(rows)
+        return [row if isinstance(row, RowError) else self.with_deadline(row, deadline) for row in rows]
+
     @abstractmethod
     def to_dict(self, outcome: Result, config: HandlerConfig) -> dict[str, Any]:
         """The JSON document of a served row (docs/SERVING.md gives each task's)."""

@@ -84,10 +84,7 @@ def decode_request(request: OipRequest, config: HandlerConfig, deadline: Deadlin
     """
     rows = codec_for(config).decode(request, config)
     due = earliest(decode_deadline_ms(request.parameters.get(EXPLAIN_DEADLINE), EXPLAIN_DEADLINE), deadline)
-    if due is None:
-        return rows
-    task = get_task(config.task)
-    return [row if isinstance(row, RowError) else task.with_deadline(row, due) for row in rows]
+    return get_task(config.task).with_deadlines(rows, due)
 
 
 def encode_response(outcomes: Sequence[Any], config: HandlerConfig) -> list[Tensor]:

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..headers import DEADLINE_HEADER, deadline_ms, header
 from .errors import OpenAIError
 
 #: The most choices one request may ask for (``n`` times the number of prompts).
@@ -281,10 +282,6 @@ def _shared_fields(request: Mapping[str, Any], logprobs: int | None) -> dict[str
     return shared
 
 
-#: The HTTP header a request may carry its deadline in (as :data:`serving_core.deadlines.DEADLINE_HEADER`).
-DEADLINE_HEADER = "explain-deadline-ms"
-
-
 def with_deadline_header(body: Any, headers: Mapping[str, str] | None) -> Any:
     """The request ``body`` due by the earlier of its ``deadline_ms`` and the ``Explain-Deadline-Ms`` header of
     ``headers`` (Unix milliseconds; matched whatever its case); the body unchanged without the header.
@@ -292,17 +289,12 @@ def with_deadline_header(body: Any, headers: Mapping[str, str] | None) -> Any:
     Raises:
         OpenAIError: ``invalid_request`` for a header that is not a positive integer.
     """
-    value = next((v for name, v in (headers or {}).items() if name.lower() == DEADLINE_HEADER), None)
-    if value is None or not isinstance(body, Mapping):
+    try:
+        due = deadline_ms(header(headers, DEADLINE_HEADER))
+    except ValueError as error:
+        raise OpenAIError("invalid_request", str(error)) from None
+    if due is None or not isinstance(body, Mapping):
         return body
-    text = str(value).strip()
-    if not text.isdigit() or int(text) <= 0:
-        raise OpenAIError(
-            "invalid_request",
-            f"the {DEADLINE_HEADER} header must be the Unix time in milliseconds by which the answer is due (a "
-            f"positive integer), got {value!r}",
-        )
-    due = int(text)
     own = body.get("deadline_ms")
     if isinstance(own, int) and not isinstance(own, bool) and 0 < own < due:
         return body

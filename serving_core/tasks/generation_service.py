@@ -39,7 +39,6 @@ from transformers import AutoModelForCausalLM
 
 from explainers import (
     Deadline,
-    DeadlineExceededError,
     ExplainError,
     InvalidOptionError,
     InvalidTargetError,
@@ -262,7 +261,9 @@ class GenerationService:
         for position, item in enumerate(prepared):
             if position in late:  # its deadline passed while it was being written
                 assert item.row.deadline is not None
-                outcomes[item.index].error = _deadline_error(item.row.deadline, "writing the rest of the answer")
+                outcomes[item.index].error = from_explain_error(
+                    item.row.deadline.exceeded("writing the rest of the answer")
+                )
                 continue
             self._fill(outcomes[item.index], item, made, position, logprobs[position])
         forward, backward = self._explain(prepared, made, outcomes)
@@ -278,7 +279,7 @@ class GenerationService:
         for item in sorted(prepared, key=lambda item: item.row.ask is not None):  # a stable sort: order kept
             deadline = item.row.deadline
             if deadline is not None and deadline.passed:
-                outcomes[item.index].error = _deadline_error(deadline, "any work")
+                outcomes[item.index].error = from_explain_error(deadline.exceeded("any work"))
                 continue
             try:
                 seconds += self._estimate(item, seconds)
@@ -791,12 +792,3 @@ def _clipped(
     for offset in offsets:
         kept.append(None if offset is None or offset[0] >= length else (offset[0], min(offset[1], length)))
     return text[:length], kept
-
-
-def _deadline_error(deadline: Deadline, where: str) -> RowError:
-    """The ``deadline_exceeded`` error of a row whose deadline passed before ``where``."""
-    try:
-        deadline.check(where)
-    except DeadlineExceededError as error:
-        return from_explain_error(error)
-    return from_explain_error(DeadlineExceededError(f"the request's deadline passed before {where}"))
