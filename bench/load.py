@@ -27,8 +27,9 @@ from typing import Any
 import torch
 import yaml
 
-from model_store.serving.config import Ports, default_model_store, load_profile
-from model_store.serving.process import Server, start, stop
+from doors.models import default_model_store
+from doors.torchserve.config import Ports, load_profile
+from doors.torchserve.process import Server, start, stop
 
 logger = logging.getLogger(__name__)
 

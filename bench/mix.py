@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.load import _document, _rest_caller, cpu_profile, make_texts, percentile, sentiment_archive
-from model_store.serving.config import POOL_KEY, POOL_SETTINGS, Ports, default_model_store
-from model_store.serving.process import Server, start, stop
+from doors.models import default_model_store
+from doors.torchserve.config import POOL_KEY, POOL_SETTINGS, Ports
+from doors.torchserve.process import Server, start, stop
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.load import _rest_caller, cpu_profile, make_texts, percentile, run_cell, sentiment_archive
-from model_store.serving.config import Ports, default_model_store
-from model_store.serving.process import start, stop
+from doors.models import default_model_store
+from doors.torchserve.config import Ports
+from doors.torchserve.process import start, stop
 
 logger = logging.getLogger(__name__)
 

@@ -100,7 +100,7 @@ class ExplainClient:
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, transport: Transport = "rest", **kwargs: Any) -> ExplainClient:
-        """A client of the server started from ``run_dir`` by ``make start`` or ``python -m model_store.serving
+        """A client of the server started from ``run_dir`` by ``make start`` or ``python -m doors
         start`` (its ``ports.json`` and ``key_file.json``).
 
         Args:

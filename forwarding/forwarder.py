@@ -2,7 +2,7 @@
 request, who may pass, with which token, and to which served model.
 
 Two programs are built on it: the per-pod authenticating proxy (:mod:`deploy.auth_proxy`: a shared secret in, the
-pod's own TorchServe key out) and the explanation-pool router (:mod:`model_store.serving.router`: the client's token
+pod's own TorchServe key out) and the explanation-pool router (:mod:`doors.torchserve.router`: the client's token
 passes unchanged, explanation requests go to the model's explanation pool).
 
 REST: any method and path is forwarded with its body and headers (hop-by-hop ones dropped), over one kept-alive

@@ -57,7 +57,7 @@ class ServingConfig:
             (docs/SERVING.md, "Batching profiles"; TorchServe treats 0 as its 100 ms default).
         response_timeout_s: TorchServe ``responseTimeout`` (s); a slower batch kills the worker.
         explanation_pool: The batching keys of the model's explanation pool (``explanationPool``, read by
-            :func:`model_store.serving.config.link_store`; ``None``: no pool).
+            :func:`doors.torchserve.config.link_store`; ``None``: no pool).
     """
 
     task: Literal["text", "image", "token_classification", "generation"]

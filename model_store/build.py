@@ -73,10 +73,10 @@ DEFAULT_NAMES = ("sentiment", "digits", "entities")
 #: served as one's own folder (``make serve MODELS=writer=model_store/build/writer/model``).
 OPT_IN_NAMES = ("writer",)
 MODEL_NAMES = DEFAULT_NAMES + OPT_IN_NAMES
-DEFAULT_TEXT_HANDLER = REPO_ROOT / "handlers" / "text_handler.py"
-DEFAULT_TOKEN_HANDLER = REPO_ROOT / "handlers" / "token_handler.py"
-DEFAULT_IMAGE_HANDLER = REPO_ROOT / "handlers" / "image_handler.py"
-DEFAULT_GENERATION_HANDLER = REPO_ROOT / "handlers" / "generation_handler.py"
+DEFAULT_TEXT_HANDLER = REPO_ROOT / "doors" / "torchserve" / "text_handler.py"
+DEFAULT_TOKEN_HANDLER = REPO_ROOT / "doors" / "torchserve" / "token_handler.py"
+DEFAULT_IMAGE_HANDLER = REPO_ROOT / "doors" / "torchserve" / "image_handler.py"
+DEFAULT_GENERATION_HANDLER = REPO_ROOT / "doors" / "torchserve" / "generation_handler.py"
 METRICS_FILE = "metrics.json"
 MODEL_DIR = "model"
 ARCHIVE_DIR = "archive"

@@ -3,7 +3,7 @@
 Why: TorchServe histograms have fixed buckets from 5 ms to 10 s, too coarse for explanations that take 0.5–5 ms on
 small models. ``prometheus-client`` lets us choose millisecond buckets. Each TorchServe worker is its own process,
 so the metrics run in multiprocess mode: workers write to ``$PROMETHEUS_MULTIPROC_DIR`` (under ``run/``), and one
-exporter process (:mod:`handlers.exporter`, port 8083 by default) serves their sum on ``/metrics``. Without that
+exporter process (:mod:`doors.torchserve.exporter`, port 8083 by default) serves their sum on ``/metrics``. Without that
 variable the metrics stay in the worker process (nothing to scrape) and a warning is logged once.
 
 Labels are bounded: ``model`` (served models), ``method`` (registered methods or ``none`` for a prediction),

@@ -4,7 +4,7 @@ A model served with an explanation pool (``explanation_workers`` in a models fil
 docs/SERVING.md, "Predictions next to explanations") is registered twice from the same archive: ``<name>`` serves
 predictions, ``<name>.explain`` (:func:`pool_name`; a dot never appears in a served name, so it cannot clash) serves
 the requests that ask for an explanation, each pool with its own workers and batch settings. A router in front of the
-server (:mod:`model_store.serving.router`) sends each request to one of them with :func:`asks_for_explanation`;
+server (:mod:`doors.torchserve.router`) sends each request to one of them with :func:`asks_for_explanation`;
 clients call ``<name>`` as before.
 
 Both pools run the same handler on the same archive, so a request sent to the other pool gets the same answer, only

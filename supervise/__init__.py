@@ -1,6 +1,6 @@
-"""Starting, watching and stopping the service's processes, for every door: TorchServe's launcher
-(:mod:`model_store.serving`) and the KServe/Ray Serve doors' (:mod:`servers.launcher`) both use it, and neither
-imports the other.
+"""Starting, watching and stopping the service's processes, for every door: the launcher (:mod:`doors.launch`) and
+each door's launch module (:mod:`doors.torchserve.launch`, :mod:`doors.kserve.launch`) use it; it imports none of
+them.
 
 - :mod:`supervise.processes`: spawning in a session of its own, pid files, readiness, stopping a process group,
   liveness (a zombie is dead) and reaping.

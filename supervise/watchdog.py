@@ -3,8 +3,8 @@
 The service's processes run in their own sessions (so that ``stop`` can kill each whole process group, TorchServe's
 workers included), which also means that nothing stops them when the process that started them dies without running
 its clean-up: a test run killed by an outer timeout would leave a TorchServe behind. Setting ``EXPLAIN_OWNER_PID``
-(the test suite sets it to the pytest process) makes the launchers (:func:`model_store.serving.process.start`,
-:func:`servers.launcher.start`) start one watchdog per server::
+(the test suite sets it to the pytest process) makes the launchers (:func:`doors.torchserve.process.start`,
+:func:`doors.kserve.launch.start`) start one watchdog per server::
 
     python -m supervise.watchdog --owner PID [--group PGID ...] [-- COMMAND ...]
 

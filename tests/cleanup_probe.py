@@ -1,6 +1,6 @@
 """Run only by tests/test_cleanup.py, in a pytest subprocess that it then kills with SIGKILL: start every kind of
 server the tests start — the session's TorchServe (the ``server`` fixture: the launcher in this process), a
-TorchServe started by ``python -m model_store.serving start`` in a subprocess (as tests/integration/test_own_models.py
+TorchServe started by ``python -m doors start`` in a subprocess (as tests/integration/test_own_models.py
 does), and a plain child through :func:`tests.serving_support.owned_popen` (as the Prometheus tests do) — write their
 process groups to ``$CLEANUP_PROBE_MARK`` and wait to be killed. Not collected by ``pytest tests`` (its name does not
 start with ``test_``); skipped when run without the mark file's path."""
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from model_store.serving.config import Ports
-from model_store.serving.process import EXPORTER_PID, TS_PID, Server
+from doors.torchserve.config import Ports
+from doors.torchserve.process import EXPORTER_PID, TS_PID, Server
 from supervise.supervisor import SUPERVISOR_PID
 from tests import checkpoints
 from tests.serving_support import REPO_ROOT, owned_popen
@@ -36,7 +36,7 @@ def test_start_servers_and_wait_to_be_killed(server: Server, tmp_path: Path) -> 
         **{f"{name.upper()}_PORT": str(value) for name, value in Ports.free().__dict__.items()},
     }
     started = subprocess.run(
-        [sys.executable, "-m", "model_store.serving", "start"],
+        [sys.executable, "-m", "doors", "start"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert started.returncode == 0, started.stdout + started.stderr

@@ -4,7 +4,7 @@ test session (on first use) and stopped by its pid, also when tests fail.
 
 Every server a test starts ends with the pytest process, even when pytest is killed (an outer timeout's SIGKILL)
 before any clean-up runs: ``EXPLAIN_OWNER_PID`` names this process, so the launcher (in this process or in a
-``python -m model_store.serving`` subprocess) puts a watchdog on each TorchServe, and the other servers go through
+``python -m doors`` subprocess) puts a watchdog on each TorchServe, and the other servers go through
 :func:`tests.serving_support.owned_popen` (tests/test_cleanup.py kills a pytest to prove it)."""
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from transformers import (
     ViTForImageClassification,
 )
 
-from model_store.serving.config import POOL_KEY, Ports
-from model_store.serving.process import Server, start, stop
+from doors.torchserve.config import POOL_KEY, Ports
+from doors.torchserve.process import Server, start, stop
 from supervise.watchdog import OWNER_ENV
 from supervise.workdir import WORKDIR_ENV
 from tests.serving_support import tiny_archives

@@ -27,7 +27,7 @@ from typing import Any
 
 from deploy import engine
 from deploy.engine import INSTALL_HINT
-from model_store.serving.config import Ports
+from doors.torchserve.config import Ports
 from supervise.processes import pid_alive
 from supervise.watchdog import watch
 from tests.serving_support import ARCHIVE_CACHE, REPO_ROOT, tiny_archives

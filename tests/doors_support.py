@@ -24,10 +24,10 @@ import grpc
 import pytest
 
 from explain_client import protos
-from model_store.serving.config import Ports
-from model_store.serving.process import Server
-from model_store.serving.process import start as start_torchserve
-from model_store.serving.process import stop as stop_torchserve
+from doors.torchserve.config import Ports
+from doors.torchserve.process import Server
+from doors.torchserve.process import start as start_torchserve
+from doors.torchserve.process import stop as stop_torchserve
 from tests import checkpoints
 from tests.generation_checkpoint import causal_lm
 from tests.serving_support import REPO_ROOT, http_post, tiny_archives
@@ -172,7 +172,7 @@ def start_door(request: pytest.FixtureRequest, name: str) -> Started:
         _STOPS[name] = lambda: _quiet(stop_torchserve, run_dir)
         request.session.config.add_cleanup(stop_doors)
     else:
-        from servers import launcher
+        from doors.kserve import launch as launcher
 
         door = launcher.start(name, models, run_dir, ports.inference, ports.grpc_inference, replicas=1,
                               timeout=400, env={"OMP_NUM_THREADS": "1"})  # fmt: skip
@@ -270,7 +270,7 @@ class DoorClient:
 
     # KServe and Ray: the OIP with the explain extension.
     def _oip(self, model: str, row: Row) -> Answer:
-        from servers.oip_client import GrpcOip, Input, OipCallError, RestOip
+        from tests.oip_client import GrpcOip, Input, OipCallError, RestOip
 
         inputs = []
         if row.text is not None:

@@ -2,7 +2,7 @@
 pids and memory, and a bounded mixed-load generator over REST and gRPC, for TorchServe's protocol
 (:class:`TorchServeTarget`) and for the Open Inference Protocol of the KServe and Ray Serve doors (:class:`OipTarget`).
 
-The server is the same launcher and tiny archives as tests/integration (``model_store.serving.process.start``,
+The server is the same launcher and tiny archives as tests/integration (``doors.torchserve.process.start``,
 :func:`tests.serving_support.tiny_archives`), started once per test session on free loopback ports the first time
 one of these modules asks for it, and stopped by its pid at the end of the session, also when tests fail. It is a
 separate server from the integration suite's because the reliability tests kill its workers. The text model runs
@@ -30,8 +30,8 @@ import pytest
 
 from explain_client import protos
 from explainers import available_methods
-from model_store.serving.config import Ports
-from model_store.serving.process import Server, start, stop
+from doors.torchserve.config import Ports
+from doors.torchserve.process import Server, start, stop
 from tests.serving_support import b64, http_call, http_post, png_bytes, tiny_archives
 
 logger = logging.getLogger(__name__)
@@ -449,7 +449,7 @@ def oip_request(document: dict[str, Any], protocol: str) -> tuple[list[Any], dic
     ``explain_option_<name>``)."""
     import base64
 
-    from servers.oip_client import Input
+    from tests.oip_client import Input
 
     inputs = []
     if "text" in document:
@@ -471,7 +471,7 @@ def oip_request(document: dict[str, Any], protocol: str) -> tuple[list[Any], dic
 
 
 class OipTarget:
-    """The Open Inference Protocol of the KServe and Ray Serve doors (REST and gRPC; :mod:`servers.oip_client`): the
+    """The Open Inference Protocol of the KServe and Ray Serve doors (REST and gRPC; :mod:`tests.oip_client`): the
     same requests as :class:`TorchServeTarget` (:func:`oip_request`) and the OIP-expressible bad ones."""
 
     def __init__(self, host: str, rest_port: int, grpc_port: int, image_share: float = 0.25) -> None:
@@ -494,7 +494,7 @@ class _OipCaller:
         self.clients: dict[tuple[str, float], Any] = {}
 
     def _client(self, protocol: str, timeout: float) -> Any:
-        from servers.oip_client import GrpcOip, RestOip
+        from tests.oip_client import GrpcOip, RestOip
 
         key = (protocol, timeout)
         if key not in self.clients:
@@ -506,7 +506,7 @@ class _OipCaller:
         return self.clients[key]
 
     def send(self, plan: Plan, protocol: str, rng: random.Random, timeout: float) -> Sent:
-        from servers.oip_client import OipCallError
+        from tests.oip_client import OipCallError
         from serving_core.errors import ERROR_TABLE
 
         inputs, parameters = oip_request(json.loads(plan.body), protocol)

@@ -39,11 +39,11 @@ from typing import Any
 
 import psutil
 
-from model_store.serving.config import POOL_KEY, Ports, load_profile
-from model_store.serving.process import Server
-from model_store.serving.process import start as start_torchserve
-from model_store.serving.process import stop as stop_torchserve
-from model_store.serving.supervision import RESTARTABLE, restart_counter
+from doors.torchserve.config import POOL_KEY, Ports, load_profile
+from doors.torchserve.process import Server
+from doors.torchserve.process import start as start_torchserve
+from doors.torchserve.process import stop as stop_torchserve
+from doors.torchserve.supervision import RESTARTABLE, restart_counter
 from supervise.processes import accepting, pid_alive, read_pid
 from supervise.supervisor import Child, Supervisor
 from supervise.watchdog import watch
@@ -203,7 +203,7 @@ def _image_share(models: dict[str, Path]) -> float:
 
 def kserve_soak(run_dir: Path, models: dict[str, Path], kill_at: float, ready_timeout: float = 600.0) -> DoorSoak:
     """The KServe door, killed at ``kill_at`` s and started again on the same ports (module docstring)."""
-    from servers import launcher
+    from doors.kserve import launch as launcher
 
     ports = Ports.free()
 
@@ -254,7 +254,7 @@ def text_replicas(door_pid: int) -> list[int]:
 def ray_soak(run_dir: Path, models: dict[str, Path], kill_at: float, limit_s: float = 10.0) -> DoorSoak:
     """Ray Serve behind the KServe door, the text model on :data:`RAY_REPLICAS` replicas; one is killed at
     ``kill_at`` s."""
-    from servers import launcher
+    from doors.kserve import launch as launcher
 
     ports = Ports.free()
     replicas = {name: RAY_REPLICAS if name == "sentiment" else 1 for name in models}
@@ -341,7 +341,7 @@ def pool_soak(run_dir: Path, models: dict[str, Path], kill_at: tuple[float, floa
 
 
 def _supervise(server: Server) -> tuple[Supervisor, threading.Thread]:
-    """The launcher's supervision of ``server`` (:func:`model_store.serving.supervision.supervise`), in a thread;
+    """The launcher's supervision of ``server`` (:func:`doors.torchserve.supervision.supervise`), in a thread;
     each restarted process also gets a watchdog, so that it ends with this process however this one ends."""
     children = [
         Child(key, server.launches[key], process, restartable=key in RESTARTABLE)

@@ -29,7 +29,7 @@ from explain_client.render import (
     terminal_compare,
     terminal_prediction,
 )
-from model_store.serving.process import Server
+from doors.torchserve.process import Server
 from tests.serving_support import png_bytes
 
 TEXT = "the crew was rude and the flight late"

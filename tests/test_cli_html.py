@@ -21,7 +21,7 @@ from PIL import Image
 from explain_client import Explanation, Prediction
 from explain_client.cli import main
 from explain_client.render import html_page, score_rgb
-from model_store.serving.process import Server
+from doors.torchserve.process import Server
 
 WIDTH, HEIGHT = 1100, 700
 BOX_SCRIPT = """<script>

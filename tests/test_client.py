@@ -14,7 +14,7 @@ import torch
 
 from explain_client import ExplainClient, Prediction, Request, ServiceError, read_token_file, resolve_token
 from explain_client.client import load_requests
-from model_store.serving.process import Server
+from doors.torchserve.process import Server
 from tests.integration.test_serving import LABELS, TEXT, expected, reference  # noqa: F401
 from tests.serving_support import png_bytes
 
@@ -159,7 +159,7 @@ def test_timeout_is_a_service_error(server: Server, transport: str) -> None:
 
 
 def test_unreachable_server_is_unavailable() -> None:
-    from model_store.serving.config import Ports
+    from doors.torchserve.config import Ports
 
     port = Ports.free().inference
     for transport in TRANSPORTS:

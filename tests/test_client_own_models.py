@@ -13,7 +13,7 @@ import pytest
 
 from explain_client import ExplainClient, Prediction, Request
 from explain_client.cli import main
-from model_store.serving.process import Server
+from doors.torchserve.process import Server
 from tests.integration.test_own_models import HYPOTHESIS, PREMISE, own, own_server  # noqa: F401
 
 pytestmark = pytest.mark.slow

@@ -27,7 +27,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from explain_client import protos as client_protos
-from model_store.serving.process import Server
+from doors.torchserve.process import Server
 from tests.ops_support import log_figures, wait_for_worker, worker_pids
 from tests.serving_support import png_bytes
 
@@ -71,7 +71,7 @@ def _compile(source_dir: Path, name: str, out: Path) -> descriptor_pool.Descript
 def pools(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     import zipfile
 
-    from handlers.protos import torchserve_jar
+    from doors.torchserve.protos import torchserve_jar
 
     work = tmp_path_factory.mktemp("protos")
     jar_dir = work / "torchserve"
@@ -154,7 +154,7 @@ def test_every_field_of_the_client_messages_crosses_to_torchserve_and_back(pools
 
 
 def test_the_stubs_in_use_come_from_the_shipped_protos_and_the_server_shares_them(pools: tuple[Any, Any]) -> None:
-    from handlers import protos as server_protos
+    from doors.torchserve import protos as server_protos
 
     ours, _ = pools
     inference_pb2, inference_grpc = client_protos.inference_stubs()

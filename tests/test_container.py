@@ -32,7 +32,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from deploy.engine import docker_env
 from explain_client import protos
 from explainers import explain
-from model_store.serving.archives import DEFAULT_MODELS
+from doors.models import DEFAULT_MODELS
 from tests import container_support as support
 from tests.container_support import Stack, connects, container_ip, prometheus_get, prometheus_query, wait_until
 from tests.serving_support import REPO_ROOT, b64, http_post, png_bytes
@@ -106,7 +106,7 @@ def _check_models_in_image(stack: Stack, store: Path) -> subprocess.CompletedPro
     """The launcher's start-up model check, run in the stack's image as its user, with ``store`` (a host folder)
     mounted read-write where the image's default model store is, as the issue's user did."""
     script = (
-        "import logging; from model_store.serving import archives, config; logging.basicConfig(level=logging.INFO);"
+        "import logging; from doors import models as archives, config; logging.basicConfig(level=logging.INFO);"
         "archives.ensure_models(config.default_model_store(), archives.DEFAULT_MODELS)"
     )
     command = ["docker", "run", "--rm", "--network", "none", "-v", f"{store}:/srv/explain/model_store/build"]
@@ -244,7 +244,12 @@ def test_runs_as_the_unprivileged_user_with_the_capabilities_dropped(stack: Stac
     )
     processes = json.loads(stack.exec("explain", "python", "-c", script))
     commands = " | ".join(process["cmd"] for process in processes)
-    for expected in ("org.pytorch.serve.ModelServer", "model_service_worker", "handlers.exporter", "process-exporter"):
+    for expected in (
+        "org.pytorch.serve.ModelServer",
+        "model_service_worker",
+        "doors.torchserve.exporter",
+        "process-exporter",
+    ):
         assert expected in commands, (expected, commands)
     for process in processes:
         uid = "65534" if "process-exporter" in process["cmd"] else "10001"

@@ -15,7 +15,7 @@ import pytest
 
 from explain_client import ExplainClient
 from explain_client.protos import explain_messages
-from servers import oip
+from doors.kserve import oip
 from serving_core.config import HandlerConfig
 from serving_core.deadlines import header_deadline
 from serving_core.errors import RowError

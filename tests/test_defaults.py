@@ -23,7 +23,7 @@ from explainers import DEFAULT_METHOD, FAMILIES, TASKS, UnsupportedMethodError, 
 from explainers.architectures import support
 from model_store.archive import ServingConfig
 from model_store.package import Settings, validate
-from model_store.serving.archives import check_served_default
+from doors.models import check_served_default
 from serving_core import config as serving_config
 from serving_core.config import DEFAULT_METHOD_ENV, ConfigError, HandlerConfig
 from serving_core.loading import check_default_method, load_classifier
@@ -159,7 +159,7 @@ def test_explain_serve_refuses_a_default_the_checkpoint_cannot_take(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``explain-serve --default-method`` is checked after packaging, before any server starts (exit status 2)."""
-    from model_store.serving import explain_serve
+    from doors import explain_serve
 
     for variable in (DEFAULT_METHOD_ENV, "EXPLAIN_WORKDIR", "INFERENCE_PORT", "GRPC_INFERENCE_PORT"):
         monkeypatch.setenv(variable, "")  # restored after the test: explain_serve.main sets them

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from model_store.serving.config import Ports
-from model_store.serving.process import Server
+from doors.torchserve.config import Ports
+from doors.torchserve.process import Server
 from serving_core import metrics
 from tests.ops_support import ops_server, rest_call, worker_pids
 from tests.serving_support import REPO_ROOT, owned_popen
@@ -41,7 +41,7 @@ _PROMQL_WORDS = {
 
 def service_metric_names() -> set[str]:
     """Every series name the service exports: the explanation metrics (handlers/metrics.py, with the suffixes
-    prometheus-client adds) and TorchServe's (model_store/serving/metrics.yaml)."""
+    prometheus-client adds) and TorchServe's (doors/torchserve/metrics.yaml)."""
     names: set[str] = set()
     for metric in (metrics.EXPLANATION_SECONDS, metrics.STAGE_SECONDS, metrics.EXPLANATIONS, metrics.ERRORS,
                    metrics.BATCH_SIZE, metrics.UNSURE_ROWS):  # fmt: skip
@@ -53,7 +53,7 @@ def service_metric_names() -> set[str]:
                 names.update({f"{base}_bucket", f"{base}_sum", f"{base}_count"})
             elif kind == "counter":
                 names.add(f"{base}_total")
-    document = yaml.safe_load((REPO_ROOT / "model_store" / "serving" / "metrics.yaml").read_text())
+    document = yaml.safe_load((REPO_ROOT / "doors" / "torchserve" / "metrics.yaml").read_text())
     for section in ("ts_metrics", "model_metrics"):
         for entries in (document.get(section) or {}).values():
             names.update(entry["name"] for entry in entries)
@@ -106,7 +106,7 @@ def test_compose_file_is_complete_and_references_existing_files() -> None:
     gpu = override["services"]["explain"]
     assert gpu["environment"]["PROFILE"] == "gpu" and "cu" in gpu["build"]["args"]["TORCH_INDEX_URL"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    profiles = yaml.safe_load((REPO_ROOT / "model_store" / "serving" / "profiles.yaml").read_text())
+    profiles = yaml.safe_load((REPO_ROOT / "doors" / "torchserve" / "profiles.yaml").read_text())
     assert {explain["environment"]["PROFILE"], gpu["environment"]["PROFILE"]} <= set(profiles)
 
 
@@ -201,7 +201,7 @@ def test_kubernetes_manifests_are_consistent() -> None:
     assert upstream[upstream.index("--upstream-rest-port") + 1] == env["INFERENCE_PORT"]
     assert upstream[upstream.index("--upstream-grpc-port") + 1] == env["GRPC_INFERENCE_PORT"]
     assert (REPO_ROOT / "deploy" / "auth_proxy.py").is_file()
-    assert env["PROFILE"] in yaml.safe_load((REPO_ROOT / "model_store/serving/profiles.yaml").read_text())
+    assert env["PROFILE"] in yaml.safe_load((REPO_ROOT / "doors/torchserve/profiles.yaml").read_text())
     for item in containers.values():
         assert item["securityContext"]["allowPrivilegeEscalation"] is False
         assert item["securityContext"]["capabilities"]["drop"] == ["ALL"]

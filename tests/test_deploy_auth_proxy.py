@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from deploy.auth_proxy import AuthProxy, Credentials
-from handlers import protos
-from model_store.serving.process import Server
+from doors.torchserve import protos
+from doors.torchserve.process import Server
 from tests.ops_support import management, ops_server, rest_call
 from tests.serving_support import http_post
 

@@ -57,10 +57,10 @@ def _check_proxy_in_front(proxy: dict[str, Any], door: dict[str, Any]) -> None:
 
 
 def _door_arguments(container: dict[str, Any]) -> Any:
-    from servers.launcher import build_parser
+    from doors.launch import build_parser
 
     command = container["command"]
-    assert command[:3] == ["python", "-m", "servers"]
+    assert command[:3] == ["python", "-m", "doors"]
     return build_parser().parse_args(command[3:])
 
 
@@ -112,12 +112,12 @@ def test_ray_service_serve_config_and_pods(tmp_path: Path) -> None:
         _secure(group["template"]["spec"]["containers"])
     worker_cpus = sum(int(group["rayStartParams"]["num-cpus"]) * group["replicas"] for group in workers)
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0", "replicas run on the worker pods"
-    from servers.ray_deployment import build_app
+    from doors.kserve.ray_deployment import build_app
 
     archive = tiny_archives()["sentiment"]
     for application in config["applications"]:
         module, name = application["import_path"].split(":")
-        assert (module, name) == ("servers.ray_deployment", "build_app")
+        assert (module, name) == ("doors.kserve.ray_deployment", "build_app")
         args = dict(application["args"])
         assert args["archive"].startswith("/srv/explain/model_store/build/"), "the image's model store"
         app = build_app({**args, "archive": str(archive)})  # the builder on a real archive

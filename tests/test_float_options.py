@@ -20,8 +20,8 @@ from explainers import explain
 from explainers.architectures.description import describe
 from explainers.errors import InvalidOptionError
 from explainers.methods import SMOOTHGRAD_MAX_STDEV, SMOOTHGRAD_STDEV, Option, get_method
-from servers import oip
-from servers.oip.classification import explained_outputs
+from doors.kserve import oip
+from doors.kserve.oip.classification import explained_outputs
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.tasks.classify_schema import DecodedRow, RowOutcome, decode_row, encode_outcome

@@ -35,7 +35,7 @@ from PIL import Image
 
 from explain_client import protos
 from explainers import available_methods
-from model_store.serving.process import Server
+from doors.torchserve.process import Server
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.tasks.classify_schema import DecodedRow, decode_row, encode_outcome

@@ -23,9 +23,9 @@ import psutil
 import pytest
 
 from explain_client import ExplainClient
-from handlers import protos
-from model_store.serving.config import Ports, write_config
-from model_store.serving.process import Server, start, stop
+from doors.torchserve import protos
+from doors.torchserve.config import Ports, write_config
+from doors.torchserve.process import Server, start, stop
 from tests.ops_support import management, ops_server, rest_call, worker_pids
 from tests.serving_support import http_post, tiny_archives
 
@@ -64,7 +64,7 @@ def test_container_addresses_never_open_management(tmp_path: Path, monkeypatch: 
     and anything but an IP literal is refused."""
     monkeypatch.setenv("INFERENCE_ADDRESS", "0.0.0.0")
     monkeypatch.setenv("METRICS_ADDRESS", "0.0.0.0")
-    from model_store.serving.config import Ports
+    from doors.torchserve.config import Ports
 
     text = write_config(tmp_path, Ports(1, 2, 3, 4, 5, 6), tmp_path / "store").read_text()
     properties = dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))

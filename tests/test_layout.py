@@ -48,23 +48,47 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
     )
 
 
+#: The deprecated aliases kept for one release (CHANGELOG): old module paths that archives, manifests and scripts name.
+ALIASES = ("handlers", "servers", "model_store/serving")
+
+
 def test_the_core_imports_no_server_and_no_door() -> None:
-    assert offenders("serving_core", (*SERVERS, "handlers", "servers", "model_store")) == []
+    assert offenders("serving_core", (*SERVERS, "doors", "handlers", "servers", "model_store")) == []
 
 
-def test_the_doors_and_tools_import_the_core_not_torchserves_glue() -> None:
-    assert offenders("servers", ("handlers", "ts")) == []
-    assert offenders("bench", ("handlers",)) == []
-    assert offenders("handlers", ("servers",)) == []
+def test_every_door_lives_under_doors_and_imports_no_other_door() -> None:
+    """Each door is a folder of ``doors/``; none imports another's modules (the launcher and the table may import
+    every door's launch module, by name, through :data:`doors.DOORS`)."""
+    from doors import DOORS
+
+    folders = sorted({door.module.split(".")[1] for door in DOORS.values()})
+    assert folders == sorted(path.name for path in (ROOT / "doors").iterdir() if (path / "__init__.py").is_file())
+    for folder in folders:
+        others = tuple(f"doors.{other}" for other in folders if other != folder)
+        found = [
+            f"{file}: {name}"
+            for file, names in imported(f"doors/{folder}").items()
+            for name in names
+            if name.startswith(others)
+        ]
+        assert found == [], f"doors/{folder} imports another door"
+    assert offenders("doors/kserve", ("ts",)) == [] and offenders("bench", ("ts",)) == []
 
 
-def test_the_launchers_import_nothing_of_each_other() -> None:
-    """TorchServe's launcher (``model_store``) and the other doors' (``servers``) share their process mechanics
-    (``supervise``) and import nothing of each other, in either direction; what they share imports neither."""
-    assert offenders("model_store", ("servers",)) == []
-    assert offenders("servers", ("model_store",)) == []
-    assert offenders("supervise", ("model_store", "servers", "handlers", "serving_core")) == []
-    assert offenders("forwarding", ("model_store", "servers", "handlers", "serving_core")) == []
+def test_the_launcher_has_one_home() -> None:
+    """No module re-executes another launcher (``os.execve``/``os.execv``); the folders that are not doors import no
+    door, except the deprecated aliases that point at them."""
+    for package in ("doors", "model_store", "supervise", "forwarding", "serving_core", "explainers"):
+        for path in (ROOT / package).rglob("*.py"):
+            assert "os.exec" not in path.read_text(encoding="utf-8"), f"{path.relative_to(ROOT)} re-executes"
+    for package in ("model_store", "supervise", "forwarding", "explainers", "explain_client"):
+        found = [
+            item for item in offenders(package, ("doors", "handlers", "servers")) if "model_store/serving" not in item
+        ]
+        assert found == [], f"{package} imports a door"
+    for alias in ALIASES:
+        for path in (ROOT / alias).glob("*.py"):
+            assert len(path.read_text(encoding="utf-8").splitlines()) <= 12, f"{path.relative_to(ROOT)} is an alias"
 
 
 def test_the_scan_sees_function_level_and_relative_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,9 +103,11 @@ def test_the_scan_sees_function_level_and_relative_imports(tmp_path: Path, monke
 
 @pytest.mark.parametrize("name", list(TASKS))
 def test_every_task_has_its_entry_file_and_its_codec(name: str) -> None:
-    from servers.oip import CODECS
+    from doors.kserve.oip import CODECS
 
     task = get_task(name)
     assert task.name == name and name in CODECS
-    entries = [path for path in (ROOT / "handlers").glob("*_handler.py") if f'task = "{name}"' in path.read_text()]
-    assert len(entries) == 1, f"one TorchServe entry file in handlers/ names task {name!r}"
+    entries = [
+        path for path in (ROOT / "doors" / "torchserve").glob("*_handler.py") if f'task = "{name}"' in path.read_text()
+    ]
+    assert len(entries) == 1, f"one TorchServe entry file in doors/torchserve/ names task {name!r}"

@@ -1,4 +1,4 @@
-"""The OIP explain extension's pure functions (servers/oip/, servers/v1.py), without a server or the extras: rows
+"""The OIP explain extension's pure functions (doors/kserve/oip/, doors/kserve/v1.py), without a server or the extras: rows
 decoded from tensors and parameters (per-row overrides, request-level errors), outputs padded and named, failed rows
 reported beside good ones, the codec registry (every task has a codec: classifiers, token classifiers, generation)."""
 
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from explainers import StepSum
-from servers import oip, v1
+from doors.kserve import oip, v1
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.registry import TASKS

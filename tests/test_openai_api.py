@@ -243,7 +243,7 @@ def test_a_failed_choice_fails_the_request_and_the_model_list() -> None:
 
 
 def test_torchserves_answers_become_the_error_tables() -> None:
-    from model_store.serving.openai_door import OpenAIRoutes, _upstream_answer
+    from doors.torchserve.openai_door import OpenAIRoutes, _upstream_answer
 
     def refused(status: int, body: Any) -> tuple[str, int]:
         with pytest.raises(OpenAIError) as raised:
@@ -272,7 +272,7 @@ def test_torchserves_answers_become_the_error_tables() -> None:
 
 
 def test_the_routers_openai_routes_without_torchserve() -> None:
-    from model_store.serving.openai_door import OpenAIRoutes
+    from doors.torchserve.openai_door import OpenAIRoutes
 
     class Down:
         def request(self, method: str, path: str, body: bytes | None, headers: Any) -> Any:

@@ -44,7 +44,7 @@ def test_one_version_number() -> None:
 
 def test_python_3_11_to_3_13_and_torch_a_range() -> None:
     assert SERVICE["requires-python"] == ">=3.11,<3.14"
-    assert SERVICE["dependencies"] == ["torch>=2.6", "transformers>=5.20,<6"]
+    assert SERVICE["dependencies"] == ["torch>=2.6", "transformers>=5.20,<6", "scipy>=1.11"]
     for requirement in _all_requirements(SERVICE) + _all_requirements(CLIENT_PROJECT):
         assert not re.match(r"torch\s*==", requirement), f"an exact torch pin: {requirement}"
     assert (ROOT / "LICENSE").read_bytes() == (ROOT / "explain_client" / "LICENSE").read_bytes()

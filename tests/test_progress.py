@@ -17,7 +17,7 @@ import pytest
 
 from model_store import progress
 from model_store.progress import LineProgress, Reporter, Step, duration, plural, progress_bar, progress_mode, stage
-from model_store.serving import archives
+from doors import models as archives
 from tests.serving_support import REPO_ROOT
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from model_store.serving.process import Server
+from doors.torchserve.process import Server
 from tests.ops_support import (
     NO_ANSWER,
     WORKERS,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from model_store.serving.config import Ports, link_store, load_profile, write_config
+from doors.torchserve.config import Ports, link_store, load_profile, write_config
 
 
 def test_config_binds_loopback_and_keeps_auth(tmp_path: Path) -> None:
@@ -51,24 +51,41 @@ def test_profiles_and_overlay(tmp_path: Path) -> None:
     assert (store / "b" / "model").resolve() == (archive / "model").resolve()
 
 
-def test_the_door_handoff_is_a_command_line_the_door_launcher_reads(tmp_path: Path) -> None:
-    """``SERVER=kserve|ray``: TorchServe's launcher resolves the archives, then runs ``python -m servers`` with them
-    (no import between the two); that command line parses to the same folders, example and options."""
-    from model_store.serving import launcher
-    from servers.launcher import build_parser
+def test_start_runs_the_same_serve_in_the_background_on_the_same_door(tmp_path: Path) -> None:
+    """``start`` resolves the models once, then runs ``python -m doors serve`` with them as archives (no other launcher,
+    no re-execution); that command line parses to the same door, folders, example and options."""
+    from doors import launch
 
-    archives = {"sentiment": tmp_path / "sentiment" / "archive", "pairs": tmp_path / "packages" / "pairs"}
-    given = ["start", "--server", "ray", "--replicas", "2", "--run-dir", str(tmp_path / "run")]
-    line = launcher.door_command(launcher.build_parser().parse_args(given), archives, ("pairs", "text"))
-    assert line[1:3] == ["-m", "servers"]
-    arguments = build_parser().parse_args(line[3:])
-    assert (arguments.command, arguments.server, arguments.replicas) == ("start", "ray", 2)
-    assert dict(arguments.archive) == {name: str(folder.resolve()) for name, folder in archives.items()}
+    archives = {"sentiment": "sentiment/archive", "pairs": str(tmp_path / "packages" / "pairs")}
+    given = ["start", "--server", "ray", "--replicas", "2", "--run-dir", str(tmp_path / "run"), "--attach"]
+    options = launch.options_of(launch.build_parser().parse_args(given))
+    line = launch.background_command(options, archives, ("pairs", "text"))
+    assert line[1:4] == ["-m", "doors", "serve"]
+    arguments = launch.build_parser().parse_args(line[3:])
+    assert (arguments.command, arguments.server, arguments.replicas, arguments.attach) == ("serve", "ray", 2, True)
+    assert dict(arguments.archive) == archives
     assert arguments.example == ("pairs", "text") and arguments.run_dir == tmp_path / "run"
+    assert launch.options_of(arguments) == options
+
+
+def test_every_door_of_the_table_has_a_launch_module_with_serve_and_stop(tmp_path: Path) -> None:
+    import importlib
+
+    from doors import DOORS, make_goal
+    from doors.launch import build_parser, stop
+
+    for door in DOORS.values():
+        module = importlib.import_module(door.module)
+        assert callable(module.serve) and module.stop(tmp_path) is False
+        assert make_goal(door.name) == ("extras" if door.extras else "setup")
+        assert build_parser().parse_args(["serve", "--server", door.name]).server == door.name
+    assert stop(tmp_path) is False and make_goal("nonsense") == "setup"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--server", "nonsense"])
 
 
 def test_archive_arguments_are_name_value_pairs() -> None:
-    from model_store.serving.launcher import build_parser
+    from doors.launch import build_parser
 
     arguments = build_parser().parse_args(
         ["serve", "--archive", "a=x/archive", "--archive", "b=/y=z", "--example", "b=text"]

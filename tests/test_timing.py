@@ -252,7 +252,7 @@ def test_a_request_carries_its_deadline_in_unix_milliseconds() -> None:
 
 
 def test_the_oip_door_gives_every_row_the_requests_deadline() -> None:
-    from servers import oip
+    from doors.kserve import oip
 
     config = HandlerConfig.from_model_yaml(_yaml())
     due = int(time.time() * 1000) + 5000

@@ -252,7 +252,7 @@ def test_a_row_whose_deadline_passes_while_it_is_written_stops_there(writer: Gen
 
 
 def test_the_deadline_header_and_the_body_field_the_earlier_wins(writer: GenerationService) -> None:
-    from handlers.base import _decoded
+    from doors.torchserve.handler import _decoded
     from serving_core.tasks.generation import GENERATION
 
     class _Context:

@@ -144,7 +144,7 @@ def test_the_answer_says_whether_it_was_explained_and_why_not(service: Explanati
 
 
 def test_explained_and_skipped_rows_are_counted(service: ExplanationService) -> None:
-    from handlers.base import ExplanationHandler
+    from doors.torchserve.handler import ExplanationHandler
 
     class _Context:
         def get_request_header(self, index: int, name: str) -> None:

@@ -40,7 +40,7 @@ import torch
 
 from explainers import available_methods, explain, get_method
 from explainers._version import __version__
-from model_store.serving.config import Ports
+from doors.torchserve.config import Ports
 from supervise.processes import pid_alive, read_pid
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def test_the_wheel_carries_its_data_files_typing_licence_and_version(wheels: dic
         name for name in _checkout_files()
         if name.split("/")[0] in PACKAGES and not name.endswith((".py", ".md"))
     ]  # fmt: skip
-    assert "model_store/serving/profiles.yaml" in data_files and "model_store/writer.yaml" in data_files
+    assert "doors/torchserve/profiles.yaml" in data_files and "model_store/writer.yaml" in data_files
     missing = sorted(set(data_files) - set(names))
     assert not missing, f"the wheel lacks files the code reads: {missing}"
     assert "explainers/py.typed" in names and "explainers/_version.py" in names
@@ -217,7 +217,7 @@ def test_the_core_wheel_explains_a_tiny_model_outside_the_repository(core_venv: 
     assert report["py_typed"]
     assert report["present_service_libraries"] == [], "the core install brought the service's libraries"
     serving = ("profiles.yaml", "metrics.yaml", "config.properties.template")
-    data_files = {*(f"model_store/serving/{name}" for name in serving), "model_store/writer.yaml"}
+    data_files = {*(f"doors/torchserve/{name}" for name in serving), "model_store/writer.yaml"}
     assert data_files <= set(report["data_files"])
     assert report["tokens"] == ["[CLS]", *TEXT.split(), "[SEP]"]
     expected = _explain_here(checkpoint)

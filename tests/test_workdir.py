@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from doors import explain_serve
+from doors.models import default_model_store
+from doors.torchserve.protos import output_dir
 from explain_client.cli import default_run_dir
-from handlers.protos import output_dir
 from model_store import REPO_ROOT, default_build_dir
 from model_store.package import default_out
-from model_store.serving import explain_serve
-from model_store.serving.config import default_model_store
 from supervise import processes
 from supervise.environment import run_dir_from_env
 from supervise.workdir import WORKDIR_ENV, workdir

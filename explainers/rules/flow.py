@@ -117,7 +117,7 @@ class _RowGraph:
 
 def _max_flows(graphs: Sequence[_RowGraph]) -> list[np.ndarray]:
     """Each graph's maximum flow to each of its input tokens (the tokens at layer 0), one solver call per position."""
-    from scipy.sparse import csr_matrix  # SciPy is not a dependency of the library: the method declares it
+    from scipy.sparse import csr_matrix  # a dependency of the library, imported on first use (the method declares it)
     from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
     offsets = np.cumsum([0] + [graph.nodes for graph in graphs])

@@ -26,10 +26,10 @@ from model_store.package.validate import Checkpoint, validate
 logger = logging.getLogger(__name__)
 
 FINGERPRINTS_DIR = ".fingerprints"
-TEXT_HANDLER = REPO_ROOT / "handlers" / "text_handler.py"
-IMAGE_HANDLER = REPO_ROOT / "handlers" / "image_handler.py"
-TOKEN_HANDLER = REPO_ROOT / "handlers" / "token_handler.py"
-GENERATION_HANDLER = REPO_ROOT / "handlers" / "generation_handler.py"
+TEXT_HANDLER = REPO_ROOT / "doors" / "torchserve" / "text_handler.py"
+IMAGE_HANDLER = REPO_ROOT / "doors" / "torchserve" / "image_handler.py"
+TOKEN_HANDLER = REPO_ROOT / "doors" / "torchserve" / "token_handler.py"
+GENERATION_HANDLER = REPO_ROOT / "doors" / "torchserve" / "generation_handler.py"
 PACKAGE_CODE_DIR = Path(__file__).resolve().parent
 
 

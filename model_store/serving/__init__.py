@@ -1,2 +1,2 @@
-"""TorchServe server configuration (``config.properties.template``, ``metrics.yaml``) and the launcher that starts
-and stops TorchServe and the explanation-metrics exporter (``python -m model_store.serving serve|start|stop``)."""
+"""Deprecated alias, kept for one release: ``python -m model_store.serving serve|start|stop|package`` runs the one
+launcher, :mod:`doors.launch` (``python -m doors ...``)."""

@@ -1,7 +1,8 @@
-"""``python -m model_store.serving serve|start|stop``: see :mod:`model_store.serving.launcher`."""
+"""``python -m model_store.serving ...``: deprecated alias of ``python -m doors ...`` (:mod:`doors.launch`), kept for
+one release."""
 
 import sys
 
-from model_store.serving.launcher import main
+from doors.launch import main
 
 sys.exit(main())

@@ -30,8 +30,8 @@ from transformers import (
 
 from explainers import describe, get_method, supported_methods
 from explainers.methods import OptionValue
-from model_store.serving.config import POOL_KEY, Ports
-from model_store.serving.process import Server, start, stop
+from doors.torchserve.config import POOL_KEY, Ports
+from doors.torchserve.process import Server, start, stop
 from serving_core.pools import POOL_NICENESS
 from tests import checkpoints
 from tests.generation_checkpoint import causal_lm

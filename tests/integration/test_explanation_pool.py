@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from explain_client import protos
-from model_store.serving.process import Server
+from doors.torchserve.process import Server
 from supervise.processes import pid_alive
 from tests.ops_support import worker_pids
 from tests.serving_support import b64, http_post, png_bytes

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explain_client import ExplainClient, ServiceError
 from model_store.package import Settings, package
-from model_store.serving.config import Ports
-from model_store.serving.process import Server, start, stop
+from doors.torchserve.config import Ports
+from doors.torchserve.process import Server, start, stop
 from tests.generation_checkpoint import PROMPTS, causal_lm
 
 pytestmark = pytest.mark.slow

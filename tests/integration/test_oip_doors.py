@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from servers.oip_client import GrpcOip, Input, OipCallError, RestOip
+from tests.oip_client import GrpcOip, Input, OipCallError, RestOip
 from tests.doors_support import EXTRAS, Row, door_models, from_oip, start_door, stop_doors
 from tests.integration.test_doors import PREMISE, TEXT, assert_matches, reference
 from tests.serving_support import png_bytes

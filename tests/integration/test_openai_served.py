@@ -17,8 +17,8 @@ import pytest
 from openai import OpenAI
 
 from model_store.package import Settings, package
-from model_store.serving.config import Ports
-from model_store.serving.process import Server, start, stop
+from doors.torchserve.config import Ports
+from doors.torchserve.process import Server, start, stop
 from tests.chat_zoo import DOCUMENTS, QUESTION, SYSTEM, save_chat_model
 from tests.doors_support import EXTRAS
 from tests.serving_support import http_call, http_post, tiny_archives
@@ -49,7 +49,7 @@ def torchserve(archives: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(scope="module")
 def kserve(archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from servers import launcher
+    from doors.kserve import launch as launcher
 
     run_dir = tmp_path_factory.mktemp("kserve")
     ports = Ports.free()

@@ -24,8 +24,8 @@ from transformers import AutoModelForImageClassification, AutoModelForSequenceCl
 
 from explain_client import protos
 from explainers import explain
-from model_store.serving.config import Ports
-from model_store.serving.process import Server, stop
+from doors.torchserve.config import Ports
+from doors.torchserve.process import Server, stop
 from tests import checkpoints
 from tests.serving_support import b64, http_post, png_bytes
 
@@ -35,7 +35,7 @@ PREMISE, HYPOTHESIS = "the staff were lovely", "the service was quick"
 
 
 def _launch(command: str, models: str, store: Path, run_dir: Path, ports: Ports) -> subprocess.CompletedProcess[str]:
-    """``python -m model_store.serving COMMAND`` with the environment ``make start MODELS=...`` gives it."""
+    """``python -m doors COMMAND`` with the environment ``make start MODELS=...`` gives it."""
     env = {
         **os.environ,
         "MODELS": models,
@@ -44,7 +44,7 @@ def _launch(command: str, models: str, store: Path, run_dir: Path, ports: Ports)
         **{f"{name.upper()}_PORT": str(value) for name, value in ports.__dict__.items()},
     }
     return subprocess.run(
-        [sys.executable, "-m", "model_store.serving", command],
+        [sys.executable, "-m", "doors", command],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
 

@@ -23,8 +23,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from explain_client import protos
 from explainers import available_methods, explain
-from model_store.serving.config import Ports
-from model_store.serving.process import Server
+from doors.torchserve.config import Ports
+from doors.torchserve.process import Server
 from tests.serving_support import b64, http_post, owned_popen, png_bytes
 
 TEXT = "the service was quick and the staff were lovely"

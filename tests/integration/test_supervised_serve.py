@@ -1,4 +1,4 @@
-"""The launcher sees its servers: ``python -m model_store.serving serve`` (what ``make serve`` runs) in a subprocess,
+"""The launcher sees its servers: ``python -m doors serve`` (what ``make serve`` runs) in a subprocess,
 serving the tiny ``sentiment`` archive on free loopback ports, returns 0 promptly after ``stop``, reports TorchServe
 killed under it and exits 1, and starts the router and the metrics exporter again when they are killed (counted in
 ``explain_process_restarts_total``, served by the exporter), the service answering again; ``start`` gets the same
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from model_store.serving.config import Ports
-from model_store.serving.process import stop
-from servers.launcher import stop as stop_door
+from doors.torchserve.config import Ports
+from doors.torchserve.process import stop
+from doors.kserve.launch import stop as stop_door
 from supervise.processes import group_alive, http_get, pid_alive, read_pid
 from supervise.supervisor import SUPERVISOR_PID, read_status
 from tests.doors_support import EXTRAS
@@ -81,13 +81,13 @@ def _environment(ports: Ports) -> dict[str, str]:
 def _command(command: str, run_dir: Path, archives: dict[str, Path], *options: str) -> list[str]:
     sentiment = archives["sentiment"]
     store = sentiment.parent.parent
-    line = [sys.executable, "-m", "model_store.serving", command, "--run-dir", str(run_dir)]
+    line = [sys.executable, "-m", "doors", command, "--run-dir", str(run_dir)]
     return [*line, "--model-store", str(store), "--archive", f"sentiment={sentiment.relative_to(store)}", *options]
 
 
 @pytest.fixture
 def launch(archives: dict[str, Path], tmp_path: Path) -> Iterator[Callable[..., Launched]]:
-    """Runs ``python -m model_store.serving serve OPTIONS`` in the background; everything it started is stopped at
+    """Runs ``python -m doors serve OPTIONS`` in the background; everything it started is stopped at
     the end by the pid files."""
     started: list[Launched] = []
 
@@ -146,7 +146,7 @@ def _kill_and_wait_for_restart(launched: Launched, pid_name: str) -> int:
 
 
 def _stop_command(launched: Launched) -> subprocess.CompletedProcess[str]:
-    line = [sys.executable, "-m", "model_store.serving", "stop", "--run-dir", str(launched.run_dir)]
+    line = [sys.executable, "-m", "doors", "stop", "--run-dir", str(launched.run_dir)]
     return subprocess.run(line, cwd=REPO_ROOT, env=_environment(launched.ports), capture_output=True, text=True,
                           timeout=STOP_S * 2, check=False)  # fmt: skip
 

@@ -15,7 +15,7 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from explain_client import ExplainClient, Prediction, ServiceError, protos
 from explainers import explain_tokens
-from model_store.serving.process import Server
+from doors.torchserve.process import Server
 
 from .test_serving import grpc_call, rest
 

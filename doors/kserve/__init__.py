@@ -1,0 +1,16 @@
+"""The KServe door on the serving core: KServe's model server (Open Inference Protocol v2 with an explain
+extension, KServe v1 ``:predict``/``:explain``) and Ray Serve replicas behind it.
+
+- :mod:`doors.kserve.oip`: the OIP explain extension as pure functions, one codec per task (every task has one);
+- :mod:`doors.kserve.v1`: KServe's v1 protocol as pure functions;
+- :mod:`doors.kserve.settings`: a model's settings from its archive folder;
+- :mod:`doors.kserve.batching`: the in-process door's dynamic batcher;
+- :mod:`doors.kserve.backends`: where rows are served (in-process, or :mod:`doors.kserve.ray_deployment`);
+- :mod:`doors.kserve.kserve_model`, :mod:`doors.kserve.kserve_server`: the ``kserve.Model`` and the server around it;
+- :mod:`doors.kserve.process`, :mod:`doors.kserve.launch`: the server process and how the launcher
+  (:mod:`doors.launch`) starts, supervises and stops it (the process mechanics: :mod:`supervise`);
+- :mod:`doors.kserve.openai_routes`: the OpenAI API routes of causal LMs on the same server.
+
+Like the TorchServe handlers, the doors only decode, call the serving core (:mod:`serving_core`: the model's task
+and its service) and encode.
+"""

@@ -1,0 +1,226 @@
+"""The KServe door: a ``kserve.Model`` answering OIP v2 ``infer`` (REST and gRPC, with the explain extension) and
+KServe v1 ``:predict`` / ``:explain``, over a :class:`~doors.kserve.backends.Backend` (in-process or Ray Serve).
+
+Thin by design: KServe's request types become :class:`~doors.kserve.oip.OipRequest` at the edge, the task codec
+(:mod:`doors.kserve.oip`) or the v1 functions (:mod:`doors.kserve.v1`) turn them into rows, the backend serves them, and
+the outcomes go back the same way. A request none of whose rows could be served raises :class:`RequestError`, which
+the server maps to the error table's HTTP status and gRPC code; a request with some good rows is answered, its
+failed rows named in the ``error_code``/``error_message`` outputs (v1: their ``error`` objects). Every task is served
+the same way: the model's task (:data:`serving_core.registry.TASKS`) has an OIP codec and the v1 functions use its
+JSON decoder and answer. The project's explanation metrics (``explain_stage_seconds`` and the others of
+:mod:`serving_core.metrics`) are recorded here, in the door's process, for either backend, next to KServe's own
+``request_*_seconds`` histograms on ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+from grpc_interceptor.exceptions import GrpcException
+from kserve import Model
+from kserve.errors import InvalidInput
+from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters
+
+from serving_core import metrics, wire
+from serving_core.deadlines import headers_deadline
+from serving_core.errors import RowError
+from serving_core.task import get_task
+
+from . import oip, v1
+from .backends import Backend, UnavailableError
+from .batching import Served
+
+
+class RequestError(GrpcException):
+    """A request answered with an error of the error table: its HTTP status on REST, its gRPC code on gRPC."""
+
+    def __init__(self, error: RowError) -> None:
+        """Wrap the row error (``details`` is ``[code] message``)."""
+        super().__init__(f"[{error.code}] {error.message}", grpc.StatusCode[error.kind.grpc_code])
+        self.error = error
+        self.http_status = error.http_status
+
+    def to_dict(self) -> dict[str, Any]:
+        """The REST error body: KServe's ``{"error": message}`` plus the error table's ``code``."""
+        return {"error": self.details, "code": self.error.code}
+
+
+class RetryableError(GrpcException):
+    """The request could not be served now (a replica died with it in flight): HTTP 503 / gRPC ``UNAVAILABLE``."""
+
+    http_status = 503
+
+    def __init__(self, message: str) -> None:
+        """Create the error."""
+        super().__init__(message, grpc.StatusCode.UNAVAILABLE)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The REST error body."""
+        return {"error": self.details, "code": "unavailable"}
+
+
+def to_oip_request(request: InferRequest) -> oip.OipRequest:
+    """KServe's request (from REST JSON, REST binary or gRPC) as plain tensors and parameters.
+
+    Raises:
+        RowError: ``invalid_request`` for a repeated input name, an unsupported datatype or data that does not
+            fill the shape.
+    """
+    inputs: dict[str, oip.Tensor] = {}
+    for tensor in request.inputs:
+        if tensor.name in inputs:
+            raise RowError("invalid_request", f"input {tensor.name!r} is given twice")
+        try:
+            data = tensor.as_numpy().reshape(-1).tolist()
+            inputs[tensor.name] = oip.Tensor(tensor.name, tensor.datatype, tuple(int(n) for n in tensor.shape), data)
+        except (ValueError, TypeError, InvalidInput) as error:
+            raise RowError("invalid_request", f"input {tensor.name!r}: {error}") from None
+    return oip.OipRequest(inputs, to_http_parameters(request.parameters or {}))
+
+
+def to_infer_response(name: str, request: InferRequest, outputs: Sequence[oip.Tensor]) -> InferResponse:
+    """KServe's response for the outputs, in the request's transport and binary conventions."""
+    infer_outputs = [
+        InferOutput(name=t.name, shape=list(t.shape), datatype=t.datatype, data=list(t.data)) for t in outputs
+    ]
+    return InferResponse(
+        response_id=request.id or str(uuid.uuid4()),
+        model_name=name,
+        infer_outputs=infer_outputs,
+        from_grpc=request.from_grpc,
+        use_binary_outputs=request.use_binary_outputs,
+        requested_outputs=request.request_outputs,
+    )
+
+
+class ExplainModel(Model):
+    """One served model (``kserve.Model``) over its backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        """Name the model after its settings; :meth:`load` loads the backend."""
+        super().__init__(backend.settings.name)
+        self.backend = backend
+        self.settings = backend.settings
+        self.head_type = "single_label"
+        self.ready = False
+
+    def load(self) -> bool:
+        """Load the backend's model.
+
+        Raises:
+            ValueError: if the model's task has no OIP codec (:data:`doors.kserve.oip.CODECS`).
+        """
+        try:
+            oip.codec_for(self.settings.config)
+        except KeyError as error:
+            raise ValueError(
+                f"model {self.name}: the KServe/Ray doors have no OIP codec for task {self.settings.config.task!r} yet "
+                f"(doors/kserve/oip.py: register a TaskCodec for it); serve it on TorchServe. {error.args[0]}"
+            ) from None
+        self.head_type = self.backend.load()
+        self.ready = True
+        return self.ready
+
+    def stop(self) -> None:
+        """Release the backend (KServe calls it when the model is unloaded)."""
+        self.backend.close()
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        """OIP model metadata: the inputs."""
+        return [spec.to_dict() for spec in oip.codec_for(self.settings.config).input_specs(self.settings.config)]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        """OIP model metadata: the outputs."""
+        codec = oip.codec_for(self.settings.config)
+        return [spec.to_dict() for spec in codec.output_specs(self.settings.config, self.head_type)]
+
+    async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
+        """OIP ``infer`` (an ``InferRequest``, over REST or gRPC) or v1 ``:predict`` (a dict); an
+        ``Explain-Deadline-Ms`` header (gRPC: metadata) is every row's deadline."""
+        if isinstance(payload, InferRequest):
+            return await self._infer(payload, headers)
+        return await self._v1(payload, explain=False, headers=headers)
+
+    async def explain(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
+        """v1 ``:explain``: every instance explained."""
+        return await self._v1(payload, explain=True, headers=headers)
+
+    async def _infer(self, request: InferRequest, headers: Mapping[str, str] | None = None) -> InferResponse:
+        config = self.settings.config
+        try:
+            rows = oip.decode_request(to_oip_request(request), config, headers_deadline(headers))
+        except RowError as error:
+            metrics.observe_error(self.name, None, error.code)
+            raise RequestError(error) from None
+        served = await self._serve(rows)
+        started = time.perf_counter()
+        try:
+            outputs = oip.encode_response(served.outcomes, config)
+        except RowError as error:
+            raise RequestError(error) from None
+        finally:
+            self._observe(rows, served, time.perf_counter() - started)
+        return to_infer_response(self.name, request, outputs)
+
+    async def _v1(self, payload: Any, explain: bool, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+        config = self.settings.config
+        try:
+            deadline = headers_deadline(headers)
+            rows = get_task(config.task).with_deadlines(v1.decode_instances(payload, config, explain), deadline)
+        except RowError as error:
+            metrics.observe_error(self.name, None, error.code)
+            raise RequestError(error) from None
+        served = await self._serve(rows)
+        started = time.perf_counter()
+        try:
+            return v1.encode_predictions(served.outcomes, config, explain)
+        except RowError as error:
+            raise RequestError(error) from None
+        finally:
+            self._observe(rows, served, time.perf_counter() - started)
+
+    async def answer_documents(self, documents: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """JSON documents of the model's task (what the TorchServe door takes as a body) served together, each one's
+        JSON answer as that door gives it (a failed row: ``{"error": {...}}``): how the OpenAI API's choices are
+        served (:mod:`doors.kserve.openai_routes`).
+
+        Raises:
+            RetryableError: if no replica could serve them now.
+        """
+        config = self.settings.config
+        task = get_task(config.task)
+        rows: list[Any] = []
+        for document in documents:
+            try:
+                rows.append(task.decode({"body": document}, False, config))
+            except RowError as error:
+                rows.append(error)
+        served = await self._serve(rows)
+        started = time.perf_counter()
+        answers = [
+            wire.error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
+            for outcome in served.outcomes
+        ]
+        self._observe(rows, served, time.perf_counter() - started)
+        return answers
+
+    async def _serve(self, rows: list[Any]) -> Served:
+        try:
+            served = await self.backend.serve(rows)
+        except UnavailableError as error:
+            raise RetryableError(str(error)) from None
+        if served.first:
+            metrics.observe_batch(self.name, served.batch_rows)
+            metrics.observe_generated_tokens(self.name, served.timings.tokens)
+        return served
+
+    def _observe(self, rows: Sequence[Any], served: Served, encode: float) -> None:
+        """Record each row's error or stages (the encode time shared equally by the request's rows)."""
+        task = get_task(self.settings.config.task)
+        share = encode / max(len(served.outcomes), 1)
+        for row, outcome in zip(rows, served.outcomes, strict=True):
+            task.observe(self.name, row, outcome, served.timings, share)

@@ -1,0 +1,159 @@
+"""KServe's model server (``kserve.ModelServer``) as this service runs it: REST and gRPC bound to one address
+(127.0.0.1 unless ``INFERENCE_ADDRESS`` says otherwise), requests bounded in size, the error table's statuses on
+both transports, ``explain`` listed among the server's OIP extensions, and the OpenAI API for the generation models
+(:mod:`doors.kserve.openai_routes`).
+
+KServe's own server binds REST to 0.0.0.0 and gRPC to ``[::]``, with no way to choose; this module starts the same
+REST application and gRPC servicer on the address given instead. Everything else — the routes (OIP v2, v1
+``:predict``/``:explain``, health, metadata, ``/metrics`` with KServe's request histograms), the data plane, the
+model registry — is KServe's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent import futures
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from grpc import aio
+from kserve import ModelServer
+from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+from kserve.model_server import app as kserve_app
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
+from kserve.protocol.grpc.server import GRPCServer
+from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.rest.server import RESTServer
+
+from .kserve_model import ExplainModel, RequestError, RetryableError
+from .oip import EXTENSION
+from .openai_routes import add_openai_routes
+
+logger = logging.getLogger(__name__)
+
+#: Largest request body accepted, in bytes, on REST and gRPC (TorchServe's door uses the same bound).
+MAX_REQUEST_BYTES = 3_000_000
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class ExplainDataPlane(DataPlane):
+    """KServe's data plane, with ``explain`` (this service's OIP extension) in the server metadata."""
+
+    def metadata(self) -> dict[str, Any]:
+        """Server metadata: KServe's, plus the ``explain`` extension."""
+        document: dict[str, Any] = dict(super().metadata())
+        document["extensions"] = [*document.get("extensions", []), EXTENSION]
+        return document
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes gets 413 before the application reads it."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int = MAX_REQUEST_BYTES) -> None:
+        """Wrap ``app``."""
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse a declared or streamed body over the limit."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send)
+            return
+        received = 0
+
+        async def limited() -> MutableMapping[str, Any]:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise RequestError(_too_large(self.limit))
+            return message
+
+        await self.app(scope, limited, send)
+
+    async def _refuse(self, send: Send) -> None:
+        response = JSONResponse(RequestError(_too_large(self.limit)).to_dict(), status_code=413)
+        await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+
+def _too_large(limit: int) -> Any:
+    from serving_core.errors import RowError
+
+    return RowError("request_too_large", f"the request body exceeds {limit} bytes; send fewer or smaller rows")
+
+
+async def _door_error(_: Request, error: Exception) -> JSONResponse:
+    """REST answer of a :class:`RequestError` or :class:`RetryableError`: its status and JSON body."""
+    assert isinstance(error, RequestError | RetryableError)
+    headers = {"Retry-After": "1"} if isinstance(error, RetryableError) else None
+    return JSONResponse(error.to_dict(), status_code=error.http_status, headers=headers)
+
+
+class BoundGRPCServer(GRPCServer):
+    """KServe's gRPC server (its servicer and exception-to-status interceptor) on a chosen address."""
+
+    def __init__(self, address: str, port: int, data_plane: DataPlane, server: ModelServer) -> None:
+        """Serve ``data_plane`` on ``address:port``."""
+        super().__init__(port, data_plane, server.model_repository_extension, kwargs={}, grace_period=5)
+        self._address = address
+
+    async def start(self, max_workers: int) -> None:
+        """Start serving and wait until stopped."""
+        servicer = InferenceServicer(self._data_plane, self._model_repository_extension)
+        self._server = aio.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers),
+            interceptors=(ExceptionToStatusInterceptor(),),
+            options=[
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                ("grpc.max_send_message_length", 4 * MAX_REQUEST_BYTES),
+            ],
+        )
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
+        host = f"[{self._address}]" if ":" in self._address else self._address
+        self._server.add_insecure_port(f"{host}:{self._port}")
+        logger.info("gRPC (OIP) on %s:%d", self._address, self._port)
+        await self._server.start()
+        await self._server.wait_for_termination()
+
+
+class ExplainModelServer(ModelServer):
+    """``kserve.ModelServer`` bound to ``address`` (see the module docstring)."""
+
+    def __init__(self, address: str, http_port: int, grpc_port: int, max_threads: int = 4) -> None:
+        """Create the server (nothing is bound until :meth:`serve`)."""
+        super().__init__(http_port=http_port, grpc_port=grpc_port, workers=1, max_threads=max_threads,
+                         enable_grpc=True, enable_docs_url=False, enable_latency_logging=False)  # fmt: skip
+        self.address = address
+        self.dataplane = ExplainDataPlane(model_registry=self.registered_models)
+
+    def serve(self, models: list[ExplainModel]) -> None:
+        """Register the loaded models and serve REST and gRPC until SIGTERM/SIGINT."""
+        self._register_and_check_atleast_one_model_is_ready(models)
+        add_openai_routes(kserve_app, {model.name: model for model in models})
+        kserve_app.add_exception_handler(RequestError, _door_error)
+        kserve_app.add_exception_handler(RetryableError, _door_error)
+        kserve_app.add_middleware(BodyLimit)
+        rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension, self.http_port,
+                          grace_period=5, timeout_keep_alive=self.timeout_keep_alive)  # fmt: skip
+        rest.config.host = self.address
+        self._rest_server = rest
+        self._grpc_server = BoundGRPCServer(self.address, self.grpc_port, self.dataplane, self)
+        self.servers = [rest.start(), self._grpc_server.start(self.max_threads)]
+        logger.info("REST (OIP v2, v1) on %s:%d", self.address, self.http_port)
+        self.setup_event_loop()
+        self.register_signal_handler()
+        asyncio.run(self._serve())

@@ -1,0 +1,86 @@
+"""The OpenAI API on the KServe door (and on Ray Serve replicas behind it): ``POST /v1/chat/completions``,
+``POST /v1/completions`` and ``GET /v1/models`` added to KServe's FastAPI application, each request translated by
+:mod:`serving_core.openai_api` (the same translation as TorchServe's door) and its choices served together by the
+model's backend (:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`), in this process or on the replicas.
+
+``GET /v1/models`` answers both protocols that own the route: OpenAI's list (``object``, ``data``: the generation
+models) and KServe v1's (``models``: every model). The door has no token (it binds loopback, or sits behind the
+deployment's proxy): any API key is accepted. A stream is sent once every choice is served, as on TorchServe.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from serving_core.openai_api import (
+    OpenAIError,
+    Translated,
+    chat_request,
+    completion_answer,
+    completion_request,
+    events,
+    model_list,
+    stream_chunks,
+    with_deadline_header,
+)
+
+from .kserve_model import ExplainModel, RequestError, RetryableError
+
+
+def add_openai_routes(app: FastAPI, models: Mapping[str, ExplainModel]) -> None:
+    """Add the OpenAI API's routes to ``app`` for ``models`` (call before KServe registers its own routes, so that
+    ``GET /v1/models`` is this one)."""
+    created = int(time.time())
+    generation = {name: model for name, model in models.items() if model.settings.config.task == "generation"}
+
+    async def chat_completions(request: Request) -> Response:
+        return await _complete(request, chat_request, generation)
+
+    async def completions(request: Request) -> Response:
+        return await _complete(request, completion_request, generation)
+
+    async def list_models() -> JSONResponse:
+        document = model_list(generation, created)
+        document["models"] = list(models)  # KServe v1's answer on the same route
+        return JSONResponse(document)
+
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/v1/models", list_models, methods=["GET"])
+
+
+async def _complete(
+    request: Request, translate: Callable[[Any], Translated], models: Mapping[str, ExplainModel]
+) -> Response:
+    """One OpenAI completion request, answered whole or as server-sent events; errors in OpenAI's shape."""
+    try:
+        try:
+            body = json.loads(await request.body())
+        except (UnicodeDecodeError, ValueError) as error:
+            raise OpenAIError("invalid_json", f"the body is not JSON: {error}") from None
+        except RequestError as error:  # the door's body limit, raised while the body is read
+            raise OpenAIError(error.error.code, error.error.message) from None
+        translated = translate(with_deadline_header(body, dict(request.headers)))
+        model = models.get(translated.model)
+        if model is None:
+            served = ", ".join(models) or "none"
+            raise OpenAIError(
+                "model_not_found", f"no generation model {translated.model!r} is served; served: {served}"
+            )
+        documents, index = translated.distinct()
+        try:
+            answered = await model.answer_documents(documents)
+        except RetryableError as error:
+            raise OpenAIError("unavailable", str(error.details)) from None
+        answers = [answered[position] for position in index]
+        if translated.stream:
+            return Response(events(stream_chunks(translated, answers)), media_type="text/event-stream")
+        return JSONResponse(completion_answer(translated, answers))
+    except OpenAIError as error:
+        return JSONResponse(error.to_dict(), status_code=error.status)

@@ -1,0 +1,120 @@
+"""The TorchServe handler contract, row by row, for every task: ``initialize`` once, then ``handle`` per batch.
+
+TorchServe glue only: the task's verbs (:class:`serving_core.task.Task`, found in :data:`serving_core.registry.TASKS`
+by the entry point's ``task``) do the work. ``handle`` decodes each row on its own (an undecodable row gets its own
+error), serves the valid rows with one ``service.run``, encodes each row in the encoding it came in, sets each row's
+REST status and content type, and records the metrics. It never uses ``BaseHandler.handle``/``explain_handle``, which
+decide for the whole batch from row 0 and explain row 0 only. No per-request state is stored on ``self``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from serving_core import metrics
+from serving_core.config import ConfigError, HandlerConfig
+from serving_core.deadlines import header_deadline, headers_deadline
+from serving_core.errors import RowError
+from serving_core.headers import DEADLINE_HEADER
+from serving_core.loading import worker_device
+from serving_core.pools import POOL_NICENESS, is_pool, model_of
+from serving_core.task import Service, Task, get_task
+from serving_core.wire import CONTENT_TYPES, row_encoding
+
+logger = logging.getLogger(__name__)
+
+
+def _explain_header(context: Any, index: int) -> bool:
+    value = context.get_request_header(index, "explain")
+    return isinstance(value, str) and value.strip().lower() == "true"
+
+
+def _decoded(task: Task[Any, Any], row: dict[str, Any], context: Any, index: int, config: HandlerConfig) -> Any:
+    """Row ``index`` decoded, due by the earlier of its body's deadline and its ``Explain-Deadline-Ms`` header's.
+
+    Raises:
+        RowError: for what is wrong with the row or the header.
+    """
+    decoded = task.decode(row, _explain_header(context, index), config)
+    deadline = headers_deadline(context.get_all_request_header(index))
+    if deadline is None:  # TorchServe's gRPC Predictions: an entry of the input map
+        deadline = header_deadline(row.get(DEADLINE_HEADER))
+    return task.with_deadline(decoded, deadline)
+
+
+def lower_priority(niceness: int = POOL_NICENESS) -> None:
+    """Lower this worker process's CPU priority by ``niceness`` (an explanation pool's worker, which TorchServe runs
+    in a process of its own); where the system refuses, the worker runs at its priority and says so."""
+    try:
+        os.nice(niceness)
+    except OSError as error:
+        logger.warning("could not lower the explanation pool worker's priority: %s", error)
+
+
+class ExplanationHandler:
+    """Base class of the handler entry points (``doors/torchserve/text_handler.py``, ``image_handler.py``,
+    ``token_handler.py``, ``generation_handler.py``): an entry point names its task, nothing else."""
+
+    task: str = ""
+
+    def __init__(self) -> None:
+        """Create an uninitialised handler (TorchServe calls :meth:`initialize`)."""
+        self.initialized = False
+        self.config: HandlerConfig | None = None
+        self.service: Service[Any, Any] | None = None
+        self.model_name = ""
+
+    def initialize(self, context: Any) -> None:
+        """Read the ``handler:`` config from ``model-config.yaml`` and load the model.
+
+        Raises:
+            ConfigError: if the config is invalid or its task is not this handler's.
+        """
+        config = HandlerConfig.from_model_yaml(context.model_yaml_config)
+        if config.task != self.task:
+            raise ConfigError(f"handler.task is {config.task!r} but this is the {self.task} handler")
+        properties = context.system_properties
+        model_dir = Path(properties.get("model_dir", ".")) / config.model_dir
+        gpu_id = properties.get("gpu_id")
+        device = worker_device(config, None if gpu_id is None else int(gpu_id))
+        self.model_name = model_of(str(context.model_name))  # an explanation pool's metrics are its model's
+        if is_pool(str(context.model_name)):
+            lower_priority()  # this worker process serves the pool alone: predictions go first on shared cores
+        self.service = get_task(config.task).load(config, model_dir, device)
+        self.config = config
+        metrics.check_multiprocess()
+        self.initialized = True
+
+    def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
+        """Serve one TorchServe batch: exactly one response per row, in order."""
+        if self.service is None or self.config is None:
+            raise RuntimeError("handler used before initialize()")
+        config = self.config
+        task: Task[Any, Any] = get_task(config.task)
+        metrics.observe_batch(self.model_name, len(data))
+        encodings = [row_encoding(row) for row in data]
+        decoded: list[Any] = []
+        for index, row in enumerate(data):
+            try:
+                decoded.append(_decoded(task, row, context, index, config))
+            except RowError as error:
+                decoded.append(error)
+        outcomes, timings = self.service.run(decoded, encodings)
+        metrics.observe_generated_tokens(self.model_name, timings.tokens)
+        responses: list[bytes] = []
+        for index, outcome in enumerate(outcomes):
+            started = time.perf_counter()
+            body = task.encode(outcome, config)
+            encode_seconds = time.perf_counter() - started
+            context.set_response_content_type(index, CONTENT_TYPES[outcome.encoding])
+            if outcome.error is not None:
+                context.set_response_status(outcome.error.http_status, outcome.error.phrase, index)
+                logger.debug("row %d: %s %s", index, outcome.error.code, outcome.error.message)
+            task.observe(self.model_name, decoded[index], outcome, timings, encode_seconds)
+            responses.append(body)
+        logger.info("%s: batch of %d %s rows", self.model_name, len(data), task.name)
+        return responses

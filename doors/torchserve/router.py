@@ -1,0 +1,127 @@
+"""The router: the service's public inference ports, TorchServe's behind it on loopback, when a model is a generation
+model or has an explanation pool. It answers the OpenAI API itself (:mod:`doors.torchserve.openai_door`:
+``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` for the generation models given with ``--generation``,
+each choice a ``/predictions`` call to TorchServe), routes explanation requests to their explanation pools, and
+forwards everything else unchanged.
+
+TorchServe answers a batch together, so a prediction batched with explanation rows waits for their backward. A model
+with an explanation pool (``explanation_workers``; docs/SERVING.md, "Predictions next to explanations") is registered
+twice, ``<name>`` and ``<name>.explain`` (:mod:`serving_core.pools`), and this router, listening where clients connect,
+sends each request for ``<name>`` that asks for an explanation (:func:`serving_core.pools.asks_for_explanation`) to
+``<name>.explain`` and everything else on unchanged; TorchServe itself listens on loopback ports behind it. The
+client's token passes as it is (TorchServe checks it); requests stay exactly what they were for the client.
+
+REST: ``/predictions/{name}[/{version}]`` and ``/explanations/{name}[/{version}]``. gRPC: ``Predictions`` (the
+``PredictionsRequest``'s ``model_name``; the streaming RPCs are refused, :mod:`forwarding`).
+Started and stopped by :mod:`doors.torchserve.process`:
+
+``python -m doors.torchserve.router --pool sentiment --generation writer --listen 127.0.0.1 --rest-port 8080
+--grpc-port 7070 --upstream-rest-port 8090 --upstream-grpc-port 7090``
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from doors.torchserve.openai_door import OpenAIRoutes
+from explain_client.protos import inference_stubs
+from forwarding import Forwarder, Policy, RefusedError, Reply, Upstream, serve_until_signalled
+from serving_core.pools import asks_for_explanation, pool_name
+
+logger = logging.getLogger(__name__)
+
+_ROUTES = ("predictions", "explanations")
+_GRPC_ROUTED = frozenset({"Predictions"})
+
+
+class PoolRouter(Policy):
+    """Sends the explanation requests for the models in ``pools`` to their explanation pools, and answers the OpenAI
+    API for the generation models ``generation``."""
+
+    name = "Router"
+
+    def __init__(self, pools: Iterable[str], generation: Iterable[str] = ()) -> None:
+        """Route for these models (their served names, without the pool suffix)."""
+        self.pools = frozenset(pools)
+        self.openai = OpenAIRoutes(generation, self.rest_path, created=int(time.time()))
+
+    def respond(
+        self,
+        method: str,
+        path: str,
+        authorization: str | None,
+        body: bytes,
+        upstream: Upstream,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply | None:
+        """The OpenAI API's answer (:class:`~doors.torchserve.openai_door.OpenAIRoutes`); ``None`` otherwise."""
+        return self.openai.respond(method, path, authorization, body, upstream, headers)
+
+    def refusal(self, path: str, refused: RefusedError) -> Reply | None:
+        """The OpenAI routes' refusals in OpenAI's shape; ``None`` otherwise."""
+        return self.openai.refusal(path, refused.status, refused.message)
+
+    def rest_path(self, path: str, body: bytes) -> str:
+        """``/predictions/{name}...`` or ``/explanations/{name}...`` of a pooled model, rewritten to its pool when the
+        request asks for an explanation; any other path unchanged."""
+        parts = urlsplit(path)
+        segments = parts.path.split("/")
+        if len(segments) < 3 or segments[1] not in _ROUTES or unquote(segments[2]) not in self.pools:
+            return path
+        if not asks_for_explanation({"body": body}, explanations_route=segments[1] == "explanations"):
+            return path
+        segments[2] = quote(pool_name(unquote(segments[2])), safe="")
+        return urlunsplit(parts._replace(path="/".join(segments)))
+
+    def grpc_request(self, method: str, request: bytes) -> bytes:
+        """A ``PredictionsRequest`` for a pooled model, with ``model_name`` set to the pool when it asks for an
+        explanation; anything else (and anything that does not parse: TorchServe answers it) unchanged."""
+        if method not in _GRPC_ROUTED:
+            return request
+        messages, _ = inference_stubs()
+        message = messages.PredictionsRequest()
+        try:
+            message.ParseFromString(request)
+        except Exception:  # protobuf raises DecodeError, a plain Exception subclass
+            return request
+        if message.model_name not in self.pools or not asks_for_explanation(dict(message.input)):
+            return request
+        message.model_name = pool_name(message.model_name)
+        return bytes(message.SerializeToString())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: route until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(prog="python -m doors.torchserve.router", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pool", action="append", default=[], help="a model with an explanation pool (repeat)")
+    parser.add_argument(
+        "--generation", action="append", default=[], help="a generation model the OpenAI API serves (repeat)"
+    )
+    parser.add_argument("--listen", default="127.0.0.1")
+    parser.add_argument("--rest-port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, required=True)
+    parser.add_argument("--upstream-rest-port", type=int, required=True)
+    parser.add_argument("--upstream-grpc-port", type=int, required=True)
+    parser.add_argument("--max-body", type=int, default=3_100_000, help="bytes; larger requests get 413")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    router = Forwarder(
+        PoolRouter(args.pool, args.generation), args.listen, args.rest_port, args.grpc_port, args.upstream_rest_port,
+        args.upstream_grpc_port, args.max_body,
+    )  # fmt: skip
+    pools = ", ".join(sorted(args.pool)) or "none"
+    generation = ", ".join(sorted(args.generation)) or "none"
+    logger.info("router on %s: REST %d, gRPC %d -> 127.0.0.1:%d/%d; explanation pools for %s; OpenAI API for %s",
+                args.listen, *router.ports, args.upstream_rest_port, args.upstream_grpc_port, pools,
+                generation)  # fmt: skip
+    serve_until_signalled(router)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
