@@ -23,11 +23,11 @@ from typing import Any
 import grpc
 import pytest
 
-from explain_client import protos
 from doors.torchserve.config import Ports
 from doors.torchserve.process import Server
 from doors.torchserve.process import start as start_torchserve
 from doors.torchserve.process import stop as stop_torchserve
+from explain_client import protos
 from tests import checkpoints
 from tests.generation_checkpoint import causal_lm
 from tests.serving_support import REPO_ROOT, http_post, tiny_archives

@@ -28,10 +28,10 @@ import grpc
 import psutil
 import pytest
 
-from explain_client import protos
-from explainers import available_methods
 from doors.torchserve.config import Ports
 from doors.torchserve.process import Server, start, stop
+from explain_client import protos
+from explainers import available_methods
 from tests.serving_support import b64, http_call, http_post, png_bytes, tiny_archives
 
 logger = logging.getLogger(__name__)
@@ -506,8 +506,8 @@ class _OipCaller:
         return self.clients[key]
 
     def send(self, plan: Plan, protocol: str, rng: random.Random, timeout: float) -> Sent:
-        from tests.oip_client import OipCallError
         from serving_core.errors import ERROR_TABLE
+        from tests.oip_client import OipCallError
 
         inputs, parameters = oip_request(json.loads(plan.body), protocol)
         try:

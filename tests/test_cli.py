@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from doors.torchserve.process import Server
 from explain_client import Explanation, Prediction
 from explain_client.cli import build_parser, join_dash_values, main, make_client
 from explain_client.pictures import overlay_image
@@ -29,7 +30,6 @@ from explain_client.render import (
     terminal_compare,
     terminal_prediction,
 )
-from doors.torchserve.process import Server
 from tests.serving_support import png_bytes
 
 TEXT = "the crew was rude and the flight late"

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from doors.torchserve.process import Server
 from explain_client import Explanation, Prediction
 from explain_client.cli import main
 from explain_client.render import html_page, score_rgb
-from doors.torchserve.process import Server
 
 WIDTH, HEIGHT = 1100, 700
 BOX_SCRIPT = """<script>

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+from doors.torchserve.process import Server
 from explain_client import ExplainClient, Prediction, Request, ServiceError, read_token_file, resolve_token
 from explain_client.client import load_requests
-from doors.torchserve.process import Server
 from tests.integration.test_serving import LABELS, TEXT, expected, reference  # noqa: F401
 from tests.serving_support import png_bytes
 

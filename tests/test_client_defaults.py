@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from doors.torchserve.process import Server
 from explain_client import SERVICE_DEFAULT, ExplainClient, Prediction, Request
 from explain_client.cli import main
 from explain_client.protos import explain_messages
 from explain_client.render import PIECES_RULE
-from doors.torchserve.process import Server
 
 TEXT = "the crew was rude and the flight late"
 #: The tiny test model is nearly uniform over its three labels (confidence about 0.34).

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from doors.torchserve.process import Server
 from explain_client import ExplainClient, Prediction, Request
 from explain_client.cli import main
-from doors.torchserve.process import Server
 from tests.integration.test_own_models import HYPOTHESIS, PREMISE, own, own_server  # noqa: F401
 
 pytestmark = pytest.mark.slow

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from explain_client import protos as client_protos
 from doors.torchserve.process import Server
+from explain_client import protos as client_protos
 from tests.ops_support import log_figures, wait_for_worker, worker_pids
 from tests.serving_support import png_bytes
 

@@ -30,9 +30,9 @@ import yaml
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from deploy.engine import docker_env
+from doors.models import DEFAULT_MODELS
 from explain_client import protos
 from explainers import explain
-from doors.models import DEFAULT_MODELS
 from tests import container_support as support
 from tests.container_support import Stack, connects, container_ip, prometheus_get, prometheus_query, wait_until
 from tests.serving_support import REPO_ROOT, b64, http_post, png_bytes

@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import pytest
 
+from doors.kserve import oip
 from explain_client import ExplainClient
 from explain_client.protos import explain_messages
-from doors.kserve import oip
 from serving_core.config import HandlerConfig
 from serving_core.deadlines import header_deadline
 from serving_core.errors import RowError

@@ -18,12 +18,12 @@ import torch
 import yaml
 
 import explainers
+from doors.models import check_served_default
 from explain_client import SERVICE_DEFAULT, Request
 from explainers import DEFAULT_METHOD, FAMILIES, TASKS, UnsupportedMethodError, available_methods, supported_methods
 from explainers.architectures import support
 from model_store.archive import ServingConfig
 from model_store.package import Settings, validate
-from doors.models import check_served_default
 from serving_core import config as serving_config
 from serving_core.config import DEFAULT_METHOD_ENV, ConfigError, HandlerConfig
 from serving_core.loading import check_default_method, load_classifier

@@ -13,6 +13,8 @@ import pytest
 import torch
 import yaml
 
+from doors.kserve import oip
+from doors.kserve.oip.classification import explained_outputs
 from explain_client import Request, protos
 from explain_client.cli import _options as cli_options
 from explain_client.results import options_from_json
@@ -20,8 +22,6 @@ from explainers import explain
 from explainers.architectures.description import describe
 from explainers.errors import InvalidOptionError
 from explainers.methods import SMOOTHGRAD_MAX_STDEV, SMOOTHGRAD_STDEV, Option, get_method
-from doors.kserve import oip
-from doors.kserve.oip.classification import explained_outputs
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.tasks.classify_schema import DecodedRow, RowOutcome, decode_row, encode_outcome

@@ -33,9 +33,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from doors.torchserve.process import Server
 from explain_client import protos
 from explainers import available_methods
-from doors.torchserve.process import Server
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.tasks.classify_schema import DecodedRow, decode_row, encode_outcome

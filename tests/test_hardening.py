@@ -22,10 +22,10 @@ import grpc
 import psutil
 import pytest
 
-from explain_client import ExplainClient
 from doors.torchserve import protos
 from doors.torchserve.config import Ports, write_config
 from doors.torchserve.process import Server, start, stop
+from explain_client import ExplainClient
 from tests.ops_support import management, ops_server, rest_call, worker_pids
 from tests.serving_support import http_post, tiny_archives
 

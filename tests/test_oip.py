@@ -1,6 +1,7 @@
-"""The OIP explain extension's pure functions (doors/kserve/oip/, doors/kserve/v1.py), without a server or the extras: rows
-decoded from tensors and parameters (per-row overrides, request-level errors), outputs padded and named, failed rows
-reported beside good ones, the codec registry (every task has a codec: classifiers, token classifiers, generation)."""
+"""The OIP explain extension's pure functions (doors/kserve/oip/, doors/kserve/v1.py), without a server or the extras:
+rows decoded from tensors and parameters (per-row overrides, request-level errors), outputs padded and named, failed
+rows reported beside good ones, the codec registry (every task has a codec: classifiers, token classifiers,
+generation)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import json
 
 import pytest
 
-from explainers import StepSum
 from doors.kserve import oip, v1
+from explainers import StepSum
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.registry import TASKS

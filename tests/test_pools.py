@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from explain_client.protos import explain_messages, inference_stubs
-from model_store.package.settings import PackageError, Settings
 from doors.torchserve.config import POOL_KEY, Ports, link_store, load_profile, write_config
 from doors.torchserve.process import router_command
 from doors.torchserve.router import PoolRouter
+from explain_client.protos import explain_messages, inference_stubs
+from model_store.package.settings import PackageError, Settings
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.pools import asks_for_explanation, model_of, pool_name

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from doors import models as archives
 from model_store import progress
 from model_store.progress import LineProgress, Reporter, Step, duration, plural, progress_bar, progress_mode, stage
-from doors import models as archives
 from tests.serving_support import REPO_ROOT
 
 

@@ -38,9 +38,9 @@ from typing import Any
 import pytest
 import torch
 
+from doors.torchserve.config import Ports
 from explainers import available_methods, explain, get_method
 from explainers._version import __version__
-from doors.torchserve.config import Ports
 from supervise.processes import pid_alive, read_pid
 
 logger = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
-from model_store.build import DEFAULT_NAMES, MODEL_NAMES, OPT_IN_NAMES, BuildResult, build_all
 from doors.models import DEFAULT_MODELS
+from model_store.build import DEFAULT_NAMES, MODEL_NAMES, OPT_IN_NAMES, BuildResult, build_all
 from model_store.writer_data import SMOLLM2_PACKAGE, smollm2_gguf_path
 from tests.serving_support import ARCHIVE_CACHE
 

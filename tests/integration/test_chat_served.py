@@ -17,12 +17,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from doors.torchserve.config import Ports
+from doors.torchserve.process import Server, start, stop
 from explain_client import ExplainClient, ServiceError
 from explainers import explain_spans, render_chat
 from explainers.tasks.continuation import given_continuation
 from model_store.package import Settings, package
-from doors.torchserve.config import Ports
-from doors.torchserve.process import Server, start, stop
 from tests.chat_zoo import DOCUMENTS, QUESTION, SYSTEM, save_chat_model
 from tests.serving_support import http_post
 

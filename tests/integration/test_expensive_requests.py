@@ -28,10 +28,10 @@ from transformers import (
     AutoTokenizer,
 )
 
-from explainers import describe, get_method, supported_methods
-from explainers.methods import OptionValue
 from doors.torchserve.config import POOL_KEY, Ports
 from doors.torchserve.process import Server, start, stop
+from explainers import describe, get_method, supported_methods
+from explainers.methods import OptionValue
 from serving_core.pools import POOL_NICENESS
 from tests import checkpoints
 from tests.generation_checkpoint import causal_lm

@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
-from explain_client import protos
 from doors.torchserve.process import Server
+from explain_client import protos
 from supervise.processes import pid_alive
 from tests.ops_support import worker_pids
 from tests.serving_support import b64, http_post, png_bytes

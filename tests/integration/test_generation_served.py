@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from explain_client import ExplainClient, ServiceError
-from model_store.package import Settings, package
 from doors.torchserve.config import Ports
 from doors.torchserve.process import Server, start, stop
+from explain_client import ExplainClient, ServiceError
+from model_store.package import Settings, package
 from tests.generation_checkpoint import PROMPTS, causal_lm
 
 pytestmark = pytest.mark.slow

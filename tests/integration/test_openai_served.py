@@ -16,9 +16,9 @@ import openai
 import pytest
 from openai import OpenAI
 
-from model_store.package import Settings, package
 from doors.torchserve.config import Ports
 from doors.torchserve.process import Server, start, stop
+from model_store.package import Settings, package
 from tests.chat_zoo import DOCUMENTS, QUESTION, SYSTEM, save_chat_model
 from tests.doors_support import EXTRAS
 from tests.serving_support import http_call, http_post, tiny_archives

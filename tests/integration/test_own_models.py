@@ -22,10 +22,10 @@ import pytest
 import torch
 from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification, AutoTokenizer
 
-from explain_client import protos
-from explainers import explain
 from doors.torchserve.config import Ports
 from doors.torchserve.process import Server, stop
+from explain_client import protos
+from explainers import explain
 from tests import checkpoints
 from tests.serving_support import b64, http_post, png_bytes
 

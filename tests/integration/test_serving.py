@@ -21,10 +21,10 @@ import torch
 import yaml
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from explain_client import protos
-from explainers import available_methods, explain
 from doors.torchserve.config import Ports
 from doors.torchserve.process import Server
+from explain_client import protos
+from explainers import available_methods, explain
 from tests.serving_support import b64, http_post, owned_popen, png_bytes
 
 TEXT = "the service was quick and the staff were lovely"

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from doors.kserve.launch import stop as stop_door
 from doors.torchserve.config import Ports
 from doors.torchserve.process import stop
-from doors.kserve.launch import stop as stop_door
 from supervise.processes import group_alive, http_get, pid_alive, read_pid
 from supervise.supervisor import SUPERVISOR_PID, read_status
 from tests.doors_support import EXTRAS

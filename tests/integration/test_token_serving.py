@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForTokenClassification, AutoTokenizer
 
+from doors.torchserve.process import Server
 from explain_client import ExplainClient, Prediction, ServiceError, protos
 from explainers import explain_tokens
-from doors.torchserve.process import Server
 
 from .test_serving import grpc_call, rest
 
