@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .architectures.attention import AttentionObserver
-from .architectures.description import Architecture
-from .architectures.rule_hooks import attach_rules
-from .capture import (
+from ..architectures.attention import AttentionObserver
+from ..architectures.description import Architecture
+from ..architectures.rule_hooks import attach_rules
+from ..capture import (
     ACTIVATIONS,
     ATTENTION_GRADIENTS,
     ATTENTIONS,
@@ -48,13 +48,13 @@ from .capture import (
     forward_pass,
     rounds_per_call,
 )
-from .deadline import Deadline
-from .errors import InvalidInputError, InvalidOptionError, UnknownMethodError, UnsupportedMethodError
-from .inputs import batch_size, full_precision, input_grid, model_device
-from .rules import maps
-from .rules.flow import attention_flow_scores
-from .rules.lrp import add_relprop as lrp_add_relprop
-from .tasks.token_relevance import lrp_relevances
+from ..deadline import Deadline
+from ..errors import InvalidInputError, InvalidOptionError, UnknownMethodError, UnsupportedMethodError
+from ..inputs import batch_size, full_precision, input_grid, model_device
+from ..rules import maps
+from ..rules.flow import attention_flow_scores
+from ..rules.lrp import add_relprop as lrp_add_relprop
+from .lrp_pass import lrp_relevances
 
 Rules = Callable[[nn.Module, Architecture, ExitStack], AttentionObserver | None]
 """Modified-gradient rules: attach hooks to the model on the pass's hook stack, return the attention observer."""
