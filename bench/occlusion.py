@@ -1,14 +1,14 @@
 """Occlusion of a causal LM with and without the unchanged prefix's key/value cache, against the input length.
 
-For each model and length ``n`` it times :func:`explainers.methods.occluded_objectives` (occlusion's forwards: the
-unchanged copy and one copy per erased position, ``--internal-batch-size`` rows per forward) on random token ids of
-``n`` tokens (``--batch`` rows, unpadded; one round: the next-token logit after the last token), without the cache and
-with it, in pairs timed back to back (so that a shared machine's drift cancels in the ratio), and prints the medians
-and the ratio ``uncached / cached`` (above 1: the cache is faster). It also checks that both give the same objectives.
-Models: ``tiny`` (a random Llama-shaped causal LM, ``--hidden``/``--layers``/``--heads``) and ``writer`` (the demo
-writer, SmolLM2-135M, when it is built: ``make writer``; ``--writer`` names another checkpoint), loaded with the
-library's default attention (sdpa), as the service loads them. :data:`explainers.methods.OCCLUSION_CACHE_MIN_TOKENS`
-is chosen from this table.
+For each model and length ``n`` it times :func:`explainers.methods.perturbation.occluded_objectives` (occlusion's
+forwards: the unchanged copy and one copy per erased position, ``--internal-batch-size`` rows per forward) on random
+token ids of ``n`` tokens (``--batch`` rows, unpadded; one round: the next-token logit after the last token), without
+the cache and with it, in pairs timed back to back (so that a shared machine's drift cancels in the ratio), and prints
+the medians and the ratio ``uncached / cached`` (above 1: the cache is faster). It also checks that both give the same
+objectives. Models: ``tiny`` (a random Llama-shaped causal LM, ``--hidden``/``--layers``/``--heads``) and ``writer``
+(the demo writer, SmolLM2-135M, when it is built: ``make writer``; ``--writer`` names another checkpoint), loaded with
+the library's default attention (sdpa), as the service loads them.
+:data:`explainers.methods.perturbation.OCCLUSION_CACHE_MIN_TOKENS` is chosen from this table.
 
     python -m bench.occlusion                                # tiny and (if built) the writer, n = 64, 128, 256
     python -m bench.occlusion --models tiny --lengths 16 32 64 128 256 --repeats 5

@@ -70,7 +70,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .memory import MemoryBudgetError, estimate_bytes
-from .methods import Method, available_methods, get_method
+from .methods.registry import Method, available_methods, get_method
 from .tasks.citations import (
     Citations,
     Sentence,

@@ -33,7 +33,7 @@ from .errors import (
 from .execution import GroupScores, Readout, execute, finish
 from .inputs import batch_size, full_precision, token_mask, validate_inputs
 from .memory import ModelSize, check_budget
-from .methods import Method, MethodInputs, OptionValue, available_methods, get_method
+from .methods.registry import Method, MethodInputs, OptionValue, available_methods, get_method
 from .plan import Ask, plan_batch
 from .timing import ModelSpeed, check_time_budget, prediction_seconds
 

@@ -1,11 +1,11 @@
 """The deadline a request may carry: an instant by which its answer is due, checked between chunks of work.
 
 A :class:`Deadline` travels down with the work (:func:`explainers.explain`, :func:`explainers.explain_batch`'s
-:class:`~explainers.RowRequest`, and the :class:`~explainers.methods.ForwardInputs` of the methods that run forwards
-of their own). :meth:`Deadline.check` is the one safe point: called between chunks (integrated gradients' path points,
-SmoothGrad's samples, occlusion's copies) and before each group of a batch is scored, it abandons the work with
-:class:`DeadlineExceededError` once the deadline has passed. Nothing is interrupted mid-pass and no thread is killed,
-so the worker keeps serving and the batch's other rows are still answered.
+:class:`~explainers.RowRequest`, and the :class:`~explainers.methods.registry.ForwardInputs` of the methods that run
+forwards of their own). :meth:`Deadline.check` is the one safe point: called between chunks (integrated gradients' path
+points, SmoothGrad's samples, occlusion's copies) and before each group of a batch is scored, it abandons the work with
+:class:`DeadlineExceededError` once the deadline has passed. Nothing is interrupted mid-pass and no thread is killed, so
+the worker keeps serving and the batch's other rows are still answered.
 """
 
 from __future__ import annotations

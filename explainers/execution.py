@@ -21,7 +21,7 @@ from .capture import Capture, bind_rules, prepared_model, run_capture
 from .confidence import RowSkipped, prediction_confidence
 from .deadline import DeadlineExceededError
 from .inputs import full_precision, input_grid
-from .methods import MethodInputs
+from .methods.registry import MethodInputs
 from .plan import BatchPlan, Group
 
 

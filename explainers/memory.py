@@ -12,11 +12,11 @@ has one (:func:`~explainers.architectures.attention.fused_implementation`) and n
     element bytes × rows × (layers × ((maps × heads + head_means) × n² + activations × n × (hidden + intermediate))
                             + transient × heads × n² + forward × n × (hidden + intermediate))
 
-with the counts each method declares at its registration (:class:`~explainers.methods.Footprint`, on eager and on
-fused attention: :attr:`~explainers.methods.Method.memory`), fitted to peaks measured with ``bench/explainers.py
---memory`` (the figures and the fit are in the closing note of issue 19); it errs on the high side. A method that runs
-forwards of its own (integrated gradients) is estimated for the rows of one of its passes
-(:attr:`~explainers.methods.Forwards.rows_per_pass`). A *budget* (``memory_budget_mib``
+with the counts each method declares at its registration (:class:`~explainers.methods.registry.Footprint`, on eager
+and on fused attention: :attr:`~explainers.methods.registry.Method.memory`), fitted to peaks measured with
+``bench/explainers.py --memory`` (the figures and the fit are in the closing note of issue 19); it errs on the high
+side. A method that runs forwards of its own (integrated gradients) is estimated for the rows of one of its passes
+(:attr:`~explainers.methods.registry.Forwards.rows_per_pass`). A *budget* (``memory_budget_mib``
 of :func:`explainers.explain` / :func:`explainers.explain_batch`, ``handler.memory_budget_mib`` when served) refuses,
 before anything is allocated, every request whose estimate exceeds it, with a :class:`MemoryBudgetError` that gives
 the estimate and the methods that fit.
@@ -34,7 +34,7 @@ from torch import nn
 from .architectures.attention import fused_implementation
 from .architectures.description import Architecture, model_config
 from .errors import ExplainError
-from .methods import Footprint, Method, OptionValue, get_method
+from .methods.registry import Footprint, Method, OptionValue, get_method
 
 
 class MemoryBudgetError(ExplainError):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from .capture import GRADIENT_NEEDS
 from .confidence import RowSkipped
 from .deadline import Deadline
-from .methods import Method, OptionValue, Rules
+from .methods.registry import Method, OptionValue, Rules
 
 PassKind = tuple[Rules | None, str | None]
 """What a gradient pass runs: the rules of its methods (``None``: true gradients) and the fused attention

@@ -36,7 +36,7 @@ from torch import nn
 from .architectures.description import Architecture, model_config
 from .errors import ExplainError
 from .inputs import model_device
-from .methods import Method, OptionValue, get_method
+from .methods.registry import Method, OptionValue, get_method
 
 #: The factor the measured speed is multiplied by: the measurement is one forward on an idle moment, the explanation
 #: may run while other work shares the cores; ``bench/timing.py`` shows the estimates stay above the actual times.

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-import explainers.methods as methods_module
+import explainers.methods.registry as methods_module
 from explainers import (
     ExplainError,
     InvalidInputError,

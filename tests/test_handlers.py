@@ -178,7 +178,7 @@ def test_service_answers_non_finite_scores_with_a_500_row_error(
 ) -> None:
     """A row whose attribution breaks down numerically gets ``attribution_failed`` (500 / INTERNAL), never a NaN
     in the JSON or protobuf body; the batch's other rows are served."""
-    import explainers.methods as methods_module
+    import explainers.methods.registry as methods_module
 
     rollout = methods_module.get_method("rollout")
 

@@ -183,7 +183,7 @@ def test_attention_flow_is_refused_with_the_install_command_where_scipy_is_missi
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """SciPy is not a dependency of the library (torch and transformers): the method names it, before any work."""
-    import explainers.methods as methods_module
+    import explainers.methods.registry as methods_module
 
     real = methods_module.find_spec
     monkeypatch.setattr(methods_module, "find_spec", lambda name: None if name == "scipy" else real(name))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
-import explainers.methods as methods
+import explainers.methods.perturbation as methods
 from explainers import Targets, explain_targets
 
 from .arch_zoo import VOCAB

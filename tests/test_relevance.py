@@ -19,8 +19,8 @@ from transformers import AlbertConfig, AlbertForSequenceClassification
 from explainers import explain
 from explainers.architectures.description import describe
 from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, prepared_model, run_capture
+from explainers.methods.lrp_pass import block_weights as _block_weights
 from explainers.rules.lrp import block_relprop, head_relprop, linear_relprop
-from explainers.tasks.token_relevance import block_weights as _block_weights
 
 from .arch_zoo import VARIANTS, batch_for, row_alone
 from .conftest import build_bert, build_roberta, build_vit, build_vit_wide, image_batch, row_inputs, text_batch

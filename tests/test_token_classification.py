@@ -23,9 +23,9 @@ from explainers import (
 )
 from explainers.architectures.support import refusal
 from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, forward_pass, prepared_model
+from explainers.methods.lrp_pass import block_weights as _block_weights
 from explainers.rules.lrp import block_relprop, token_head_relprop
 from explainers.tasks.tagging import group_spans, label_scheme, span_tags
-from explainers.tasks.token_relevance import block_weights as _block_weights
 
 from .arch_zoo import TOKEN_LEVEL_FAMILIES, alone_tolerance, build_token_level, text_batch
 from .test_relevance import _PATHS, _layer_names, _linear, _oracle_blocks, _oracle_rollout, _Tape

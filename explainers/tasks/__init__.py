@@ -5,7 +5,6 @@
 - :mod:`~explainers.tasks.token_classification`: token classifiers (NER, PII): every entity of a batch explained.
 - :mod:`~explainers.tasks.tagging`: the tagging scheme read from ``id2label`` (BIO, BIOES, IO), tags grouped into
   spans.
-- :mod:`~explainers.tasks.token_relevance`: Chefer et al.'s relevance seeded at a token-level target's outputs.
 - :mod:`~explainers.tasks.generation`: causal language models: every generated token explained.
 - :mod:`~explainers.tasks.continuation`: what a causal LM wrote after each prompt, generated here or given.
 - :mod:`~explainers.tasks.citations`: spans of an answer (its sentences) explained as summed objectives from one

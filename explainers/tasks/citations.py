@@ -29,7 +29,7 @@ from ..units import token_units
 from .targets import Targets, explain_targets
 
 if TYPE_CHECKING:
-    from ..methods import OptionValue
+    from ..methods.registry import OptionValue
     from .continuation import Continuation
 
 Spans = Sequence[Sequence[tuple[int, int]]]

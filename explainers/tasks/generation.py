@@ -40,7 +40,7 @@ from .continuation import (
 from .targets import Targets, explain_targets
 
 if TYPE_CHECKING:
-    from ..methods import OptionValue
+    from ..methods.registry import OptionValue
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,7 @@ def check_generation_call(model: nn.Module, method: str, options: Mapping[str, A
     """
     from ..architectures.description import describe
     from ..architectures.support import TASKS, check_method
-    from ..methods import available_methods, get_method
+    from ..methods.registry import available_methods, get_method
 
     arch = describe(model)
     if arch.task != "causal_lm":

@@ -14,9 +14,9 @@ log-probability of a whole continuation, the difference between a token and a fo
   gradient for round ``k``; the ``K`` rounds are batched into one ``torch.autograd.grad(..., is_grads_batched=True)``
   call (a vmap over the backward), in chunks of rounds whose gradients fit :data:`CHUNK_BYTES`. A class-specific
   method without gradients (``partial_lrp``, ``lrp``) seeds its own LRP pass at each target instead;
-* a method that runs forwards of its own (``integrated_gradients``: :attr:`explainers.methods.Method.forwards`) gets
-  every round as its objective: its one implementation, the classifier path's, runs its path forwards once for all
-  targets, each followed by the same batched products.
+* a method that runs forwards of its own (``integrated_gradients``:
+  :attr:`explainers.methods.registry.Method.forwards`) gets every round as its objective: its one implementation, the
+  classifier path's, runs its path forwards once for all targets, each followed by the same batched products.
 
 Each explained (round, row) is then scored by the registered method's own compute function as a *virtual row*: the
 row's captured tensors, the round's gradients, the target's readout row (:attr:`Targets.readout`) and the positions
@@ -65,7 +65,7 @@ from ..capture import (
 from ..deadline import Deadline
 from ..errors import InvalidTargetError, UnsupportedModelError
 from ..inputs import full_precision, validate_inputs
-from ..methods import (
+from ..methods.registry import (
     ForwardInputs,
     Method,
     MethodInputs,
@@ -506,7 +506,7 @@ def _target_scores(call: _Call, forward: Forward, values: Tensor) -> _Timed:
 
 
 def _own_forward_scores(call: _Call, fused: str | None) -> _Timed:
-    """Scores of a method that runs forwards of its own (:class:`~explainers.methods.Forwards`) on ``fused``
+    """Scores of a method that runs forwards of its own (:class:`~explainers.methods.registry.Forwards`) on ``fused``
     attention: its implementation, the classifier path's, given every round of the targets as its objective; none
     when no target is active."""
     assert call.method.forwards is not None

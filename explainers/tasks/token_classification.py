@@ -35,7 +35,7 @@ from .tagging import LabelScheme, Span, group_spans, label_scheme, span_tags
 from .targets import Targets, explain_targets
 
 if TYPE_CHECKING:
-    from ..methods import OptionValue
+    from ..methods.registry import OptionValue
 
 #: Input keys read here and not passed to the model.
 SPECIAL_TOKENS_KEY = "special_tokens_mask"
