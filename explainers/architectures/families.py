@@ -1,55 +1,31 @@
-"""The support matrix: which architecture families the explainers know, and which methods each one refuses.
+"""The architecture families the explainers know: one :class:`Family` record per ``config.model_type``.
 
-One registry, :data:`FAMILIES`, read by :func:`explainers.describe` (which classes are accepted, which inputs and
-padding sides), by the refusal message of :class:`~explainers.errors.UnsupportedMethodError`, by the README table
-(:func:`support_table`) and by the generated test matrix. A method not listed in a family's ``refused`` works on
-it; a refused one has the reason here, in one sentence.
+A family's facts are the fields of its record in :data:`FAMILIES`, and nothing else in the library keeps a list of
+model types:
 
-A family's classes come in three tasks (:data:`TASKS`): sequence classifiers (one label per input, explained by
-:func:`explainers.explain` / :func:`explainers.explain_batch`), token classifiers (a label per token, explained by
-:func:`explainers.explain_tokens`) and causal language models (a token per step, explained by
-:func:`explainers.explain_generation`). The token-level tasks are explained through :mod:`explainers.tasks.targets`;
-a task may refuse a method for all its families (:attr:`Task.refused`), with the reason here too.
+- its kind (:data:`Kind`) and the classes accepted for each task (:data:`TaskName`);
+- where its sequence classifiers read the sequence (:class:`Pooling`, read by
+  :func:`explainers.architectures.heads.pooled_position`);
+- whether its text models take ``token_type_ids`` (``segments``, read by :func:`explainers.describe`), and the
+  tokens before the patches of its image models (``prefix_tokens``);
+- the padding sides accepted for text;
+- its blocks as Chefer et al.'s LRP reads them (:class:`LrpBlocks`, resolved against a model's modules by
+  :mod:`explainers.architectures.blocks`), or ``None`` when LRP has no rule for them;
+- the methods it refuses, with the reason (read by :mod:`explainers.architectures.support`).
+
+:func:`model_family` looks a model's family up by its ``config.model_type``. Adding an architecture is adding its
+record here and its tiny test configs (``tests/arch_zoo.py``; a decoder's causal LM also ``tests/causal_zoo.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
-
-from ..defaults import DEFAULT_METHOD
-from ..errors import UnsupportedMethodError
+from typing import Any, Literal
 
 Kind = Literal["encoder", "decoder", "vision"]
 TaskName = Literal["sequence_classification", "token_classification", "causal_lm"]
-
-
-@dataclass(frozen=True)
-class Task:
-    """What a model class predicts, and where it is explained.
-
-    Attributes:
-        name: ``sequence_classification``, ``token_classification`` or ``causal_lm``.
-        title: how the docs name it.
-        entry_point: the public function that explains models of this task.
-        refused: method name → why the method is refused for every model of this task.
-    """
-
-    name: TaskName
-    title: str
-    entry_point: str
-    refused: Mapping[str, str] = field(default_factory=dict)
-
-
-TASKS: dict[str, Task] = {
-    task.name: task
-    for task in (
-        Task("sequence_classification", "sequence classifier", "explainers.explain / explainers.explain_batch"),
-        Task("token_classification", "token classifier", "explainers.explain_tokens"),
-        Task("causal_lm", "causal language model", "explainers.explain_generation"),
-    )
-}
+Pooled = Literal["first", "last", "mean", "class_distillation", "class_patch_mean", "each"]
 
 #: The methods that run Chefer et al.'s LRP rules through the blocks (:mod:`explainers.rules.lrp`): a family without
 #: a rule for its blocks refuses them all, for the same reason.
@@ -68,6 +44,130 @@ _LRP_DECODER = (
 
 
 @dataclass(frozen=True)
+class Pooling:
+    """Where a family's sequence classifiers read the sequence (see :mod:`explainers.architectures.heads`).
+
+    Attributes:
+        position: the position read (one of :data:`explainers.POOLED_POSITIONS` but ``each``).
+        by_class: class name → the position its head reads, for the classes that read elsewhere (DeiT with a
+            teacher averages the class and distillation heads).
+        option: the config attribute that chooses the position (ModernBERT's ``classifier_pooling``), or ``None``.
+        by_option: a value of ``config.<option>`` → the position it chooses; any other value reads ``position``.
+    """
+
+    position: Pooled
+    by_class: Mapping[str, Pooled] = field(default_factory=dict)
+    option: str | None = None
+    by_option: Mapping[str, Pooled] = field(default_factory=dict)
+
+    def pooled(self, class_name: str, config: Any) -> Pooled:
+        """The position read by the sequence classifier class ``class_name`` with ``config``."""
+        if class_name in self.by_class:
+            return self.by_class[class_name]
+        chosen = None if self.option is None else getattr(config, self.option, None)
+        if isinstance(chosen, str):
+            return self.by_option.get(chosen, self.position)
+        return self.position
+
+
+@dataclass(frozen=True)
+class LayerPaths:
+    """Dotted paths, relative to one layer, of the modules Chefer et al.'s LRP reads in it (the fields of
+    :class:`~explainers.architectures.blocks.Block` after ``layer``, in order)."""
+
+    attention: str
+    query: str
+    key: str
+    value: str
+    attention_output: str
+    ffn_in: str
+    ffn_out: str
+
+
+@dataclass(frozen=True)
+class HeadRead:
+    """One classification head as LRP reads it.
+
+    Attributes:
+        token: the position the head reads.
+        linears: dotted paths, relative to the model, of the head's linear layers in forward order (activations
+            between them are treated as identity by LRP, as in Chefer et al.'s code).
+    """
+
+    token: int
+    linears: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LrpBlocks:
+    """A family's blocks and heads as Chefer et al.'s LRP reads them.
+
+    Attributes:
+        base: the model's attribute holding the backbone (``bert``).
+        layers: dotted paths, relative to the backbone, of its list of layers; the first one the backbone has is
+            read (newer transformers name the ViT layers ``layers``, older ones ``encoder.layer``).
+        layer: the modules read in one layer.
+        heads: the sequence classifier's heads, in the order the model adds their logits.
+        heads_by_class: class name → its heads, for the classes whose heads differ (DeiT with a teacher: a class
+            head and a distillation head, whose logits the model averages).
+        norm_first: True for pre-LayerNorm blocks (ViT), False for post-LayerNorm blocks (BERT family).
+        shared_groups: ALBERT's layout: ``layers`` names the shared layer groups, called ``config.num_hidden_layers``
+            times over ``config.num_hidden_groups`` groups of ``albert_layers``.
+        position_embeddings: the dotted path, relative to the backbone, of the position embeddings added to the
+            prefix and patch tokens before the first block (images); ``None`` for text.
+        token_head: the dotted path of the token classifier's one linear head, every token read by it; ``None`` when
+            the family's token classifiers are not described.
+    """
+
+    base: str
+    layers: tuple[str, ...]
+    layer: LayerPaths
+    heads: tuple[HeadRead, ...]
+    heads_by_class: Mapping[str, tuple[HeadRead, ...]] = field(default_factory=dict)
+    norm_first: bool = False
+    shared_groups: bool = False
+    position_embeddings: str | None = None
+    token_head: str | None = None
+
+    def heads_of(self, class_name: str) -> tuple[HeadRead, ...]:
+        """The heads of the sequence classifier class ``class_name``."""
+        return self.heads_by_class.get(class_name, self.heads)
+
+
+_BERT_LAYER = LayerPaths(
+    attention="attention.self",
+    query="attention.self.query",
+    key="attention.self.key",
+    value="attention.self.value",
+    attention_output="attention.output.dense",
+    ffn_in="intermediate.dense",
+    ffn_out="output.dense",
+)
+
+_DISTILBERT_LAYER = LayerPaths(
+    "attention", "attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin", "ffn.lin1", "ffn.lin2"
+)
+
+_ALBERT_LAYER = LayerPaths(
+    "attention", "attention.query", "attention.key", "attention.value", "attention.dense", "ffn", "ffn_output"
+)
+
+_VIT_LAYER = LayerPaths(
+    "attention", "attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "mlp.fc1", "mlp.fc2"
+)
+
+#: The classification head of RoBERTa, XLM-RoBERTa and ELECTRA: a dense layer and a projection, on the first token.
+_DENSE_PROJECTION_HEAD = (HeadRead(0, ("classifier.dense", "classifier.out_proj")),)
+#: The layers of a ViT / DeiT backbone, in the newer and the older transformers.
+_VIT_LAYERS = ("layers", "encoder.layer")
+
+
+def _roberta_blocks(base: str) -> LrpBlocks:
+    """The LRP description of a BERT-layout backbone ``base`` with the dense + projection head."""
+    return LrpBlocks(base, ("encoder.layer",), _BERT_LAYER, _DENSE_PROJECTION_HEAD, token_head="classifier")
+
+
+@dataclass(frozen=True)
 class Family:
     """One supported architecture family.
 
@@ -75,11 +175,16 @@ class Family:
         model_type: ``config.model_type``.
         kind: ``encoder`` (text, bidirectional), ``decoder`` (text, causal) or ``vision``.
         classes: the sequence-classifier classes accepted (by class name).
-        token_classes: the token-classifier classes accepted (task ``token_classification``).
-        causal_lm_classes: the causal language-model classes accepted (task ``causal_lm``).
+        title: how the README names the family.
         padding: the padding sides accepted for text (``right``, ``left``).
         refused: method name → why it is refused on this family.
-        title: how the README names the family.
+        token_classes: the token-classifier classes accepted (task ``token_classification``).
+        causal_lm_classes: the causal language-model classes accepted (task ``causal_lm``).
+        pooling: where its sequence classifiers read the sequence.
+        segments: whether its text models take ``token_type_ids`` (sentence pairs as two segments); False for images.
+        prefix_tokens: for images, the tokens before the patches (class, distillation); 0 for text.
+        lrp: its blocks as Chefer et al.'s LRP reads them; ``None`` when LRP has no rule for them (then every method
+            of :data:`LRP_METHODS` is in ``refused``).
     """
 
     model_type: str
@@ -90,6 +195,10 @@ class Family:
     refused: Mapping[str, str] = field(default_factory=dict)
     token_classes: tuple[str, ...] = ()
     causal_lm_classes: tuple[str, ...] = ()
+    pooling: Pooling = Pooling("first")
+    segments: bool = False
+    prefix_tokens: int = 0
+    lrp: LrpBlocks | None = None
 
     def task_of(self, class_name: str) -> TaskName | None:
         """The task of the model class named ``class_name`` in this family (``None`` if it is not accepted)."""
@@ -107,11 +216,25 @@ class Family:
         return self.classes + self.token_classes + self.causal_lm_classes
 
 
+_LAST = Pooling("last")
+
 FAMILIES: dict[str, Family] = {
     family.model_type: family
     for family in (
         Family(
-            "bert", "encoder", ("BertForSequenceClassification",), "BERT", token_classes=("BertForTokenClassification",)
+            "bert",
+            "encoder",
+            ("BertForSequenceClassification",),
+            "BERT",
+            token_classes=("BertForTokenClassification",),
+            segments=True,
+            lrp=LrpBlocks(
+                "bert",
+                ("encoder.layer",),
+                _BERT_LAYER,
+                (HeadRead(0, ("bert.pooler.dense", "classifier")),),
+                token_head="classifier",
+            ),
         ),
         Family(
             "roberta",
@@ -119,6 +242,8 @@ FAMILIES: dict[str, Family] = {
             ("RobertaForSequenceClassification",),
             "RoBERTa",
             token_classes=("RobertaForTokenClassification",),
+            segments=True,
+            lrp=_roberta_blocks("roberta"),
         ),
         Family(
             "xlm-roberta",
@@ -126,6 +251,8 @@ FAMILIES: dict[str, Family] = {
             ("XLMRobertaForSequenceClassification",),
             "XLM-RoBERTa",
             token_classes=("XLMRobertaForTokenClassification",),
+            segments=True,
+            lrp=_roberta_blocks("roberta"),
         ),
         Family(
             "distilbert",
@@ -133,6 +260,13 @@ FAMILIES: dict[str, Family] = {
             ("DistilBertForSequenceClassification",),
             "DistilBERT",
             token_classes=("DistilBertForTokenClassification",),
+            lrp=LrpBlocks(
+                "distilbert",
+                ("transformer.layer",),
+                _DISTILBERT_LAYER,
+                (HeadRead(0, ("pre_classifier", "classifier")),),
+                token_head="classifier",
+            ),
         ),
         Family(
             "electra",
@@ -140,6 +274,8 @@ FAMILIES: dict[str, Family] = {
             ("ElectraForSequenceClassification",),
             "ELECTRA",
             token_classes=("ElectraForTokenClassification",),
+            segments=True,
+            lrp=_roberta_blocks("electra"),
         ),
         Family(
             "albert",
@@ -147,6 +283,15 @@ FAMILIES: dict[str, Family] = {
             ("AlbertForSequenceClassification",),
             "ALBERT (shared layers, recorded per call)",
             token_classes=("AlbertForTokenClassification",),
+            segments=True,
+            lrp=LrpBlocks(
+                "albert",
+                ("encoder.albert_layer_groups",),
+                _ALBERT_LAYER,
+                (HeadRead(0, ("albert.pooler", "classifier")),),
+                shared_groups=True,
+                token_head="classifier",
+            ),
         ),
         Family(
             "modernbert",
@@ -159,6 +304,7 @@ FAMILIES: dict[str, Family] = {
                 "the saliency methods)"
             ),
             token_classes=("ModernBertForTokenClassification",),
+            pooling=Pooling("first", option="classifier_pooling", by_option={"mean": "mean"}),
         ),
         Family(
             "deberta-v2",
@@ -171,6 +317,7 @@ FAMILIES: dict[str, Family] = {
                 "methods)"
             ),
             token_classes=("DebertaV2ForTokenClassification",),
+            segments=True,
         ),
         Family(
             "llama",
@@ -180,6 +327,7 @@ FAMILIES: dict[str, Family] = {
             ("left", "right"),
             _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("LlamaForCausalLM",),
+            pooling=_LAST,
         ),
         Family(
             "qwen2",
@@ -189,6 +337,7 @@ FAMILIES: dict[str, Family] = {
             ("left", "right"),
             _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("Qwen2ForCausalLM",),
+            pooling=_LAST,
         ),
         Family(
             "qwen3",
@@ -198,6 +347,7 @@ FAMILIES: dict[str, Family] = {
             ("left", "right"),
             _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("Qwen3ForCausalLM",),
+            pooling=_LAST,
         ),
         Family(
             "mistral",
@@ -207,6 +357,7 @@ FAMILIES: dict[str, Family] = {
             ("left", "right"),
             _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("MistralForCausalLM",),
+            pooling=_LAST,
         ),
         Family(
             "gemma2",
@@ -216,6 +367,7 @@ FAMILIES: dict[str, Family] = {
             ("left", "right"),
             _lrp_refused(_LRP_DECODER),
             causal_lm_classes=("Gemma2ForCausalLM",),
+            pooling=_LAST,
         ),
         Family(
             "gpt2",
@@ -228,13 +380,44 @@ FAMILIES: dict[str, Family] = {
                 "blocks with a last-token head are not (use attnlrp, gae, rollout or the saliency methods)"
             ),
             causal_lm_classes=("GPT2LMHeadModel",),
+            pooling=_LAST,
         ),
-        Family("vit", "vision", ("ViTForImageClassification",), "ViT"),
+        Family(
+            "vit",
+            "vision",
+            ("ViTForImageClassification",),
+            "ViT",
+            prefix_tokens=1,
+            lrp=LrpBlocks(
+                "vit",
+                _VIT_LAYERS,
+                _VIT_LAYER,
+                (HeadRead(0, ("classifier",)),),
+                norm_first=True,
+                position_embeddings="embeddings.position_embeddings",
+            ),
+        ),
         Family(
             "deit",
             "vision",
             ("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
             "DeiT (class head, and class + distillation heads)",
+            pooling=Pooling("first", by_class={"DeiTForImageClassificationWithTeacher": "class_distillation"}),
+            prefix_tokens=2,
+            lrp=LrpBlocks(
+                "deit",
+                _VIT_LAYERS,
+                _VIT_LAYER,
+                (HeadRead(0, ("classifier",)),),
+                heads_by_class={
+                    "DeiTForImageClassificationWithTeacher": (
+                        HeadRead(0, ("cls_classifier",)),
+                        HeadRead(1, ("distillation_classifier",)),
+                    )
+                },
+                norm_first=True,
+                position_embeddings="embeddings.position_embeddings",
+            ),
         ),
         Family(
             "dinov2",
@@ -247,6 +430,8 @@ FAMILIES: dict[str, Family] = {
                 "(LayerScale), which this implementation does not propagate (use attnlrp, gae, rollout or the saliency "
                 "methods)"
             ),
+            pooling=Pooling("class_patch_mean"),
+            prefix_tokens=1,
         ),
     )
 }
@@ -262,67 +447,8 @@ def family(model_type: str) -> Family | None:
     return FAMILIES.get(model_type)
 
 
-def refusal(model_type: str, method: str, task: str = "sequence_classification") -> str | None:
-    """Why ``method`` is refused on ``model_type`` for ``task`` (``None`` if it works there or the type is unknown).
-
-    A family's own refusal comes first (it holds for every task of the family), then the task's.
-    """
-    known = FAMILIES.get(model_type)
-    if known is None:
-        return None
-    reason = known.refused.get(method)
-    if reason is None and task in TASKS:
-        reason = TASKS[task].refused.get(method)
-    return reason
-
-
-def supported_methods(model_type: str, methods: Sequence[str], task: str = "sequence_classification") -> list[str]:
-    """The methods among ``methods`` that work on ``model_type`` for ``task``, in the given order."""
-    return [method for method in methods if refusal(model_type, method, task) is None]
-
-
-def check_method(model_type: str, method: str, methods: Sequence[str], task: str = "sequence_classification") -> None:
-    """Raise :class:`UnsupportedMethodError` if ``method`` is refused on ``model_type`` for ``task``.
-
-    Args:
-        model_type: ``config.model_type``.
-        method: a registered method name.
-        methods: every registered method name (to list the ones that work).
-        task: the model's task (:data:`TASKS`).
-    """
-    reason = refusal(model_type, method, task)
-    if reason is not None:
-        working = ", ".join(supported_methods(model_type, methods, task))
-        if task == "sequence_classification":
-            where, there = f"model type {model_type!r}", repr(model_type)
-        else:
-            where = there = f"{model_type!r} {TASKS[task].title}s"
-        named = f"method {method!r}" + (" (the default method)" if method == DEFAULT_METHOD else "")
-        raise UnsupportedMethodError(
-            f"{named} is not supported for {where}: {reason}; methods that work on {there}: {working}"
-        )
-
-
-def support_matrix(methods: Sequence[str]) -> list[tuple[str, str, str | None]]:
-    """Every (model type, method, refusal reason or ``None``) cell, model types sorted, methods in order."""
-    return [(model_type, method, refusal(model_type, method)) for model_type in FAMILIES for method in methods]
-
-
-def support_table(methods: Sequence[str]) -> str:
-    """The support matrix as a Markdown table (the README's), with the refusal reasons as footnotes."""
-    header = "| model type | family | " + " | ".join(f"`{method}`" for method in methods) + " |"
-    lines = [header, "|" + "---|" * (len(methods) + 2)]
-    reasons: dict[str, int] = {}
-    for model_type, known in FAMILIES.items():
-        cells = []
-        for method in methods:
-            reason = known.refused.get(method)
-            if reason is None:
-                cells.append("yes")
-            else:
-                number = reasons.setdefault(reason, len(reasons) + 1)
-                cells.append(f"refused ({number})")
-        lines.append(f"| `{model_type}` | {known.title} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines += [f"- ({number}) {reason}." for reason, number in reasons.items()]
-    return "\n".join(lines)
+def model_family(model: Any) -> Family | None:
+    """The :class:`Family` of a Hugging Face model, by its ``config.model_type`` (``None`` if it has none or the type
+    is not supported)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return FAMILIES.get(model_type) if isinstance(model_type, str) else None
