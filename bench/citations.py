@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from explain_eval.documents import prompt_without, span_log_probabilities
-from explainers import Sentence, answer_sentences, decoded_offsets, explain_citations, render_chat
+from explainers import FAMILIES, Sentence, answer_sentences, decoded_offsets, explain_citations, render_chat
 
 log = logging.getLogger("bench.citations")
 
@@ -75,7 +75,8 @@ DEFAULT_METHODS = (
 )
 #: Options that keep the methods with forwards of their own affordable on a CPU (``--option`` overrides).
 FAST_OPTIONS: dict[str, dict[str, Any]] = {"integrated_gradients": {"n_steps": 8}, "smoothgrad": {"n_samples": 8}}
-TINY_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gpt2")
+#: The decoder families, whose causal LMs :func:`tiny_model` builds (the families with a causal LM class).
+TINY_FAMILIES = tuple(model_type for model_type, known in FAMILIES.items() if known.causal_lm_classes)
 CONTEXT_CITE = "ContextCite"
 LEAVE_ONE_OUT = "leave-one-out"
 
@@ -366,8 +367,6 @@ def tiny_model(family: str, tokenizer: Any, seed: int = 0) -> nn.Module:
     """A random 2-layer causal LM of ``family`` (width 64, 4 heads) over ``tokenizer``'s vocabulary, eager attention,
     float32, eval mode."""
     import transformers
-
-    from explainers import FAMILIES
 
     model_class = getattr(transformers, FAMILIES[family].causal_lm_classes[0])
     ids = {

@@ -39,8 +39,9 @@ from .architectures.attention import (
     fused_implementation,
 )
 from .architectures.description import Architecture, describe
+from .architectures.families import FAMILIES, Family, supported_model_types
 from .architectures.heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
-from .architectures.support import FAMILIES, TASKS, Family, Task, support_table, supported_model_types
+from .architectures.support import TASKS, Task, support_table
 from .chat import (
     ChatTemplateError,
     Document,
@@ -97,9 +98,9 @@ def supported_methods(model_type: str, task: str = "sequence_classification") ->
         model_type: a ``config.model_type`` (:func:`supported_model_types` lists them).
         task: ``sequence_classification``, ``token_classification`` or ``causal_lm`` (:data:`TASKS`).
     """
-    from .architectures.support import supported_methods as _supported
+    from .architectures.support import working_methods
 
-    return _supported(model_type, available_methods(), task)
+    return working_methods(model_type, available_methods(), task)
 
 
 __all__ = [

@@ -1,10 +1,11 @@
-"""Where each family keeps the linear layers Chefer et al.'s relevance propagation reads.
+"""The stock modules Chefer et al.'s relevance propagation reads, found in a model by its family's description.
 
-The explainers never fork Hugging Face model files: each family that supports ``relevance`` is described here by the
-dotted paths of the stock modules LRP reads in one encoder layer (the six linear layers of every block), by the
-linear layers of its classification head, and by whether its blocks normalise before (ViT) or after (BERT family)
-their residual additions. A family not described here gets no block structure (its ``relevance`` is refused in
-:mod:`explainers.architectures.support`).
+The explainers never fork Hugging Face model files: each family that supports ``relevance`` says in its record
+(:attr:`~explainers.architectures.families.Family.lrp`, an :class:`~explainers.architectures.families.LrpBlocks`)
+the dotted paths of the stock modules LRP reads in one layer (the six linear layers of every block), the linear
+layers of its classification heads, and whether its blocks normalise before (ViT) or after (BERT family) their
+residual additions. This module resolves those paths against a model's own modules. A family without a description
+gets no block structure (its ``relevance`` is refused in its record).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .families import LayerPaths, LrpBlocks, model_family
 
 
 @dataclass(frozen=True)
@@ -38,48 +40,18 @@ def _attribute(root: Any, path: str) -> Any:
     return root
 
 
-@dataclass(frozen=True)
-class LayerPaths:
-    """Dotted paths, relative to an encoder layer, of the modules a :class:`Block` references (in field order)."""
-
-    attention: str
-    query: str
-    key: str
-    value: str
-    attention_output: str
-    ffn_in: str
-    ffn_out: str
-
-    def block(self, layer: nn.Module) -> Block:
-        """The :class:`Block` of ``layer``."""
-        return Block(layer, *(_attribute(layer, path) for path in astuple(self)))
+def _has(root: Any, path: str) -> bool:
+    """Whether ``root.a.b.c`` exists for ``path="a.b.c"``."""
+    for name in path.split("."):
+        if not hasattr(root, name):
+            return False
+        root = getattr(root, name)
+    return True
 
 
-def _blocks(layers: Any, paths: LayerPaths) -> tuple[Block, ...]:
-    return tuple(paths.block(layer) for layer in layers)
-
-
-_BERT_LAYER = LayerPaths(
-    attention="attention.self",
-    query="attention.self.query",
-    key="attention.self.key",
-    value="attention.self.value",
-    attention_output="attention.output.dense",
-    ffn_in="intermediate.dense",
-    ffn_out="output.dense",
-)
-
-_DISTILBERT_LAYER = LayerPaths(
-    "attention", "attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin", "ffn.lin1", "ffn.lin2"
-)
-
-_ALBERT_LAYER = LayerPaths(
-    "attention", "attention.query", "attention.key", "attention.value", "attention.dense", "ffn", "ffn_output"
-)
-
-_VIT_LAYER = LayerPaths(
-    "attention", "attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj", "mlp.fc1", "mlp.fc2"
-)
+def _block(layer: nn.Module, paths: LayerPaths) -> Block:
+    """The :class:`Block` of ``layer``, its modules found at ``paths``."""
+    return Block(layer, *(_attribute(layer, path) for path in astuple(paths)))
 
 
 @dataclass(frozen=True)
@@ -94,14 +66,23 @@ class BlockStructure:
     input_positions: nn.Parameter | None = None
 
 
-def _albert_blocks(base: Any) -> tuple[Block, ...]:
+def _shared_group_blocks(base: Any, lrp: LrpBlocks) -> tuple[Block, ...]:
+    """ALBERT's blocks in call order: ``num_hidden_layers`` calls over ``num_hidden_groups`` shared groups."""
     config = base.config
-    groups = base.encoder.albert_layer_groups
+    groups = _attribute(base, lrp.layers[0])
     blocks: list[Block] = []
     for index in range(config.num_hidden_layers):
         group = groups[int(index / (config.num_hidden_layers / config.num_hidden_groups))]
-        blocks += [_ALBERT_LAYER.block(layer) for layer in group.albert_layers]
+        blocks += [_block(layer, lrp.layer) for layer in group.albert_layers]
     return tuple(blocks)
+
+
+def _layer_blocks(base: Any, lrp: LrpBlocks) -> tuple[Block, ...]:
+    """The blocks of the backbone ``base`` in call order (input side first)."""
+    if lrp.shared_groups:
+        return _shared_group_blocks(base, lrp)
+    path = next((path for path in lrp.layers[:-1] if _has(base, path)), lrp.layers[-1])
+    return tuple(_block(layer, lrp.layer) for layer in _attribute(base, path))
 
 
 def _linear_head(*modules: Any) -> tuple[nn.Linear, ...]:
@@ -111,61 +92,33 @@ def _linear_head(*modules: Any) -> tuple[nn.Linear, ...]:
 
 
 def sequence_blocks(model: Any) -> BlockStructure | None:
-    """The block structure of the families that support relevance (``None`` for the others)."""
-    model_type = model.config.model_type
-    if model_type == "bert":
-        base = model.bert
-        return BlockStructure(
-            _blocks(base.encoder.layer, _BERT_LAYER),
-            _linear_head(base.pooler.dense, model.classifier),
-            ((0, 2),),
-            False,
-        )
-    if model_type in ("roberta", "xlm-roberta"):
-        base = model.roberta
-        head = _linear_head(model.classifier.dense, model.classifier.out_proj)
-        return BlockStructure(_blocks(base.encoder.layer, _BERT_LAYER), head, ((0, 2),), False)
-    if model_type == "electra":
-        base = model.electra
-        head = _linear_head(model.classifier.dense, model.classifier.out_proj)
-        return BlockStructure(_blocks(base.encoder.layer, _BERT_LAYER), head, ((0, 2),), False)
-    if model_type == "albert":
-        base = model.albert
-        return BlockStructure(_albert_blocks(base), _linear_head(base.pooler, model.classifier), ((0, 2),), False)
-    if model_type == "distilbert":
-        base = model.distilbert
-        head = _linear_head(model.pre_classifier, model.classifier)
-        return BlockStructure(_blocks(base.transformer.layer, _DISTILBERT_LAYER), head, ((0, 2),), False)
-    if model_type == "vit":
-        base = model.vit
-        layers = base.layers if hasattr(base, "layers") else base.encoder.layer
-        head = _linear_head(model.classifier)
-        return BlockStructure(_blocks(layers, _VIT_LAYER), head, ((0, 1),), True, base.embeddings.position_embeddings)
-    if model_type == "deit":
-        base = model.deit
-        layers = base.layers if hasattr(base, "layers") else base.encoder.layer
-        if hasattr(model, "distillation_classifier"):
-            head = _linear_head(model.cls_classifier, model.distillation_classifier)
-            paths: tuple[tuple[int, int], ...] = ((0, 1), (1, 1))
-        else:
-            head, paths = _linear_head(model.classifier), ((0, 1),)
-        return BlockStructure(_blocks(layers, _VIT_LAYER), head, paths, True, base.embeddings.position_embeddings)
-    return None
+    """The block structure of a sequence classifier of a family that supports relevance (``None`` for the others).
+
+    Raises:
+        UnsupportedModelError: if the classifier's head is not linear (``num_labels`` 0).
+    """
+    known = model_family(model)
+    lrp = None if known is None else known.lrp
+    if lrp is None:
+        return None
+    base = _attribute(model, lrp.base)
+    blocks = _layer_blocks(base, lrp)
+    heads = lrp.heads_of(type(model).__name__)
+    head = _linear_head(*(_attribute(model, path) for read in heads for path in read.linears))
+    paths = tuple((read.token, len(read.linears)) for read in heads)
+    positions = None if lrp.position_embeddings is None else _attribute(base, lrp.position_embeddings)
+    return BlockStructure(blocks, head, paths, lrp.norm_first, positions)
 
 
 def token_blocks(model: Any) -> BlockStructure | None:
     """The block structure of a token classifier: its family's blocks, and the one linear head every token reads
-    (``head_paths`` empty: the head is not pooled)."""
-    model_type = model.config.model_type
-    base = getattr(model, {"xlm-roberta": "roberta"}.get(model_type, model_type), None)
+    (``head_paths`` empty: the head is not pooled); ``None`` for the families whose token classifiers LRP does not
+    describe."""
+    known = model_family(model)
+    lrp = None if known is None else known.lrp
+    if lrp is None or lrp.token_head is None:
+        return None
+    base = getattr(model, lrp.base, None)
     if base is None:
         return None
-    if model_type == "albert":
-        blocks = _albert_blocks(base)
-    elif model_type == "distilbert":
-        blocks = _blocks(base.transformer.layer, _DISTILBERT_LAYER)
-    elif model_type in ("bert", "roberta", "xlm-roberta", "electra"):
-        blocks = _blocks(base.encoder.layer, _BERT_LAYER)
-    else:
-        return None
-    return BlockStructure(blocks, _linear_head(model.classifier), (), False)
+    return BlockStructure(_layer_blocks(base, lrp), _linear_head(_attribute(model, lrp.token_head)), (), lrp.norm_first)

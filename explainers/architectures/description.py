@@ -3,8 +3,8 @@
 The description holds references to the model's own modules and what its config says: the task and modality, the
 attention calls and heads, the input embedding module, the accepted inputs, the position the head reads and the
 head kind, and, for the families that support Chefer et al.'s relevance, the block structure of
-:mod:`explainers.architectures.blocks`. Which families and classes are accepted comes from
-:mod:`explainers.architectures.support`.
+:mod:`explainers.architectures.blocks`. Which families and classes are accepted, and what each family's text models
+take, come from the family's record (:mod:`explainers.architectures.families`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .blocks import Block, sequence_blocks, token_blocks
+from .families import model_family, supported_model_types
 from .heads import head_type, pooled_position
-from .support import family, supported_model_types
 
 Modality = Literal["text", "image"]
 
@@ -33,7 +33,7 @@ class Architecture:
 
     Attributes:
         model_type: ``config.model_type``.
-        kind: ``encoder``, ``decoder`` or ``vision`` (see :mod:`explainers.architectures.support`).
+        kind: ``encoder``, ``decoder`` or ``vision`` (see :mod:`explainers.architectures.families`).
         task: ``sequence_classification``, ``token_classification`` or ``causal_lm`` (:data:`explainers.TASKS`):
             which entry point explains the model.
         modality: ``text`` (scores per token) or ``image`` (scores per patch).
@@ -47,7 +47,8 @@ class Architecture:
             that interpolates its position embeddings, such as DINOv2, is explained on the grid of the input it
             gets: see ``patch``).
         patch: for images, ``(patch_h, patch_w)`` pixels per patch; ``None`` for text.
-        prefix_tokens: tokens before the patches for images (class, distillation); 0 for text.
+        prefix_tokens: tokens before the patches for images (class, distillation: the family's record); 0 for
+            text.
         pooled: where the head reads (:func:`explainers.architectures.heads.pooled_position`).
         head_type: ``single_label``, ``multi_label`` or ``regression``
             (:func:`explainers.architectures.heads.head_type`).
@@ -106,12 +107,6 @@ def model_config(model: nn.Module) -> Any:
     return getattr(model, "config", None)
 
 
-def _prefix_tokens(model: Any) -> int:
-    if model.config.model_type == "deit":
-        return 2
-    return 1
-
-
 def describe(model: nn.Module) -> Architecture:
     """Describe ``model`` by references to its own modules.
 
@@ -120,7 +115,7 @@ def describe(model: nn.Module) -> Architecture:
     """
     config = model_config(model)
     model_type = getattr(config, "model_type", None)
-    known = family(model_type) if isinstance(model_type, str) else None
+    known = model_family(model)
     if known is None:
         raise UnsupportedModelError(
             f"unsupported model type {model_type!r}: expected a Hugging Face classifier of type "
@@ -153,7 +148,7 @@ def describe(model: nn.Module) -> Architecture:
                 "this image classifier has no linear classification head (num_labels must be > 0)"
             )
     else:
-        keys = TEXT_SINGLE_KEYS if model_type in _SINGLE_SEGMENT else TEXT_PAIR_KEYS
+        keys = TEXT_PAIR_KEYS if known.segments else TEXT_SINGLE_KEYS
     embeddings = model.get_input_embeddings()  # type: ignore[operator]
     if not isinstance(embeddings, nn.Module):
         raise UnsupportedModelError(f"{type(model).__name__} exposes no input embedding module")
@@ -168,7 +163,7 @@ def describe(model: nn.Module) -> Architecture:
         input_keys=keys,
         required_keys=keys & {"input_ids", "pixel_values"},
         grid=grid,
-        prefix_tokens=_prefix_tokens(model) if modality == "image" else 0,
+        prefix_tokens=known.prefix_tokens,
         pooled=pooled_position(model),
         head_type=head_type(model),
         padding=known.padding,
@@ -184,6 +179,3 @@ def describe(model: nn.Module) -> Architecture:
 def _attention_calls(config: Any) -> int:
     """Attention calls per forward: one per layer; ALBERT runs ``inner_group_num`` shared layers per layer."""
     return int(config.num_hidden_layers) * int(getattr(config, "inner_group_num", 1) or 1)
-
-
-_SINGLE_SEGMENT = frozenset({"distilbert", "modernbert", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gpt2"})

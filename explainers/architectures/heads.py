@@ -1,6 +1,8 @@
 """What a classifier's head reads and what it outputs: the explained position and the head kind.
 
-The explained position is a property of the head, read once from the model class and config:
+The explained position is a property of the head, read once from the model class and config: a token-level class
+reads ``each`` position, and a sequence classifier where its family's record says
+(:attr:`~explainers.architectures.families.Family.pooling`), by default the first token:
 
 ========================  ===============================================================================
 ``pooled``                the head reads (and ``attention``, ``rollout``, ``gae``, ``relevance`` explain)
@@ -27,20 +29,18 @@ for ``single_label``, an independent sigmoid per label for ``multi_label``
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InvalidInputError
+from .families import Pooled, model_family
 
-Pooled = Literal["first", "last", "mean", "class_distillation", "class_patch_mean", "each"]
 HeadType = Literal["single_label", "multi_label", "regression"]
 
-POOLED_POSITIONS: tuple[str, ...] = ("first", "last", "mean", "class_distillation", "class_patch_mean", "each")
+POOLED_POSITIONS: tuple[str, ...] = get_args(Pooled)
 HEAD_TYPES: tuple[str, ...] = ("single_label", "multi_label", "regression")
-
-_LAST_TOKEN_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gpt2"})
 
 
 def pooled_position(model: nn.Module) -> str:
@@ -53,20 +53,13 @@ def pooled_position(model: nn.Module) -> str:
         ``first``, ``last``, ``mean``, ``class_distillation``, ``class_patch_mean`` or ``each`` (see the module
         docstring).
     """
-    config: Any = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
     name = type(model).__name__
     if name.endswith(("ForTokenClassification", "ForCausalLM", "LMHeadModel")):
         return "each"
-    if model_type in _LAST_TOKEN_TYPES:
-        return "last"
-    if model_type == "modernbert":
-        return "mean" if getattr(config, "classifier_pooling", "cls") == "mean" else "first"
-    if type(model).__name__ == "DeiTForImageClassificationWithTeacher":
-        return "class_distillation"
-    if model_type == "dinov2":
-        return "class_patch_mean"
-    return "first"
+    known = model_family(model)
+    if known is None:
+        return "first"
+    return known.pooling.pooled(name, getattr(model, "config", None))
 
 
 def head_type(model: nn.Module) -> str:

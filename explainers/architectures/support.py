@@ -1,28 +1,26 @@
-"""The support matrix: which architecture families the explainers know, and which methods each one refuses.
+"""The support matrix: which methods each architecture family and each task refuses, and why.
 
-One registry, :data:`FAMILIES`, read by :func:`explainers.describe` (which classes are accepted, which inputs and
-padding sides), by the refusal message of :class:`~explainers.errors.UnsupportedMethodError`, by the README table
-(:func:`support_table`) and by the generated test matrix. A method not listed in a family's ``refused`` works on
-it; a refused one has the reason here, in one sentence.
+The families are the records of :mod:`explainers.architectures.families` (:data:`FAMILIES`); a method not listed in
+a family's ``refused`` works on it, and a refused one has the reason there, in one sentence. This module asks those
+records, for :func:`explainers.describe` and the explainers' entry points (:func:`check_method`), for the refusal
+message of :class:`~explainers.errors.UnsupportedMethodError`, for the README table (:func:`support_table`) and for
+the generated test matrix (:func:`support_matrix`).
 
 A family's classes come in three tasks (:data:`TASKS`): sequence classifiers (one label per input, explained by
 :func:`explainers.explain` / :func:`explainers.explain_batch`), token classifiers (a label per token, explained by
 :func:`explainers.explain_tokens`) and causal language models (a token per step, explained by
 :func:`explainers.explain_generation`). The token-level tasks are explained through :mod:`explainers.tasks.targets`;
-a task may refuse a method for all its families (:attr:`Task.refused`), with the reason here too.
+a task may refuse a method for all its families (:attr:`Task.refused`), with the reason here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..defaults import DEFAULT_METHOD
 from ..errors import UnsupportedMethodError
-
-Kind = Literal["encoder", "decoder", "vision"]
-TaskName = Literal["sequence_classification", "token_classification", "causal_lm"]
+from .families import FAMILIES, TaskName
 
 
 @dataclass(frozen=True)
@@ -51,216 +49,6 @@ TASKS: dict[str, Task] = {
     )
 }
 
-#: The methods that run Chefer et al.'s LRP rules through the blocks (:mod:`explainers.rules.lrp`): a family without
-#: a rule for its blocks refuses them all, for the same reason.
-LRP_METHODS = ("relevance", "lrp", "partial_lrp")
-
-
-def _lrp_refused(reason: str) -> dict[str, str]:
-    """A family's refusals of every method of :data:`LRP_METHODS`, for ``reason``."""
-    return dict.fromkeys(LRP_METHODS, reason)
-
-
-_LRP_DECODER = (
-    "Chefer et al.'s LRP rules cover post-LayerNorm encoders and ViT blocks; this decoder's RMSNorm, gated MLP "
-    "products and rotary embeddings have no rule here (use attnlrp, gae, rollout or the saliency methods)"
-)
-
-
-@dataclass(frozen=True)
-class Family:
-    """One supported architecture family.
-
-    Attributes:
-        model_type: ``config.model_type``.
-        kind: ``encoder`` (text, bidirectional), ``decoder`` (text, causal) or ``vision``.
-        classes: the sequence-classifier classes accepted (by class name).
-        token_classes: the token-classifier classes accepted (task ``token_classification``).
-        causal_lm_classes: the causal language-model classes accepted (task ``causal_lm``).
-        padding: the padding sides accepted for text (``right``, ``left``).
-        refused: method name → why it is refused on this family.
-        title: how the README names the family.
-    """
-
-    model_type: str
-    kind: Kind
-    classes: tuple[str, ...]
-    title: str
-    padding: tuple[str, ...] = ("right",)
-    refused: Mapping[str, str] = field(default_factory=dict)
-    token_classes: tuple[str, ...] = ()
-    causal_lm_classes: tuple[str, ...] = ()
-
-    def task_of(self, class_name: str) -> TaskName | None:
-        """The task of the model class named ``class_name`` in this family (``None`` if it is not accepted)."""
-        if class_name in self.classes:
-            return "sequence_classification"
-        if class_name in self.token_classes:
-            return "token_classification"
-        if class_name in self.causal_lm_classes:
-            return "causal_lm"
-        return None
-
-    @property
-    def all_classes(self) -> tuple[str, ...]:
-        """Every accepted class, of every task."""
-        return self.classes + self.token_classes + self.causal_lm_classes
-
-
-FAMILIES: dict[str, Family] = {
-    family.model_type: family
-    for family in (
-        Family(
-            "bert", "encoder", ("BertForSequenceClassification",), "BERT", token_classes=("BertForTokenClassification",)
-        ),
-        Family(
-            "roberta",
-            "encoder",
-            ("RobertaForSequenceClassification",),
-            "RoBERTa",
-            token_classes=("RobertaForTokenClassification",),
-        ),
-        Family(
-            "xlm-roberta",
-            "encoder",
-            ("XLMRobertaForSequenceClassification",),
-            "XLM-RoBERTa",
-            token_classes=("XLMRobertaForTokenClassification",),
-        ),
-        Family(
-            "distilbert",
-            "encoder",
-            ("DistilBertForSequenceClassification",),
-            "DistilBERT",
-            token_classes=("DistilBertForTokenClassification",),
-        ),
-        Family(
-            "electra",
-            "encoder",
-            ("ElectraForSequenceClassification",),
-            "ELECTRA",
-            token_classes=("ElectraForTokenClassification",),
-        ),
-        Family(
-            "albert",
-            "encoder",
-            ("AlbertForSequenceClassification",),
-            "ALBERT (shared layers, recorded per call)",
-            token_classes=("AlbertForTokenClassification",),
-        ),
-        Family(
-            "modernbert",
-            "encoder",
-            ("ModernBertForSequenceClassification",),
-            "ModernBERT (cls or mean pooling, sliding-window layers)",
-            refused=_lrp_refused(
-                "Chefer et al.'s LRP rules cover post-LayerNorm encoders; ModernBERT's pre-norm blocks "
-                "with a gated GLU feed-forward and rotary embeddings have no rule here (use attnlrp, gae, rollout or "
-                "the saliency methods)"
-            ),
-            token_classes=("ModernBertForTokenClassification",),
-        ),
-        Family(
-            "deberta-v2",
-            "encoder",
-            ("DebertaV2ForSequenceClassification",),
-            "DeBERTa-v2 / v3",
-            refused=_lrp_refused(
-                "Chefer et al.'s LRP rules have no rule for DeBERTa's disentangled relative-position "
-                "terms (content-to-position and position-to-content scores) (use attnlrp, gae, rollout or the saliency "
-                "methods)"
-            ),
-            token_classes=("DebertaV2ForTokenClassification",),
-        ),
-        Family(
-            "llama",
-            "decoder",
-            ("LlamaForSequenceClassification",),
-            "Llama (grouped-query attention)",
-            ("left", "right"),
-            _lrp_refused(_LRP_DECODER),
-            causal_lm_classes=("LlamaForCausalLM",),
-        ),
-        Family(
-            "qwen2",
-            "decoder",
-            ("Qwen2ForSequenceClassification",),
-            "Qwen2",
-            ("left", "right"),
-            _lrp_refused(_LRP_DECODER),
-            causal_lm_classes=("Qwen2ForCausalLM",),
-        ),
-        Family(
-            "qwen3",
-            "decoder",
-            ("Qwen3ForSequenceClassification",),
-            "Qwen3",
-            ("left", "right"),
-            _lrp_refused(_LRP_DECODER),
-            causal_lm_classes=("Qwen3ForCausalLM",),
-        ),
-        Family(
-            "mistral",
-            "decoder",
-            ("MistralForSequenceClassification",),
-            "Mistral",
-            ("left", "right"),
-            _lrp_refused(_LRP_DECODER),
-            causal_lm_classes=("MistralForCausalLM",),
-        ),
-        Family(
-            "gemma2",
-            "decoder",
-            ("Gemma2ForSequenceClassification",),
-            "Gemma 2 (sliding-window layers, soft-capping)",
-            ("left", "right"),
-            _lrp_refused(_LRP_DECODER),
-            causal_lm_classes=("Gemma2ForCausalLM",),
-        ),
-        Family(
-            "gpt2",
-            "decoder",
-            ("GPT2ForSequenceClassification",),
-            "GPT-2",
-            ("left", "right"),
-            _lrp_refused(
-                "Chefer et al.'s LRP is wired here for encoders and ViT blocks; GPT-2's causal pre-norm "
-                "blocks with a last-token head are not (use attnlrp, gae, rollout or the saliency methods)"
-            ),
-            causal_lm_classes=("GPT2LMHeadModel",),
-        ),
-        Family("vit", "vision", ("ViTForImageClassification",), "ViT"),
-        Family(
-            "deit",
-            "vision",
-            ("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
-            "DeiT (class head, and class + distillation heads)",
-        ),
-        Family(
-            "dinov2",
-            "vision",
-            ("Dinov2ForImageClassification",),
-            "DINOv2 (class token + patch mean)",
-            refused=_lrp_refused(
-                "Chefer et al.'s LRP is wired here for heads that read single tokens; DINOv2's head "
-                "reads the class token concatenated with the patch mean, and its blocks rescale each branch "
-                "(LayerScale), which this implementation does not propagate (use attnlrp, gae, rollout or the saliency "
-                "methods)"
-            ),
-        ),
-    )
-}
-
-
-def supported_model_types() -> list[str]:
-    """The ``config.model_type`` values the explainers support, sorted."""
-    return sorted(FAMILIES)
-
-
-def family(model_type: str) -> Family | None:
-    """The :class:`Family` of ``model_type``, or ``None``."""
-    return FAMILIES.get(model_type)
-
 
 def refusal(model_type: str, method: str, task: str = "sequence_classification") -> str | None:
     """Why ``method`` is refused on ``model_type`` for ``task`` (``None`` if it works there or the type is unknown).
@@ -276,9 +64,16 @@ def refusal(model_type: str, method: str, task: str = "sequence_classification")
     return reason
 
 
-def supported_methods(model_type: str, methods: Sequence[str], task: str = "sequence_classification") -> list[str]:
-    """The methods among ``methods`` that work on ``model_type`` for ``task``, in the given order."""
+def working_methods(model_type: str, methods: Sequence[str], task: str = "sequence_classification") -> list[str]:
+    """The methods among ``methods`` that work on ``model_type`` for ``task``, in the given order.
+
+    :func:`explainers.supported_methods` is the public question over every registered method.
+    """
     return [method for method in methods if refusal(model_type, method, task) is None]
+
+
+#: The former name of :func:`working_methods`, kept for the importers that still use it.
+supported_methods = working_methods
 
 
 def check_method(model_type: str, method: str, methods: Sequence[str], task: str = "sequence_classification") -> None:
@@ -292,7 +87,7 @@ def check_method(model_type: str, method: str, methods: Sequence[str], task: str
     """
     reason = refusal(model_type, method, task)
     if reason is not None:
-        working = ", ".join(supported_methods(model_type, methods, task))
+        working = ", ".join(working_methods(model_type, methods, task))
         if task == "sequence_classification":
             where, there = f"model type {model_type!r}", repr(model_type)
         else:

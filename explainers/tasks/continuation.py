@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..architectures.attention import attention_implementation
+from ..architectures.description import model_config
 from ..deadline import Deadline
 from ..errors import InvalidInputError, InvalidOptionError
 
@@ -113,11 +114,6 @@ def _token_ids(value: Any, name: str, vocabulary: int) -> tuple[int, ...]:
     if any(not 0 <= item < vocabulary for item in items):
         raise InvalidOptionError(f"generation {name!r}: token ids must be in [0, {vocabulary - 1}], got {value!r}")
     return tuple(dict.fromkeys(items))
-
-
-def model_config(model: nn.Module) -> Any:
-    """The model's ``config``."""
-    return getattr(model, "config", None)
 
 
 def vocabulary_size(model: nn.Module) -> int:
