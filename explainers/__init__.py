@@ -22,10 +22,11 @@ This module is the public surface; the names below are all a caller needs.
   steps; the time estimates :func:`check_time_budget`, :func:`check_generation_budget`, :func:`generation_seconds`,
   :func:`prediction_seconds`.
 
-Behind it: ``api``, ``plan`` and ``execution`` (the classifier path), ``methods`` (the registry and what each method
-declares), ``capture`` (the pass), ``inputs``, ``memory``, ``timing``, ``deadline`` and ``confidence`` (the guards);
-``rules/`` (pure tensor maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/`` (the
-token-level heads); ``units`` and ``chat`` (text: words, sentences, rendered chats).
+Behind it: ``plan`` (every head's batch grouping, and the classifier's passes), ``api`` and ``execution`` (the
+classifier path), ``methods`` (the registry and what each method declares), ``capture`` (the pass), ``inputs``,
+``memory``, ``timing``, ``deadline`` and ``confidence`` (the guards); ``rules/`` (pure tensor maths), ``architectures/``
+(what is known of Hugging Face models) and ``tasks/`` (the token-level heads); ``units`` and ``chat`` (text: words,
+sentences, rendered chats).
 
 >>> from explainers import explain, available_methods
 >>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True))  # DEFAULT_METHOD: attnlrp
