@@ -13,14 +13,20 @@ This module is the public surface; the names below are all a caller needs.
   located in the prompt), :func:`explain_units` (any explanation's tokens grouped into words or sentences, scores
   summed).
 - Any token-level head: :func:`explain_targets`, many :class:`Targets` from one forward.
-- The registry: :func:`available_methods`, :func:`get_method`, :func:`supported_methods`, and
+- The registry: :func:`available_methods`, :func:`get_method`, :func:`supported_methods`, :func:`check_method`, and
   :data:`DEFAULT_METHOD` (``attnlrp``), the method every entry point uses when none is named; the support matrix:
   :data:`FAMILIES`, :func:`support_table`.
+- Serving a batch of any head: :func:`group_rows` groups its rows by what can share a forward and a backward (a
+  :class:`GroupKey` per row); the decoding loop :func:`generate_continuation` (a :class:`Continuation`, with
+  :class:`GenerationSettings` per row and :class:`StepLogprobs`), :func:`explain_continuation` for a continuation's
+  steps; the time estimates :func:`check_time_budget`, :func:`check_generation_budget`, :func:`generation_seconds`,
+  :func:`prediction_seconds`.
 
-Behind it: ``api``, ``plan`` and ``execution`` (the classifier path), ``methods`` (the registry and what each method
-declares), ``capture`` (the pass), ``inputs``, ``memory``, ``timing``, ``deadline`` and ``confidence`` (the guards);
-``rules/`` (pure tensor maths), ``architectures/`` (what is known of Hugging Face models) and ``tasks/`` (the
-token-level heads); ``units`` and ``chat`` (text: words, sentences, rendered chats).
+Behind it: ``plan`` (every head's batch grouping, and the classifier's passes), ``api`` and ``execution`` (the
+classifier path), ``methods`` (the registry and what each method declares), ``capture`` (the pass), ``inputs``,
+``memory``, ``timing``, ``deadline`` and ``confidence`` (the guards); ``rules/`` (pure tensor maths), ``architectures/``
+(what is known of Hugging Face models) and ``tasks/`` (the token-level heads); ``units`` and ``chat`` (text: words,
+sentences, rendered chats).
 
 >>> from explainers import explain, available_methods
 >>> attribution = explain(model, tokenizer(texts, return_tensors="pt", padding=True))  # DEFAULT_METHOD: attnlrp
@@ -41,7 +47,7 @@ from .architectures.attention import (
 from .architectures.description import Architecture, describe
 from .architectures.families import FAMILIES, Family, supported_model_types
 from .architectures.heads import HEAD_TYPES, POOLED_POSITIONS, head_type, pooled_position
-from .architectures.support import TASKS, Task, support_table
+from .architectures.support import TASKS, Task, check_method, support_table
 from .chat import (
     ChatTemplateError,
     Document,
@@ -72,6 +78,7 @@ from .errors import (
 )
 from .memory import MemoryBudgetError, estimate_bytes
 from .methods.registry import Method, available_methods, get_method
+from .plan import GroupKey, RowGroup, group_rows
 from .tasks.citations import (
     Citations,
     Sentence,
@@ -82,11 +89,39 @@ from .tasks.citations import (
     explain_spans,
     span_steps,
 )
-from .tasks.generation import GenerationExplanation, StepSum, explain_generation
-from .tasks.tagging import LabelScheme, label_scheme
+from .tasks.continuation import (
+    Continuation,
+    GenerationSettings,
+    StepLogprobs,
+    evaluating,
+    generate_continuation,
+    model_eos_tokens,
+    pad_token,
+    position_limit,
+    step_logprobs,
+    vocabulary_size,
+)
+from .tasks.generation import (
+    GenerationExplanation,
+    StepSum,
+    check_generation_call,
+    explain_continuation,
+    explain_generation,
+    resolve_steps,
+    step_probabilities,
+)
+from .tasks.tagging import LabelScheme, Span, label_scheme
 from .tasks.targets import TargetExplanation, Targets, explain_targets
 from .tasks.token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
-from .timing import ModelSpeed, TimeBudgetError, estimate_seconds
+from .timing import (
+    ModelSpeed,
+    TimeBudgetError,
+    check_generation_budget,
+    check_time_budget,
+    estimate_seconds,
+    generation_seconds,
+    prediction_seconds,
+)
 from .units import GRANULARITIES, Segment, Unit, UnitExplanation, explain_units, token_units, unit_scores
 
 
@@ -120,12 +155,15 @@ __all__ = [
     "BatchExplanation",
     "ChatTemplateError",
     "Citations",
+    "Continuation",
     "Deadline",
     "DeadlineExceededError",
     "Document",
     "ExplainError",
     "Family",
     "GenerationExplanation",
+    "GenerationSettings",
+    "GroupKey",
     "InvalidInputError",
     "InvalidOptionError",
     "InvalidTargetError",
@@ -139,11 +177,14 @@ __all__ = [
     "PromptField",
     "RenderedPrompt",
     "RowExplanation",
+    "RowGroup",
     "RowRequest",
     "RowSkipped",
     "Segment",
     "Sentence",
+    "Span",
     "SpanExplanation",
+    "StepLogprobs",
     "StepSum",
     "TargetExplanation",
     "Targets",
@@ -164,33 +205,50 @@ __all__ = [
     "capturing_attention",
     "chat_template_of",
     "check_documents",
+    "check_generation_budget",
+    "check_generation_call",
     "check_messages",
+    "check_method",
+    "check_time_budget",
     "cite",
     "decoded_offsets",
     "describe",
     "estimate_bytes",
     "estimate_seconds",
+    "evaluating",
     "explain",
     "explain_batch",
     "explain_citations",
+    "explain_continuation",
     "explain_generation",
     "explain_spans",
     "explain_targets",
     "explain_tokens",
     "explain_units",
     "fused_implementation",
+    "generate_continuation",
+    "generation_seconds",
     "get_method",
+    "group_rows",
     "head_type",
     "label_scheme",
+    "model_eos_tokens",
+    "pad_token",
     "pooled_position",
+    "position_limit",
     "predict_tokens",
     "prediction_confidence",
+    "prediction_seconds",
     "render_chat",
     "render_prompt",
+    "resolve_steps",
     "span_steps",
+    "step_logprobs",
+    "step_probabilities",
     "support_table",
     "supported_methods",
     "supported_model_types",
     "token_units",
     "unit_scores",
+    "vocabulary_size",
 ]

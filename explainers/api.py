@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from .architectures.attention import fused_implementation
 from .architectures.description import Architecture, describe, model_config
 from .architectures.heads import head_probabilities
-from .architectures.support import TASKS, check_method, supported_methods
+from .architectures.support import TASKS, check_method, working_methods
 from .capture import bind_rules, prepared_model, run_capture
 from .confidence import RowSkipped, check_below
 from .deadline import Deadline
@@ -195,7 +195,7 @@ def _budget_check(
     if isinstance(budget_mib, bool) or not isinstance(budget_mib, int) or budget_mib <= 0:
         raise InvalidOptionError(f"memory_budget_mib must be a positive integer (MiB) or None, got {budget_mib!r}")
     size = ModelSize.of(model, arch)
-    alternatives = supported_methods(arch.model_type, available_methods())
+    alternatives = working_methods(arch.model_type, available_methods())
 
     def check(method: str, rows: int, length: int, options: Mapping[str, OptionValue]) -> None:
         check_budget(size, method, rows, length, options, budget_mib, alternatives)
@@ -285,7 +285,7 @@ def explain(
         deadline.check("any work")
     if budget_s is not None:
         length = int(mask.shape[-1])
-        alternatives = supported_methods(arch.model_type, available_methods())
+        alternatives = working_methods(arch.model_type, available_methods())
         measured = ModelSpeed.measure(model, arch, length)
         check_time_budget(measured, chosen, length, resolved, budget_s, alternatives, rows=batch)
     readout = Readout.of(arch, model, validated, mask)
@@ -392,7 +392,7 @@ def explain_batch(
     alternatives: list[str] = []
     if budget_s is not None and any(row.method is not None for row in rows):
         measured.append(_speed_of(model, arch, padded, speed))
-        alternatives = supported_methods(arch.model_type, available_methods())
+        alternatives = working_methods(arch.model_type, available_methods())
     admitted = sum(prediction_seconds(measured[0], padded) for row in rows if row.method is None) if measured else 0.0
     num_labels = int(model_config(model).num_labels)
     for index, row in enumerate(rows):

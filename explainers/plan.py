@@ -1,11 +1,18 @@
-"""Which rows of a served batch share which pass: a pure function from the rows' requests and their methods'
-capabilities to a :class:`BatchPlan` (no model, no tensors).
+"""Which rows of a served batch share which pass: pure functions from the rows' requests (and their methods'
+capabilities) to groups and passes (no model, no tensors).
 
-:func:`explainers.explain_batch` predicts every row from one shared forward; this module decides what that forward
-captures and which rows get a gradient pass of their own (:mod:`explainers.execution` runs the plan):
+Every head's batch is grouped here, by :func:`group_rows`: each row's :class:`GroupKey` says what decides which rows
+can share a forward and a backward (the method, its options, what is explained of the row, whether foils contrast it,
+whether it is explained only when unsure, its deadline), and rows with one key form one :class:`RowGroup`, in the order
+of their first row. The classifier rows of :func:`explainers.explain_batch`, the token classifier's rows (a
+prediction, or every entity explained) and a causal LM's rows (its steps, a sum of steps, or spans of its answer) are
+grouped so; each group is one call of the library (one forward for its rows, their targets in one batched backward).
 
-* rows are grouped by method, options, whether they are explained only when unsure and their deadline (a
-  :class:`Group`, scored together, abandoned together once its deadline passed);
+:func:`explainers.explain_batch` then predicts every classifier row from one shared forward; :func:`plan_batch` decides
+what that forward captures and which rows get a gradient pass of their own (:mod:`explainers.execution` runs the plan):
+
+* rows are grouped (:func:`group_rows`) by method, options, whether they are explained only when unsure and their
+  deadline (a :class:`Group`, scored together, abandoned together once its deadline passed);
 * rows share a gradient pass only if their gradients come from the same rules on the same attention (their *kind*,
   :func:`pass_kind`): true gradients on eager attention for the methods that read maps (``gae``, ``relevance``), and
   on the model's fused attention, with or without rules, for the others (``grad_x_input``, ``attnlrp``, ``cp_lrp``);
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from .capture import GRADIENT_NEEDS
 from .confidence import RowSkipped
@@ -37,6 +45,91 @@ from .methods.registry import Method, OptionValue, Rules
 PassKind = tuple[Rules | None, str | None]
 """What a gradient pass runs: the rules of its methods (``None``: true gradients) and the fused attention
 implementation (``None``: eager attention)."""
+
+
+TargetKind = Literal["class", "entities", "steps", "sum", "spans"]
+"""What a row's backward differentiates: its class logit (a classifier), each entity it finds (a token classifier),
+its steps, a sum of its steps, or spans of its answer (a causal LM)."""
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """What decides which rows share a forward and a backward: rows with equal keys are served as one group.
+
+    Attributes:
+        method: the method's name (``None``: a prediction, nothing explained).
+        options: its options, as sorted ``(name, value)`` pairs (:meth:`of` sorts them).
+        target: what is explained of each row (:data:`TargetKind`).
+        summed: for a ``sum`` target, the steps summed, ``(start, stop)`` (``stop`` ``None``: to the end).
+        contrast: whether the rows' targets are contrasted with foils.
+        when_unsure: whether the rows are explained only when unsure.
+        deadline: when the rows' answers are due (``None``: no deadline).
+    """
+
+    method: str | None
+    options: tuple[tuple[str, OptionValue], ...] = ()
+    target: TargetKind = "class"
+    summed: tuple[int, int | None] | None = None
+    contrast: bool = False
+    when_unsure: bool = False
+    deadline: Deadline | None = None
+
+    @classmethod
+    def of(
+        cls,
+        method: str | None,
+        options: Mapping[str, OptionValue],
+        target: TargetKind = "class",
+        *,
+        summed: tuple[int, int | None] | None = None,
+        contrast: bool = False,
+        when_unsure: bool = False,
+        deadline: Deadline | None = None,
+    ) -> GroupKey:
+        """The key of a row asking for ``method`` with ``options`` (in any order).
+
+        Args:
+            method: the method's name (``None``: a prediction).
+            options: its options.
+            target: what is explained of the row.
+            summed: for a ``sum`` target, the steps summed.
+            contrast: whether foils contrast the row's targets.
+            when_unsure: whether the row is explained only when unsure.
+            deadline: when the row's answer is due.
+
+        Returns:
+            The :class:`GroupKey`.
+        """
+        return cls(method, tuple(sorted(options.items())), target, summed, contrast, when_unsure, deadline)
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows of a batch served together: one forward for them, their targets in one batched backward.
+
+    Attributes:
+        key: what the rows share.
+        rows: the rows, ascending.
+    """
+
+    key: GroupKey
+    rows: tuple[int, ...]
+
+
+def group_rows(keys: Mapping[int, GroupKey]) -> tuple[RowGroup, ...]:
+    """Group a batch's rows by their keys: rows with equal keys are served together (one forward for them, their
+    targets in one batched backward); rows with different keys never share a group.
+
+    Args:
+        keys: each served row's key, by row (a row that is not served, a refused one, is not in it).
+
+    Returns:
+        One :class:`RowGroup` per distinct key, in the order of their first row; each group's rows ascending.
+    """
+    grouped: dict[GroupKey, list[int]] = {}
+    for row in sorted(keys):
+        grouped.setdefault(keys[row], []).append(row)
+    return tuple(RowGroup(key, tuple(rows)) for key, rows in grouped.items())
 
 
 def pass_kind(method: Method, fused: str | None) -> PassKind:
@@ -168,14 +261,14 @@ def plan_batch(asks: Mapping[int, Ask], fused: str | None, predictions: bool = F
     Returns:
         The :class:`BatchPlan`.
     """
-    keyed: dict[tuple[str, tuple[tuple[str, OptionValue], ...], bool, Deadline | None], list[int]] = {}
-    chosen: dict[tuple[str, tuple[tuple[str, OptionValue], ...], bool, Deadline | None], Ask] = {}
-    for row in sorted(asks):
-        ask = asks[row]
-        key = (ask.method.name, tuple(sorted(ask.options.items())), ask.below is not None, ask.deadline)
-        keyed.setdefault(key, []).append(row)
-        chosen.setdefault(key, ask)
-    groups = [Group(chosen[key].method, dict(key[1]), tuple(rows), key[2], key[3]) for key, rows in keyed.items()]
+    keys = {
+        row: GroupKey.of(ask.method.name, ask.options, when_unsure=ask.below is not None, deadline=ask.deadline)
+        for row, ask in asks.items()
+    }
+    groups = [
+        Group(asks[rows[0]].method, dict(key.options), rows, key.when_unsure, key.deadline)
+        for key, rows in ((grouped.key, grouped.rows) for grouped in group_rows(keys))
+    ]
     kinds: dict[PassKind, list[int]] = {}
     others = predictions
     for group in groups:

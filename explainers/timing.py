@@ -242,7 +242,13 @@ def generation_seconds(speed: ModelSpeed, prompt_length: int, new_tokens: int) -
     """Estimated seconds to write ``new_tokens`` tokens after a prompt of ``prompt_length`` tokens: the prompt's
     forward, then one cached forward call per new token (:attr:`ModelSpeed.step`, each also reading the cache of every
     token before it, counted at the per-token time), with :data:`STEP_JOBS` of Python work per step (sampling,
-    stopping rules)."""
+    stopping rules).
+
+    Args:
+        speed: the model's measured speed.
+        prompt_length: the prompt's length in tokens.
+        new_tokens: the tokens written after it.
+    """
     if new_tokens <= 0:
         return 0.0
     last = prompt_length + new_tokens
@@ -252,7 +258,12 @@ def generation_seconds(speed: ModelSpeed, prompt_length: int, new_tokens: int) -
 
 
 def prediction_seconds(speed: ModelSpeed, length: int) -> float:
-    """Estimated seconds of a row that asks for its prediction only (its share of the shared forward)."""
+    """Estimated seconds of a row that asks for its prediction only (its share of the shared forward).
+
+    Args:
+        speed: the model's measured speed.
+        length: the row's length in tokens.
+    """
     return speed.forward_seconds(length)
 
 
@@ -324,6 +335,13 @@ def check_generation_budget(
 ) -> float:
     """Refuse a generation row that explains nothing whose writing alone is estimated over ``budget_s`` (alone, or
     beside ``admitted_s`` seconds already admitted to its batch); returns the estimate.
+
+    Args:
+        speed: the model's measured speed.
+        prompt_length: the prompt's length in tokens.
+        new_tokens: the tokens the row asks to write (``max_new_tokens``).
+        budget_s: the budget in seconds (``None``: none; the estimate is still returned).
+        admitted_s: seconds of the rows already admitted to the batch.
 
     Raises:
         TimeBudgetError: naming the estimate, the budget and the most new tokens that fit.

@@ -26,8 +26,7 @@ from transformers import (
     AutoTokenizer,
 )
 
-from explainers import FAMILIES, UnsupportedMethodError, available_methods, describe
-from explainers.architectures.support import check_method
+from explainers import FAMILIES, UnsupportedMethodError, available_methods, check_method, describe
 
 from .config import DEFAULT_METHOD_ENV, ConfigError, HandlerConfig
 

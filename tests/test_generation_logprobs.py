@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from explainers.tasks.continuation import generate_continuation, step_logprobs
 from serving_core.config import HandlerConfig
-from serving_core.tasks.generation_service import GenerationService, byte_level_decoder
+from serving_core.tasks.generation_logprobs import byte_level_decoder
+from serving_core.tasks.generation_service import GenerationService
 from tests.chat_zoo import tokenizer as chat_tokenizer
 from tests.generation_checkpoint import PROMPTS, causal_lm, serve_rows
 

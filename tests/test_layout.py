@@ -91,6 +91,19 @@ def test_the_launcher_has_one_home() -> None:
             assert len(path.read_text(encoding="utf-8").splitlines()) <= 12, f"{path.relative_to(ROOT)} is an alias"
 
 
+def test_the_served_tasks_import_the_library_through_its_public_surface() -> None:
+    """The task services call ``explainers`` by the names of ``explainers/__init__.py`` only (its planner among them),
+    never a module behind it."""
+    deep = sorted(
+        f"{file}: {name}"
+        for file, names in imported("serving_core").items()
+        if file.startswith("serving_core/tasks/")
+        for name in names
+        if name.startswith("explainers.")
+    )
+    assert deep == []
+
+
 def test_the_scan_sees_function_level_and_relative_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "pkg"
     package.mkdir()

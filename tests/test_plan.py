@@ -1,5 +1,6 @@
 """Planning a served batch (explainers/plan.py), alone: which rows share which pass, from the rows' requests and their
-methods' capabilities only (no model, no tensors).
+methods' capabilities only (no model, no tensors). The grouping every head's batch goes through (group_rows: classifier
+rows, a token classifier's rows, a causal LM's steps, sums and spans) is tested first; then the classifier's passes.
 
 The execution of a plan is tested in tests/test_execution.py; the whole of explain_batch (batched == alone, one shared
 forward) in tests/test_explainers.py, tests/test_fused_attention.py and tests/test_unsure.py.
@@ -7,7 +8,7 @@ forward) in tests/test_explainers.py, tests/test_fused_attention.py and tests/te
 
 from __future__ import annotations
 
-from explainers import RowSkipped, get_method
+from explainers import Deadline, GroupKey, RowGroup, RowSkipped, get_method, group_rows
 from explainers.capture import ACTIVATIONS, ATTENTION_GRADIENTS, ATTENTIONS, EMBEDDING_GRADIENTS
 from explainers.plan import Ask, BatchPlan, Group, Pass, pass_kind, plan_batch
 
@@ -27,6 +28,110 @@ def _ask(method: str, below: float | None = None, **options: int) -> Ask:
     defaults = {"start_layer": 0, "layer": -1, "n_steps": 50, "internal_batch_size": 64}
     resolved = {option.name: options.get(option.name, defaults[option.name]) for option in chosen.options}
     return Ask(chosen, resolved, below)
+
+
+SOON = Deadline(100.0)
+LATER = Deadline(200.0)
+
+
+def test_rows_with_one_key_form_one_group_in_the_order_of_their_first_row() -> None:
+    gae = GroupKey.of("gae", {"start_layer": 0})
+    rollout = GroupKey.of("rollout", {"start_layer": 1})
+    groups = group_rows({3: gae, 0: rollout, 1: gae, 4: rollout, 2: GroupKey.of("gae", {"start_layer": 1})})
+    assert groups == (
+        RowGroup(rollout, (0, 4)),
+        RowGroup(gae, (1, 3)),
+        RowGroup(GroupKey.of("gae", {"start_layer": 1}), (2,)),
+    ), "rows ascending within a group; groups in the order of their first row; options are part of the key"
+    assert group_rows({}) == ()
+
+
+def test_a_key_sorts_its_options_so_their_order_does_not_split_a_group() -> None:
+    assert GroupKey.of("integrated_gradients", {"n_steps": 3, "internal_batch_size": 8}) == GroupKey.of(
+        "integrated_gradients", {"internal_batch_size": 8, "n_steps": 3}
+    )
+    assert GroupKey.of("gae", {"start_layer": 0}).options == (("start_layer", 0),)
+
+
+def test_a_token_classifiers_rows_group_by_prediction_method_and_deadline() -> None:
+    predict = GroupKey.of(None, {}, "entities")
+    explain = GroupKey.of("attnlrp", {}, "entities")
+    keys = {
+        0: predict,
+        1: explain,
+        2: GroupKey.of(None, {}, "entities", deadline=SOON),
+        3: predict,
+        4: GroupKey.of("attnlrp", {}, "entities", deadline=SOON),
+        5: explain,
+        6: GroupKey.of("attnlrp", {}, "entities", deadline=LATER),
+    }
+    assert [(group.key.method, group.key.deadline, group.rows) for group in group_rows(keys)] == [
+        (None, None, (0, 3)),  # the predictions: one forward, nothing explained
+        ("attnlrp", None, (1, 5)),
+        (None, SOON, (2,)),  # a deadline is abandoned with its group, so it never joins another's
+        ("attnlrp", SOON, (4,)),
+        ("attnlrp", LATER, (6,)),
+    ]
+
+
+def test_a_causal_lms_rows_group_by_target_kind_summed_steps_and_contrast() -> None:
+    steps = GroupKey.of("attnlrp", {}, "steps")
+    keys = {
+        0: steps,
+        1: GroupKey.of("attnlrp", {}, "steps", contrast=True),
+        2: GroupKey.of("attnlrp", {}, "sum", summed=(0, None)),
+        3: GroupKey.of("attnlrp", {}, "sum", summed=(1, 3)),
+        4: GroupKey.of("attnlrp", {}, "spans"),
+        5: steps,  # its own steps (which columns it wants) are its share of the group's targets, not its key
+        6: GroupKey.of("attnlrp", {}, "sum", summed=(0, None)),
+        7: GroupKey.of("attnlrp", {}, "spans"),
+    }
+    assert [(group.key.target, group.key.summed, group.key.contrast, group.rows) for group in group_rows(keys)] == [
+        ("steps", None, False, (0, 5)),
+        ("steps", None, True, (1,)),  # foils change every target: a backward of its own
+        ("sum", (0, None), False, (2, 6)),
+        ("sum", (1, 3), False, (3,)),  # another sum is another objective
+        ("spans", None, False, (4, 7)),
+    ]
+
+
+def test_a_mixed_batch_never_groups_rows_that_differ_in_any_part_of_their_key() -> None:
+    """Every head's keys through one planner: a group's rows have one key, and every row with that key is in it."""
+    keys = {
+        0: GroupKey.of("gae", {"start_layer": 0}),
+        1: GroupKey.of("gae", {"start_layer": 0}, when_unsure=True),
+        2: GroupKey.of("gae", {"start_layer": 0}, "entities"),
+        3: GroupKey.of("gae", {"start_layer": 0}, "steps"),
+        4: GroupKey.of("gae", {"start_layer": 0}, deadline=SOON),
+        5: GroupKey.of("gae", {"start_layer": 1}),
+        6: GroupKey.of("grad_x_input", {}, "steps", contrast=True),
+        7: GroupKey.of(None, {}, "entities"),
+        8: GroupKey.of("gae", {"start_layer": 0}),
+        9: GroupKey.of("gae", {"start_layer": 0}, "steps"),
+    }
+    groups = group_rows(keys)
+    assert [group.rows for group in groups] == [(0, 8), (1,), (2,), (3, 9), (4,), (5,), (6,), (7,)]
+    assert sorted(row for group in groups for row in group.rows) == sorted(keys)
+    assert all(keys[row] == group.key for group in groups for row in group.rows)
+
+
+def test_the_classifiers_plan_groups_its_rows_through_the_one_planner() -> None:
+    asks = {
+        4: _ask("gae"),
+        1: _ask("gae", below=0.5),
+        2: _ask("gae"),
+        0: _ask("rollout", start_layer=1),
+        3: _ask("gae", start_layer=1),
+    }
+    keys = {
+        row: GroupKey.of(ask.method.name, ask.options, when_unsure=ask.below is not None, deadline=ask.deadline)
+        for row, ask in asks.items()
+    }
+    plan = plan_batch(asks, fused=None)
+    assert [(group.method.name, dict(group.options), group.rows, group.when_unsure) for group in plan.groups] == [
+        (group.key.method, dict(group.key.options), group.rows, group.key.when_unsure) for group in group_rows(keys)
+    ]
+    assert [group.rows for group in plan.groups] == [(0,), (1,), (2, 4), (3,)]
 
 
 def test_rows_that_all_need_one_kind_of_gradient_share_the_forward_and_its_backward() -> None:

@@ -21,6 +21,7 @@ from serving_core.errors import RowError
 from serving_core.tasks.classify_schema import DecodedRow, decode_row
 from serving_core.tasks.generation_schema import decode_generation_row
 from serving_core.tasks.generation_service import GenerationService
+from serving_core.tasks.generation_stopping import stopper
 from serving_core.tasks.token_schema import TokenOutcome
 from serving_core.tasks.token_service import TokenClassificationService
 from serving_core.wire import Encoding
@@ -240,15 +241,20 @@ def test_a_generation_row_past_its_deadline_is_answered_deadline_exceeded(writer
 def test_a_row_whose_deadline_passes_while_it_is_written_stops_there(writer: GenerationService) -> None:
     late: list[int] = []
     eos = next(iter(writer.eos))
-    stopper = writer._stopper(
-        [(), (), ()], [Deadline.within(-1.0), Deadline.within(-1.0), None], [8, 8, 8], late.append
+    stopped = stopper(
+        writer.tokenizer,
+        writer.eos,
+        [(), (), ()],
+        [Deadline.within(-1.0), Deadline.within(-1.0), None],
+        [8, 8, 8],
+        late.append,
     )
-    assert stopper is not None
+    assert stopped is not None
     tokens = torch.tensor([[5, 6], [5, eos], [5, 6]])  # row 1 has just written its EOS: it is answered
-    assert stopper(tokens).tolist() == [True, False, False] and late == [0]
-    assert stopper(torch.tensor([[5, 6, 7], [5, eos, eos], [5, 6, 7]])).tolist() == [False, False, False]
+    assert stopped(tokens).tolist() == [True, False, False] and late == [0]
+    assert stopped(torch.tensor([[5, 6, 7], [5, eos, eos], [5, 6, 7]])).tolist() == [False, False, False]
     assert late == [0]  # told once
-    assert writer._stopper([(), ()], [None, None], [8, 8], late.append) is None
+    assert stopper(writer.tokenizer, writer.eos, [(), ()], [None, None], [8, 8], late.append) is None
 
 
 def test_the_deadline_header_and_the_body_field_the_earlier_wins(writer: GenerationService) -> None:

@@ -72,10 +72,6 @@ def working_methods(model_type: str, methods: Sequence[str], task: str = "sequen
     return [method for method in methods if refusal(model_type, method, task) is None]
 
 
-#: The former name of :func:`working_methods`, kept for the importers that still use it.
-supported_methods = working_methods
-
-
 def check_method(model_type: str, method: str, methods: Sequence[str], task: str = "sequence_classification") -> None:
     """Raise :class:`UnsupportedMethodError` if ``method`` is refused on ``model_type`` for ``task``.
 

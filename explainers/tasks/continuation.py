@@ -63,6 +63,10 @@ class GenerationSettings:
         """Settings from a ``generation`` mapping (keys of :data:`GENERATION_KEYS`); the EOS tokens default to the
         model's generation config, else its config.
 
+        Args:
+            values: the ``generation`` mapping (``None``: the defaults).
+            model: the causal LM (its EOS tokens and vocabulary).
+
         Raises:
             InvalidOptionError: for an unknown key or a value of the wrong type or range.
         """
@@ -176,7 +180,12 @@ class StepLogprobs:
     top_values: Tensor
 
     def rows(self, picked: Tensor, steps: int) -> StepLogprobs:
-        """The rows ``picked``, their first ``steps`` columns."""
+        """The rows ``picked``, their first ``steps`` columns.
+
+        Args:
+            picked: the rows' indices (or a mask).
+            steps: how many columns to keep.
+        """
         return StepLogprobs(
             self.chosen[picked][:, :steps], self.top_ids[picked][:, :steps], self.top_values[picked][:, :steps]
         )

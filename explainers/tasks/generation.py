@@ -144,6 +144,10 @@ def resolve_steps(steps: Steps, total: int) -> tuple[int, ...] | StepSum:
     """``steps`` checked against a continuation of ``total`` columns: step indices (sorted, distinct, negative ones
     counted from the end) or the :class:`StepSum`.
 
+    Args:
+        steps: which steps to explain (:data:`Steps`).
+        total: the continuation's columns.
+
     Raises:
         InvalidTargetError: for an index outside ``[-total, total)``, an empty list, or anything else.
     """
@@ -274,6 +278,11 @@ def check_generation_call(model: nn.Module, method: str, options: Mapping[str, A
     """Refuse, before any token is generated, a model that is not a supported causal LM, an unknown method, a method
     the family refuses and bad method options.
 
+    Args:
+        model: the model to explain.
+        method: the method's name.
+        options: its options, as asked.
+
     Raises:
         UnsupportedModelError, UnknownMethodError, UnsupportedMethodError, InvalidOptionError.
     """
@@ -362,7 +371,12 @@ def explain_continuation(
 
 def step_probabilities(logits: Tensor, made: Continuation) -> Tensor:
     """``(batch, T)`` each step's token probability from the forward's ``(batch, P + T, vocab)`` logits (0 after a
-    row ended)."""
+    row ended).
+
+    Args:
+        logits: the forward's logits over prompt and continuation.
+        made: the continuation the forward read.
+    """
     width = made.prompt_width
     reading = logits[:, width - 1 : width - 1 + made.steps].float() if logits.dtype != torch.float64 else None
     reading = logits[:, width - 1 : width - 1 + made.steps] if reading is None else reading

@@ -3,8 +3,9 @@ and, when a row asks, each entity's attribution.
 
 The service loads the checkpoint as every task does (:mod:`serving_core.loading`: local safetensors, the library's
 default attention, the tokenizer, the labels checked against ``handler.labels``) and serves a batch row by row: each
-valid row is tokenized with character offsets, the rows are grouped by what they ask (prediction only, or a method
-with its options) and each group is one call of :func:`explainers.explain_tokens` (or
+valid row is tokenized with character offsets, the rows are grouped by the library's planner
+(:func:`explainers.group_rows`) by what they ask (prediction only, or a method with its options, every entity
+explained) and their deadline, and each group is one call of :func:`explainers.explain_tokens` (or
 :func:`explainers.predict_tokens`): one forward for the group's rows, the gradient methods' products batched over its
 entities. A row whose request is invalid (method, option, an input a token classifier does not take) gets its own
 error; the others are served.
@@ -29,21 +30,26 @@ from typing import Any
 import torch
 
 from explainers import (
-    Deadline,
     ExplainError,
+    GroupKey,
     ModelSpeed,
+    Span,
+    TimeBudgetError,
     TokenExplanation,
     TokenPrediction,
     available_methods,
+    check_method,
+    check_time_budget,
     describe,
     explain_tokens,
     get_method,
+    group_rows,
+    label_scheme,
     predict_tokens,
+    prediction_seconds,
+    supported_methods,
     unit_scores,
 )
-from explainers.architectures.support import check_method, supported_methods
-from explainers.tasks.tagging import Span, label_scheme
-from explainers.timing import TimeBudgetError, check_time_budget, prediction_seconds
 
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
@@ -55,11 +61,6 @@ from .text_units import text_units
 from .token_schema import EntityOutcome, TokenOutcome
 
 logger = logging.getLogger(__name__)
-
-
-_MethodKey = tuple[str, tuple[tuple[str, int | float], ...]]
-#: A group of rows served together: their method and options (``None``: a prediction) and their deadline.
-_GroupKey = tuple[_MethodKey | None, Deadline | None]
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class TokenClassificationService:
         if config.time_budget_s is not None:  # measured once, on the loaded model and its device
             with autocast(config, device):
                 self.speed = ModelSpeed.measure(self.model, self.arch, config.max_length)
-        self.alternatives = supported_methods(self.arch.model_type, available_methods(), self.arch.task)
+        self.alternatives = supported_methods(self.arch.model_type, self.arch.task)
         logger.info(
             "loaded token classifier from %s on %s; time budget %s s, speed %s",
             model_dir, device, config.time_budget_s, self.speed,
@@ -122,8 +123,9 @@ class TokenClassificationService:
         inputs["special_tokens_mask"] = [int(flag) for flag in special]
         return _Encoded(inputs, offsets, special, bool(encoded.encodings[0].overflowing))
 
-    def _request_key(self, row: DecodedRow) -> _MethodKey | None:
-        """The group of a row: ``None`` for a prediction, else its method and resolved options.
+    def _group_key(self, row: DecodedRow) -> GroupKey:
+        """The group key of a row: its method (``None``: a prediction) and resolved options, every entity explained,
+        its deadline.
 
         Raises:
             RowError: for an input or a request a token classifier does not take.
@@ -145,18 +147,18 @@ class TokenClassificationService:
                 "it finds (leave 'below' out, or set it to null)",
             )
         if request.method is None:
-            return None
+            return GroupKey.of(None, {}, "entities", deadline=request.deadline)
         method = get_method(request.method)
         check_method(self.arch.model_type, method.name, available_methods(), self.arch.task)
         options = method.resolve_options(request.options, self.arch)
-        return method.name, tuple(sorted(options.items()))
+        return GroupKey.of(method.name, options, "entities", deadline=request.deadline)
 
     def run(
         self, rows: Sequence[DecodedRow | RowError], encodings: Sequence[Encoding]
     ) -> tuple[list[TokenOutcome], BatchTimings]:
         """Serve a batch: one :class:`TokenOutcome` per row, in order, and the summed stage timings of its groups."""
         outcomes = [TokenOutcome(encoding=encoding) for encoding in encodings]
-        groups: dict[_GroupKey, list[int]] = {}
+        keys: dict[int, GroupKey] = {}
         encoded: dict[int, _Encoded] = {}
         for index, row in enumerate(rows):
             outcome = outcomes[index]
@@ -164,7 +166,7 @@ class TokenClassificationService:
                 outcome.error = row
                 continue
             try:
-                key = self._request_key(row)
+                key = self._group_key(row)
             except RowError as error:
                 outcome.error = error
                 continue
@@ -173,16 +175,18 @@ class TokenClassificationService:
                 outcome.method = row.request.method
                 continue
             encoded[index] = self._encode(row.text or "")
-            groups.setdefault((key, row.request.deadline), []).append(index)
+            keys[index] = key
+        groups = group_rows(keys)
         admitted = _Admission(self, encoded)
-        for (key, _), indices in groups.items():
-            if key is None:
-                admitted.predictions(indices)
+        for group in groups:
+            if group.key.method is None:
+                admitted.predictions(group.rows)
         forward = backward = 0.0
-        for (key, deadline), indices in groups.items():
+        for group in groups:
+            key, indices, deadline = group.key, list(group.rows), group.key.deadline
             spans: dict[int, list[Span]] | None = None
-            if key is not None:
-                spans = admitted.explained(key, indices, outcomes, deadline)
+            if key.method is not None:
+                spans = admitted.explained(key, indices, outcomes)
                 indices = [index for index in indices if outcomes[index].error is None]
                 if not indices:
                     continue
@@ -192,18 +196,18 @@ class TokenClassificationService:
                 if deadline is not None:
                     deadline.check("any work")
                 with autocast(self.config, self.device):
-                    if key is None:
+                    if key.method is None:
                         result: TokenPrediction = predict_tokens(self.model, inputs)
                     else:
-                        options: dict[str, Any] = dict(key[1])
+                        options: dict[str, Any] = dict(key.options)
                         positions = None if spans is None else [spans[index] for index in indices]
                         result = explain_tokens(
-                            self.model, inputs, method=key[0], positions=positions, deadline=deadline, **options
+                            self.model, inputs, method=key.method, positions=positions, deadline=deadline, **options
                         )
             except ExplainError as error:  # the deadline passed: the group's rows answer it, the others are served
                 for index in indices:
                     outcomes[index].error = from_explain_error(error)
-                    outcomes[index].method = None if key is None else key[0]
+                    outcomes[index].method = key.method
                 continue
             except Exception:
                 logger.exception("group of %d rows failed", len(indices))
@@ -303,17 +307,20 @@ class _Admission:
             self.seconds += sum(prediction_seconds(speed, len(self.encoded[i].offsets)) for i in indices)
 
     def explained(
-        self, key: _MethodKey, indices: Sequence[int], outcomes: Sequence[TokenOutcome], deadline: Deadline | None
+        self, key: GroupKey, indices: Sequence[int], outcomes: Sequence[TokenOutcome]
     ) -> dict[int, list[Span]] | None:
-        """Admit a group's explained rows, each estimated for at most one entity per real token, and where that is
-        over the budget for the entities a prediction forward counts; a row that does not fit gets
-        ``over_time_budget``. Returns the counted spans of the group's rows (``None``: nothing was counted)."""
+        """Admit a group's explained rows (``key``: its method, options and deadline), each estimated for at most one
+        entity per real token, and where that is over the budget for the entities a prediction forward counts; a row
+        that does not fit gets ``over_time_budget``. Returns the counted spans of the group's rows (``None``: nothing
+        was counted)."""
         service = self.service
         budget, speed = service.config.time_budget_s, service.speed
         if budget is None or speed is None:
             return None
-        method = get_method(key[0])
-        options = dict(key[1])
+        assert key.method is not None
+        method = get_method(key.method)
+        options = dict(key.options)
+        deadline = key.deadline
         unsure: list[int] = []
         for index in indices:
             item = self.encoded[index]
