@@ -24,7 +24,6 @@ from supervise.workdir import model_store_dir
 from . import evaluate as _evaluate
 from .evaluate import (
     DEFAULT_METHODS,
-    RANDOM,
     Dataset,
     ModelResult,
     evaluate,
@@ -32,6 +31,7 @@ from .evaluate import (
     markdown_table,
     plot,
 )
+from .results import RANDOM
 from .served_eval import evaluate_served
 
 logger = logging.getLogger(__name__)

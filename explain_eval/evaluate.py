@@ -36,11 +36,11 @@ from .faithfulness import (
     perturbation_outcome,
     zero_patches,
 )
+from .results import RANDOM
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_METHODS = ("attention", "rollout", "relevance", "gae", "grad_x_input", "attnlrp", "cp_lrp")
-RANDOM = "random"
 Removal = Literal["mask", "delete"]
 REMOVAL_TEXT = {
     "mask": "text tokens replaced by the tokenizer's [MASK] token (length kept)",

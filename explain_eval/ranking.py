@@ -56,14 +56,13 @@ from .erasure import (
     comprehensiveness_masks,
     curve_areas,
     erasure_score,
-    mean_and_stderr,
     sufficiency_masks,
 )
 from .faithfulness import FRACTIONS, removal_masks
+from .results import RANDOM, mean_and_stderr
 
 logger = logging.getLogger(__name__)
 
-RANDOM = "random"
 MODELS = ("sentiment", "digits", "entities", "writer")
 #: The metrics of the table, their column titles and whether higher is better.
 METRICS: dict[str, tuple[str, bool]] = {
