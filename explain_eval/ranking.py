@@ -36,8 +36,6 @@ import datetime
 import json
 import logging
 import math
-import os
-import platform
 import random
 import sys
 import time
@@ -59,6 +57,7 @@ from .erasure import (
     sufficiency_masks,
 )
 from .faithfulness import FRACTIONS, removal_masks
+from .provenance import machine
 from .results import RANDOM, mean_and_stderr
 
 logger = logging.getLogger(__name__)
@@ -666,24 +665,6 @@ ranking and the methods' own seed (SmoothGrad's noise). Methods run with their d
 sets some (`--option`). **seconds / example** is the explanation's wall time per
 example in the same run (batched; the perturbation forwards are not included), on the machine named below, with
 other work sharing its cores: compare methods within one model, not across runs."""
-
-
-def machine() -> str:
-    """A one-line description of this machine (CPU model, cores, torch threads, versions)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import transformers
-
-    return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"transformers {transformers.__version__}, Python {platform.python_version()}, {platform.system()}"
-    )
 
 
 def write_outputs(out: Path, header: Mapping[str, Any], documents: Sequence[Mapping[str, Any]]) -> None:

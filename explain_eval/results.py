@@ -4,7 +4,8 @@
   word views of :mod:`explain_eval.generation`, the document view of :mod:`explain_eval.documents`), and how its
   per-prompt drops are summarised (:func:`summarise`, :func:`summary_table`);
 - :data:`RANDOM`, the name of the seeded random ranking every evaluation compares against;
-- the statistics of the tables (:func:`mean_and_stderr`, :func:`finite_or_lowest`), which ``bench/`` uses too.
+- the statistics of the tables (:func:`mean_or_nan`, :func:`mean_and_stderr`, :func:`finite_or_lowest`), which
+  ``bench/`` uses too.
 
 It imports nothing of the project, so every evaluation module, and the benchmarks, may import it.
 """
@@ -26,14 +27,16 @@ REMOVAL = (
 )
 
 
+def mean_or_nan(values: Sequence[float]) -> float:
+    """The mean of ``values``, NaN for no value."""
+    return statistics.fmean(values) if values else math.nan
+
+
 def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
     """The mean and its standard error (sample standard deviation / sqrt(n)); the mean is NaN for no value, the error
     for fewer than two."""
-    if not values:
-        return math.nan, math.nan
-    mean = statistics.fmean(values)
     stderr = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-    return mean, stderr
+    return mean_or_nan(values), stderr
 
 
 def finite_or_lowest(value: float) -> float:
