@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot([ModelResult.from_dict(result) for result in saved["results"]], args.replot.with_suffix(".png"))
         return 0
     if args.all:
-        from .ranking import run_cli as run_all
+        from .ranking_cli import run_cli as run_all
 
         return run_all(args, argv, parser)
     if args.generation:

@@ -20,7 +20,8 @@ from explain_eval.erasure import (
     top_masks,
 )
 from explain_eval.faithfulness import FRACTIONS, area_under_curve
-from explain_eval.ranking import METRICS, batch_metrics, comparison, distinct_removals
+from explain_eval.ranking import METRICS, batch_metrics, distinct_removals
+from explain_eval.ranking_report import comparison
 from explain_eval.results import mean_and_stderr
 
 
