@@ -1,6 +1,6 @@
 """The layers of ``explain_eval``, read from the code: no module imports, through any chain, one that imports it back
-(every import counts: module-level, function-level and ``TYPE_CHECKING`` ones), and the shared bottom layer
-(:mod:`explain_eval.results`) imports nothing of the project."""
+(every import counts: module-level, function-level and ``TYPE_CHECKING`` ones), the shared bottom layer
+(:mod:`explain_eval.results`) imports nothing of the project, and ``explain_eval`` imports nothing of ``bench``."""
 
 from __future__ import annotations
 
@@ -61,6 +61,17 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_explain_eval_has_no_import_cycle() -> None:
     assert cycles(package_imports(ROOT, "explain_eval")) == []
+
+
+def test_explain_eval_imports_nothing_of_the_benchmarks() -> None:
+    """``bench`` builds on ``explain_eval`` (its machine line, its statistics, the document view's measure)."""
+    imports = package_imports(ROOT, "explain_eval")
+    assert (
+        sorted(
+            f"{module}: {name}" for module, names in imports.items() for name in names if name.split(".")[0] == "bench"
+        )
+        == []
+    )
 
 
 def test_the_shared_results_import_nothing_of_the_project() -> None:
