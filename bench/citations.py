@@ -40,7 +40,6 @@ import json
 import logging
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -54,6 +53,8 @@ import torch
 from torch import Tensor, nn
 
 from explain_eval.documents import prompt_without, span_log_probabilities
+from explain_eval.provenance import machine
+from explain_eval.results import finite_or_lowest, mean_and_stderr, mean_or_nan
 from explainers import FAMILIES, Sentence, answer_sentences, decoded_offsets, explain_citations, render_chat
 
 log = logging.getLogger("bench.citations")
@@ -408,21 +409,18 @@ class MethodResult:
         """Means over sentences (agreement) and answers (time), medians of the speed-ups."""
         rhos = [value for value in self.agreement.spearman if not math.isnan(value)]
         three = [seconds for seconds, count in zip(self.seconds, self.sentences, strict=True) if count == SENTENCES]
+        spearman, spearman_stderr = mean_and_stderr(rhos)
         return {
-            "top1": _mean([float(flag) for flag in self.agreement.top1]),
-            "spearman": _mean(rhos),
-            "spearman_stderr": statistics.stdev(rhos) / math.sqrt(len(rhos)) if len(rhos) > 1 else math.nan,
+            "top1": mean_or_nan([float(flag) for flag in self.agreement.top1]),
+            "spearman": spearman,
+            "spearman_stderr": spearman_stderr,
             "spearman_undefined": len(self.agreement.spearman) - len(rhos),
-            "answer_passage": _mean([float(flag) for flag in self.answer_passage]),
-            "seconds": _mean(self.seconds),
-            "seconds_three": _mean(three),
+            "answer_passage": mean_or_nan([float(flag) for flag in self.answer_passage]),
+            "seconds": mean_or_nan(self.seconds),
+            "seconds_three": mean_or_nan(three),
             "speedup": statistics.median(self.speedup) if self.speedup else math.nan,
             "sentences": len(self.agreement.top1),
         }
-
-
-def _mean(values: Sequence[float]) -> float:
-    return statistics.fmean(values) if values else math.nan
 
 
 def run_model(
@@ -518,7 +516,9 @@ def markdown_table(run: dict[str, Any]) -> str:
         "s per 3-sentence answer | ContextCite time / method time |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    ranked = sorted(run["results"].items(), key=lambda item: (item[0] != LEAVE_ONE_OUT, -_finite(item[1]["top1"])))
+    ranked = sorted(
+        run["results"].items(), key=lambda item: (item[0] != LEAVE_ONE_OUT, -finite_or_lowest(item[1]["top1"]))
+    )
     for method, row in ranked:
         undefined = f" ({row['spearman_undefined']} undefined)" if row["spearman_undefined"] else ""
         speedup = "-" if method == CONTEXT_CITE or math.isnan(row["speedup"]) else f"{row['speedup']:.1f}x"
@@ -527,29 +527,6 @@ def markdown_table(run: dict[str, Any]) -> str:
             f"{row['answer_passage']:.2f} | {row['seconds']:.2f} | {row['seconds_three']:.2f} | {speedup} |"
         )
     return "\n".join(lines)
-
-
-def _finite(value: float) -> float:
-    return value if math.isfinite(value) else -math.inf
-
-
-def machine() -> str:
-    """The machine, in one line: CPU, cores, load, library versions."""
-    import transformers
-
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()
-    return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
-        f"{transformers.__version__}, Python {platform.python_version()}; load average {load[0]:.1f}"
-    )
 
 
 NOTE = """Citations against leave-one-document-out (`bench/citations.py`). For each sentence of an answer, each
@@ -574,7 +551,8 @@ def write_report(
 ) -> None:
     """``out`` (Markdown: note, date, command, machine, one table per model; then the runs of ``included`` reports,
     each with its own date, command and machine) and ``out`` with ``.json``."""
-    this = {"command": command, "date": started, "machine": machine(), "end": finished_load, "runs": list(runs)}
+    start = f"{machine()}; load average {os.getloadavg()[0]:.1f}"
+    this = {"command": command, "date": started, "machine": start, "end": finished_load, "runs": list(runs)}
     write_reports([this, *included], out)
 
 

@@ -33,19 +33,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.load import make_texts, percentile, run_cell
+from bench.common import (
+    cpu_profile,
+    grpc_caller,
+    load_average,
+    make_texts,
+    percentile,
+    request_body,
+    rest_caller,
+    run_cell,
+    sentiment_archive,
+)
 from doors.models import default_model_store
 from doors.torchserve.config import Ports
 
 logger = logging.getLogger(__name__)
 
 METHODS = ("none", "attnlrp")
-
-
-def load_average() -> str:
-    """The 1/5/15-minute load averages, as ``uptime`` shows them."""
-    one, five, fifteen = os.getloadavg()
-    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
 def minilm_archive(out: Path = Path("build") / "bench-minilm") -> Path:
@@ -67,21 +71,6 @@ def minilm_archive(out: Path = Path("build") / "bench-minilm") -> Path:
         model.save_pretrained(folder)
         AutoTokenizer.from_pretrained(source).save_pretrained(folder)
     return package(folder, "sentiment", out / "packages").archive
-
-
-def sentiment_archive(tiny: bool, store: Path, minilm: bool = False) -> Path:
-    """The sentiment archive: the tiny test one, the MiniLM stand-in (:func:`minilm_archive`), or the default
-    model's (``make models``)."""
-    if minilm:
-        return minilm_archive()
-    if tiny:
-        from model_store.build import build_tiny_archives
-
-        return build_tiny_archives(Path("build") / "test-archives")["sentiment"]
-    archive = store / "sentiment" / "archive"
-    if not (archive / "MAR-INF" / "MANIFEST.json").is_file():
-        raise SystemExit(f"no archive at {archive}: run `make models` (or pass --tiny)")
-    return archive
 
 
 # -- callers ----------------------------------------------------------------------------------------------------
@@ -127,14 +116,12 @@ def oip_caller(host: str, port: int, grpc_port: int, protocol: str, model: str, 
 
 
 def torchserve_caller(server: Any, protocol: str, model: str) -> Callable[[bytes], bool]:
-    """TorchServe's REST or gRPC caller of ``bench.load`` for a ``[method, text]`` body."""
-    from bench.load import _document, _grpc_caller, _rest_caller
-
-    inner = (_rest_caller if protocol == "rest" else _grpc_caller)(server, model)
+    """TorchServe's REST or gRPC caller (:mod:`bench.common`) for a ``[method, text]`` body."""
+    inner = (rest_caller if protocol == "rest" else grpc_caller)(server, model)
 
     def call(body: bytes) -> bool:
         method, text = json.loads(body)
-        return inner(_document(text, method))
+        return inner(request_body(text, method))
 
     return call
 
@@ -340,12 +327,10 @@ def side_by_side(archive: Path, store: Path, requests: int, requests_c1: int, co
                  protocols: list[str], run_dir: Path) -> list[Cell]:  # fmt: skip
     """TorchServe, KServe and Ray Serve (1 and 2 replicas) on the same archive, interleaved cell by cell."""
     from doors.kserve import launch as launcher
-    from doors.torchserve.config import load_profile
     from doors.torchserve.process import start, stop
 
     texts = make_texts(max(requests, requests_c1))
-    profile = load_profile("cpu")
-    profile["handler"] = {**profile.get("handler", {}), "threads": 1}
+    profile = cpu_profile(1)
     started: list[Callable[[], Any]] = []
     cells: list[Cell] = []
     env = {"OMP_NUM_THREADS": "1"}
@@ -423,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("run") / "bench-doors.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    archive = sentiment_archive(args.tiny, args.model_store, args.minilm)
+    archive = minilm_archive() if args.minilm else sentiment_archive(parser, args.tiny, args.model_store)[1]
     run_dir = Path("run") / f"bench-doors-{args.command}"
     print(f"load average at start: {load_average()}", flush=True)
     if args.command == "scale":

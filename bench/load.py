@@ -11,34 +11,34 @@ The server is stopped by its pid at the end, also on errors.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import logging
-import random
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import yaml
 
+from bench.common import (
+    cpu_profile,
+    grpc_caller,
+    make_texts,
+    percentile,
+    request_body,
+    rest_caller,
+    run_cell,
+    sentiment_archive,
+)
 from doors.models import default_model_store
-from doors.torchserve.config import Ports, load_profile
-from doors.torchserve.process import Server, start, stop
+from doors.torchserve.config import Ports
+from doors.torchserve.process import start, stop
 
 logger = logging.getLogger(__name__)
 
-_CORPUS = (
-    "the service was quick and friendly but the food arrived cold and the waiter never came back to our table "
-    "i loved the movie its story was moving and the actors were brilliant although the ending felt rushed today "
-    "terrible experience with customer support they kept me waiting for hours and nobody solved my problem at all"
-)
-WORDS = tuple(_CORPUS.split())
 DEFAULT_METHODS = ("none", "attention", "rollout", "relevance", "gae")
 
 
@@ -57,109 +57,6 @@ class Cell:
     p50_ms: float
     p95_ms: float
     p99_ms: float
-
-
-def make_texts(count: int, words: int = 26, seed: int = 0) -> list[str]:
-    """Deterministic English-like texts of ``words`` words (~30 tokens with [CLS]/[SEP])."""
-    generator = random.Random(seed)
-    return [" ".join(generator.choice(WORDS) for _ in range(words)) for _ in range(count)]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-quantile (0..1) by linear interpolation."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def _document(text: str, method: str) -> bytes:
-    body: dict[str, Any] = {"text": text}
-    if method != "none":
-        body["explain"] = {"method": method}
-    return json.dumps(body).encode()
-
-
-def _rest_caller(server: Server, model: str, port: int | None = None) -> Callable[[bytes], bool]:
-    """POST to the model over one kept-alive HTTP/1.1 connection per calling thread (as the gRPC caller keeps one
-    channel per thread), so that a TCP handshake per request does not count as serving overhead (``port``: another
-    than the public inference port, e.g. TorchServe's own behind the router)."""
-    path = f"/predictions/{model}"
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.keys['inference']}"}
-    local = threading.local()
-
-    def call(body: bytes) -> bool:
-        if getattr(local, "connection", None) is None:
-            local.connection = http.client.HTTPConnection("127.0.0.1", port or server.ports.inference, timeout=60)
-        try:
-            local.connection.request("POST", path, body, headers)
-            response = local.connection.getresponse()
-            payload = response.read()  # read whole, or the connection cannot take the next request
-            return response.status == 200 and b'"error"' not in payload[:10]
-        except (OSError, http.client.HTTPException):
-            local.connection.close()
-            local.connection = None
-            return False
-
-    return call
-
-
-def _grpc_caller(server: Server, model: str) -> Callable[[bytes], bool]:
-    import grpc
-
-    from explain_client.protos import inference_stubs
-
-    messages, stubs = inference_stubs()
-    metadata = [("authorization", f"Bearer {server.keys['inference']}")]
-    local = threading.local()
-
-    def call(body: bytes) -> bool:
-        if not hasattr(local, "stub"):
-            local.channel = grpc.insecure_channel(f"127.0.0.1:{server.ports.grpc_inference}")
-            local.stub = stubs.InferenceAPIsServiceStub(local.channel)
-        try:
-            reply = local.stub.Predictions(
-                messages.PredictionsRequest(model_name=model, input={"body": body}), metadata=metadata, timeout=60
-            )
-        except grpc.RpcError:
-            return False
-        return not bytes(reply.prediction).startswith(b'{"error"')
-
-    return call
-
-
-def run_cell(call: Callable[[bytes], bool], bodies: list[bytes], concurrency: int) -> tuple[list[float], int, float]:
-    """Send ``bodies`` with ``concurrency`` closed-loop clients; returns latencies (s), errors and wall seconds."""
-    latencies: list[float] = []
-    errors = 0
-    lock = threading.Lock()
-    index = 0
-
-    def worker() -> None:
-        nonlocal index, errors
-        while True:
-            with lock:
-                if index >= len(bodies):
-                    return
-                body = bodies[index]
-                index += 1
-            started = time.perf_counter()
-            ok = call(body)
-            elapsed = time.perf_counter() - started
-            with lock:
-                latencies.append(elapsed)
-                errors += 0 if ok else 1
-
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return latencies, errors, time.perf_counter() - started
 
 
 class InProcess:
@@ -182,7 +79,7 @@ class InProcess:
         from serving_core.tasks.classify_schema import decode_row, encode_outcome
         from serving_core.wire import row_encoding
 
-        row = {"body": _document(text, method)}
+        row = {"body": request_body(text, method)}
         started = time.perf_counter()
         outcomes, _ = self.service.run([decode_row(row, False, self.config)], [row_encoding(row)])
         encode_outcome(outcomes[0], self.config.labels)
@@ -199,7 +96,7 @@ class InProcess:
         for text in texts:
             in_process = self.seconds(method, text)
             started = time.perf_counter()
-            call(_document(text, method))
+            call(request_body(text, method))
             gaps.append(time.perf_counter() - started - in_process)
         return statistics.median(gaps)
 
@@ -256,28 +153,6 @@ def format_table(cells: list[Cell], baseline: dict[str, float], gaps: dict[str, 
     return "\n".join(lines)
 
 
-def sentiment_archive(parser: argparse.ArgumentParser, tiny: bool, model_store: Path) -> tuple[Path, Path]:
-    """The model store and the sentiment archive the serving benchmarks serve: the tiny test archive (built when
-    missing) or the real one (``parser.error`` when it is not built)."""
-    if tiny:
-        from model_store.build import build_tiny_archives
-
-        store = Path("build") / "test-archives"
-        return store, build_tiny_archives(store)["sentiment"]
-    archive = model_store / "sentiment" / "archive"
-    if not (archive / "MAR-INF" / "MANIFEST.json").is_file():
-        parser.error(f"no archive at {archive}: run `python -m model_store.build --only sentiment` or pass --tiny")
-    return model_store, archive
-
-
-def cpu_profile(threads: int | None) -> dict[str, Any]:
-    """The ``cpu`` batching profile, with ``threads`` torch threads per worker when given."""
-    profile = load_profile("cpu")
-    if threads is not None:
-        profile["handler"] = {**profile.get("handler", {}), "threads": threads}
-    return profile
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
@@ -310,18 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     cells: list[Cell] = []
     try:
         callers = {
-            (variant, protocol): (_rest_caller if protocol == "rest" else _grpc_caller)(server, variant)
+            (variant, protocol): (rest_caller if protocol == "rest" else grpc_caller)(server, variant)
             for variant in models
             for protocol in args.protocols
         }
         for call in callers.values():
-            run_cell(call, [_document(text, "relevance") for text in texts[:8]], 4)  # warm-up
+            run_cell(call, [request_body(text, "relevance") for text in texts[:8]], 4)  # warm-up
         # Variants interleaved cell by cell, so that load from elsewhere on the machine hits both alike.
         for protocol in args.protocols:
             for concurrency in args.concurrency:
                 count = args.requests if concurrency > 1 else args.requests_c1
                 for method in args.methods:
-                    bodies = [_document(text, method) for text in texts[:count]]
+                    bodies = [request_body(text, method) for text in texts[:count]]
                     if concurrency == 1:
                         baseline[f"{protocol}:{method}"] = in_process.p50(method, texts[:count])
                         gaps[f"{protocol}:{method}"] = in_process.paired_gap(

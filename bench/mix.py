@@ -24,13 +24,11 @@ import json
 import logging
 import os
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.load import _document, _rest_caller, cpu_profile, make_texts, percentile, sentiment_archive
+from bench.common import cpu_profile, make_texts, percentile, request_body, rest_caller, run_cell, sentiment_archive
 from doors.models import default_model_store
 from doors.torchserve.config import POOL_KEY, POOL_SETTINGS, Ports
 from doors.torchserve.process import Server, start, stop
@@ -63,37 +61,12 @@ def mixed_kinds(count: int, share: float) -> list[bool]:
 def run_mix(
     call: Callable[[bytes], bool], texts: list[str], kinds: list[bool], method: str, concurrency: int
 ) -> tuple[list[tuple[bool, float]], int, float]:
-    """Send one request per text with ``concurrency`` closed-loop clients; returns (kind, seconds) per request, the
-    error count and the wall seconds."""
-    results: list[tuple[bool, float]] = []
-    errors = 0
-    lock = threading.Lock()
-    index = 0
-
-    def worker() -> None:
-        nonlocal index, errors
-        while True:
-            with lock:
-                if index >= len(texts):
-                    return
-                position = index
-                index += 1
-            explained = kinds[position]
-            body = _document(texts[position], method if explained else "none")
-            started = time.perf_counter()
-            ok = call(body)
-            elapsed = time.perf_counter() - started
-            with lock:
-                results.append((explained, elapsed))
-                errors += 0 if ok else 1
-
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results, errors, time.perf_counter() - started
+    """Send one request per text with ``concurrency`` closed-loop clients (:func:`bench.common.run_cell`), ``method``
+    where ``kinds`` says explanation, else a prediction; returns (kind, seconds) per request, the error count and the
+    wall seconds."""
+    bodies = [request_body(text, method if explained else "none") for text, explained in zip(texts, kinds, strict=True)]
+    latencies, errors, seconds = run_cell(call, bodies, concurrency)
+    return list(zip(kinds, latencies, strict=True)), errors, seconds
 
 
 def summarise(share: float, results: list[tuple[bool, float]], errors: int, seconds: float) -> Share:
@@ -162,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             servers[name] = start(
                 run_dir, store, {"sentiment": relative}, Ports.free(), timeout=300, overrides=overrides
             )
-        calls = {name: _rest_caller(server, "sentiment") for name, server in servers.items()}
+        calls = {name: rest_caller(server, "sentiment") for name, server in servers.items()}
         for call in calls.values():
             run_mix(call, texts[:16], mixed_kinds(16, 0.5), args.method, args.concurrency)  # warm-up, both kinds
         for _ in range(args.rounds):

@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.load import _rest_caller, cpu_profile, make_texts, percentile, run_cell, sentiment_archive
+from bench.common import cpu_profile, make_texts, percentile, request_body, rest_caller, run_cell, sentiment_archive
 from doors.models import default_model_store
 from doors.torchserve.config import Ports
 from doors.torchserve.process import start, stop
@@ -76,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
                    overrides={"sentiment": cpu_profile(args.threads)}, router=True)  # fmt: skip
     try:
         paths = {
-            "direct": _rest_caller(server, "sentiment", ports.upstream_inference),
-            "router": _rest_caller(server, "sentiment", ports.inference),
+            "direct": rest_caller(server, "sentiment", ports.upstream_inference),
+            "router": rest_caller(server, "sentiment", ports.inference),
         }
-        bodies = [json.dumps({"text": text}).encode() for text in make_texts(args.requests)]
+        bodies = [request_body(text, "none") for text in make_texts(args.requests)]
         for call in paths.values():  # warm both paths and the worker
             run_cell(call, bodies[:32], 4)
         latencies: dict[tuple[str, int], list[float]] = {}

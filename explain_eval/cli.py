@@ -24,7 +24,6 @@ from supervise.workdir import model_store_dir
 from . import evaluate as _evaluate
 from .evaluate import (
     DEFAULT_METHODS,
-    RANDOM,
     Dataset,
     ModelResult,
     evaluate,
@@ -32,6 +31,7 @@ from .evaluate import (
     markdown_table,
     plot,
 )
+from .results import RANDOM
 from .served_eval import evaluate_served
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot([ModelResult.from_dict(result) for result in saved["results"]], args.replot.with_suffix(".png"))
         return 0
     if args.all:
-        from .ranking import run_cli as run_all
+        from .ranking_cli import run_cli as run_all
 
         return run_all(args, argv, parser)
     if args.generation:

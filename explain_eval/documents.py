@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -26,8 +26,7 @@ from torch import Tensor, nn
 from explainers import render_chat, render_prompt
 from explainers.tasks.continuation import evaluating, pad_token
 
-if TYPE_CHECKING:
-    from .generation import GenerationFaithfulness
+from .results import RANDOM, GenerationFaithfulness, summary_table
 
 
 def prompt_without(
@@ -187,7 +186,7 @@ def evaluate_documents(
     ranked (:func:`explainers.explain_citations`, the answer given); then for each ``k`` the sentence's ``k``
     highest-ranked documents are removed (:func:`prompt_without`) and the fall of its summed log-probability
     measured, teacher-forced. ``random`` ranks each sentence's documents in a seeded random order. A chat with no
-    more than ``k`` documents is left out at that ``k``; statistics as in :func:`explain_eval.generation.summarise`
+    more than ``k`` documents is left out at that ``k``; statistics as in :func:`explain_eval.results.summarise`
     (a chat's sentences averaged first).
 
     Args:
@@ -209,8 +208,6 @@ def evaluate_documents(
     """
     from explainers import answer_sentences, decoded_offsets, explain_citations
     from explainers.tasks.continuation import generate_continuation
-
-    from .generation import RANDOM, GenerationFaithfulness, summary_table
 
     if any(k < 1 for k in ks):
         raise ValueError(f"every k must be at least 1, got {list(ks)}")

@@ -23,8 +23,6 @@ the top k%" are kept.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 
 import torch
@@ -145,12 +143,3 @@ def abpc(most_first: Tensor, least_first: Tensor, fractions: Sequence[float] = F
     if most_first.shape != least_first.shape:
         raise ValueError(f"curves {tuple(most_first.shape)} and {tuple(least_first.shape)} differ")
     return curve_areas(least_first, fractions) - curve_areas(most_first, fractions)
-
-
-def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
-    """The mean and its standard error (sample standard deviation / sqrt(n)); the error is NaN for fewer than two."""
-    if not values:
-        return math.nan, math.nan
-    mean = statistics.fmean(values)
-    stderr = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-    return mean, stderr

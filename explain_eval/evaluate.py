@@ -36,11 +36,11 @@ from .faithfulness import (
     perturbation_outcome,
     zero_patches,
 )
+from .results import RANDOM
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_METHODS = ("attention", "rollout", "relevance", "gae", "grad_x_input", "attnlrp", "cp_lrp")
-RANDOM = "random"
 Removal = Literal["mask", "delete"]
 REMOVAL_TEXT = {
     "mask": "text tokens replaced by the tokenizer's [MASK] token (length kept)",
@@ -111,7 +111,14 @@ class ModelResult:
         }
 
 
-def _recipe(model_root: Path) -> dict[str, Any]:
+def build_recipe(model_root: Path) -> dict[str, Any]:
+    """The recipe a model was built with (its ``metrics.json``): at least the held-out split's ``seed`` and
+    ``test_fraction``.
+
+    Raises:
+        FileNotFoundError: if the model has no ``metrics.json`` (not built).
+        ValueError: if it names no split.
+    """
     metrics_file = model_root / "metrics.json"
     if not metrics_file.is_file():
         raise FileNotFoundError(f"{metrics_file} not found: build the model first (python -m model_store.build)")
@@ -138,7 +145,7 @@ def held_out(task: str, model_root: Path, n: int) -> Dataset:
         stratified_subsample,
     )
 
-    recipe = _recipe(model_root)
+    recipe = build_recipe(model_root)
     seed = int(recipe["seed"])
     if task == "text":
         splits = split_tweets(load_tweets(), float(recipe["test_fraction"]), float(recipe.get("val_fraction", 0)), seed)

@@ -37,7 +37,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +44,17 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .documents import evaluate_documents, read_items
 from .faithfulness import candidate_ranks
+from .results import RANDOM, REMOVAL, GenerationFaithfulness, finite_or_lowest, summary_table
 
 logger = logging.getLogger(__name__)
 
 #: The methods that explain generation (``relevance`` is refused for causal LMs), in the docs' order.
 GENERATION_METHODS = ("attention", "rollout", "gae", "grad_x_input", "integrated_gradients", "attnlrp", "cp_lrp")
-RANDOM = "random"
 VIEWS = ("token", "word", "document")
 DEFAULT_KS = (1, 2, 4)
 DEFAULT_NEW_TOKENS = 8
-REMOVAL = (
-    "the step's k highest-scored prompt tokens deleted (the rest of the prompt packed, positions from 0), the "
-    "continuation before the step kept; teacher-forced"
-)
 WORD_REMOVAL = (
     "every token of the step's k highest-scored prompt words deleted (a word's score: the sum of its tokens'; the rest "
     "of the prompt packed, positions from 0), the continuation before the step kept; teacher-forced"
@@ -86,54 +82,6 @@ DEFAULT_PROMPTS = (
     "The hotel room was clean, but the bed was too",
     "Once upon a time, in a small village, there lived a",
 )
-
-
-@dataclass
-class GenerationFaithfulness:
-    """Drops of the step tokens' log-probability, per method and ``k``.
-
-    Attributes:
-        model: name shown in the table.
-        prompts: the prompts evaluated.
-        continuations: each prompt's greedy continuation (decoded).
-        new_tokens: ``T``, the most tokens generated per prompt.
-        steps: the generated steps, all prompts together.
-        ks: how many prompt tokens each step loses.
-        mean_log_probability: the steps' mean unperturbed log-probability.
-        drops: ``drops[method][str(k)]`` = ``{"mean", "stderr", "vs_random", "vs_random_stderr", "steps", "prompts"}``.
-        seconds: ``seconds[method]`` the explanation's wall time (all prompts, one call), ``seconds["generate"]``.
-        removal: how tokens are removed (:data:`REMOVAL`, :data:`WORD_REMOVAL`, or the document view's).
-        view: ``token``, ``word`` (``k`` counts words) or ``document`` (``k`` documents, per sentence:
-            :mod:`explain_eval.documents`).
-    """
-
-    model: str
-    prompts: list[str]
-    continuations: list[str]
-    new_tokens: int
-    steps: int
-    ks: list[int]
-    mean_log_probability: float
-    drops: dict[str, dict[str, dict[str, float]]]
-    seconds: dict[str, float] = field(default_factory=dict)
-    removal: str = REMOVAL
-    view: str = "token"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "view": self.view,
-            "model": self.model,
-            "prompts": self.prompts,
-            "continuations": self.continuations,
-            "new_tokens": self.new_tokens,
-            "steps": self.steps,
-            "ks": self.ks,
-            "mean_log_probability": self.mean_log_probability,
-            "drops": self.drops,
-            "seconds": self.seconds,
-            "removal": self.removal,
-        }
 
 
 def top_k_removals(scores: Tensor, candidates: Tensor, k: int) -> Tensor:
@@ -306,43 +254,6 @@ def step_log_probabilities(
     return values
 
 
-def summarise(
-    drops: Mapping[int, Sequence[float]], reference: Mapping[int, Sequence[float]] | None
-) -> dict[str, float]:
-    """Mean ± standard error over prompts of the per-prompt mean drop (and of the paired difference to the
-    reference's drops of the same steps). ``drops[row]`` are a prompt's steps, in the same order as ``reference``."""
-    rows = [row for row, values in drops.items() if values]
-    means = [statistics.fmean(drops[row]) for row in rows]
-    summary = {"mean": _mean(means), "stderr": _stderr(means), "steps": sum(len(drops[row]) for row in rows)}
-    summary["prompts"] = len(rows)
-    if reference is not None:
-        paired = [statistics.fmean(a - b for a, b in zip(drops[row], reference[row], strict=True)) for row in rows]
-        summary["vs_random"] = _mean(paired)
-        summary["vs_random_stderr"] = _stderr(paired)
-    return summary
-
-
-def summary_table(
-    per_method: Mapping[str, Mapping[int, Mapping[int, Sequence[float]]]], ks: Sequence[int]
-) -> dict[str, dict[str, dict[str, float]]]:
-    """Each method's :func:`summarise` at each ``k``, paired with the ``random`` ranking's drops where it ran."""
-    reference = per_method.get(RANDOM)
-    return {
-        method: {
-            str(k): summarise(drops[k], None if method == RANDOM or reference is None else reference[k]) for k in ks
-        }
-        for method, drops in per_method.items()
-    }
-
-
-def _mean(values: Sequence[float]) -> float:
-    return statistics.fmean(values) if values else math.nan
-
-
-def _stderr(values: Sequence[float]) -> float:
-    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-
-
 def load_causal_lm(model_dir: Path) -> tuple[nn.Module, Any]:
     """A causal LM folder loaded as the generation handler loads it (eager attention, float32, eval mode), and its
     tokenizer (left padding; the EOS token as pad token if it has none)."""
@@ -509,7 +420,7 @@ def markdown_table(result: GenerationFaithfulness) -> str:
         + " | ".join(f"minus random, k = {k}" for k in ks) + " | explain s |",
         "|---|" + "---:|" * (2 * len(ks) + 1),
     ]  # fmt: skip
-    ranked = sorted(result.drops.items(), key=lambda item: -_finite(item[1][ks[-1]]["mean"]))
+    ranked = sorted(result.drops.items(), key=lambda item: -finite_or_lowest(item[1][ks[-1]]["mean"]))
     for method, row in ranked:
         drops = [f"{row[k]['mean']:.2f} ± {row[k]['stderr']:.2f}" for k in ks]
         versus = [
@@ -518,10 +429,6 @@ def markdown_table(result: GenerationFaithfulness) -> str:
         seconds = result.seconds.get(method, math.nan)
         lines.append(f"| {method} | " + " | ".join(drops + versus) + f" | {seconds:.1f} |")
     return "\n".join(lines)
-
-
-def _finite(value: float) -> float:
-    return value if math.isfinite(value) else -math.inf
 
 
 def read_prompts(path: Path | None, n: int) -> list[str]:
@@ -589,8 +496,6 @@ def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argpar
         ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
         options = parse_options(args.option or [])
         if args.view == "document":
-            from .documents import read_items
-
             items = read_items(args.documents, args.n)
         else:
             prompts = read_prompts(args.prompts, args.n)
@@ -610,8 +515,6 @@ def run_cli(args: argparse.Namespace, argv: Sequence[str] | None, parser: argpar
 
     try:
         if args.view == "document":
-            from .documents import evaluate_documents
-
             result = evaluate_documents(
                 model, tokenizer, items, methods, name=name, new_tokens=args.new_tokens or 48, ks=ks, seed=args.seed,
                 options=options, on_method=save,

@@ -21,8 +21,9 @@ from tqdm.auto import tqdm
 from explain_client import ExplainClient, Prediction, ServiceError
 from explain_client.render import Word, merge_pieces
 
-from .evaluate import RANDOM, Dataset, ModelResult, accumulate, empty_sums, finish_curves
+from .evaluate import Dataset, ModelResult, accumulate, empty_sums, finish_curves
 from .faithfulness import FRACTIONS, perturbation_outcome
+from .results import RANDOM
 
 
 def words_to_text(words: Sequence[Word], remove: Sequence[bool], mask_token: str = "[MASK]") -> str:

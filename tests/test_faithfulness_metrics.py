@@ -15,13 +15,14 @@ from explain_eval.erasure import (
     comprehensiveness_masks,
     curve_areas,
     erasure_score,
-    mean_and_stderr,
     sufficiency_masks,
     top_counts,
     top_masks,
 )
 from explain_eval.faithfulness import FRACTIONS, area_under_curve
-from explain_eval.ranking import METRICS, batch_metrics, comparison, distinct_removals
+from explain_eval.ranking import METRICS, batch_metrics, distinct_removals
+from explain_eval.ranking_report import comparison
+from explain_eval.results import mean_and_stderr
 
 
 def test_top_counts_round_up_and_keep_at_least_one() -> None:
