@@ -18,6 +18,7 @@ tests/test_layout.py reads them) and check that the ``COPY`` lines before that c
 from __future__ import annotations
 
 import ast
+import fnmatch
 import shlex
 import tomllib
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from model_store.build import DEFAULT_NAMES, model_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
 #: The opt-in writer's modules: imported by ``model_store.build`` only when the writer is built, which the image never
 #: does (it builds :data:`~model_store.build.DEFAULT_NAMES`).
 WRITER_MODULES = frozenset({"model_store.train_writer", "model_store.writer_data"})
@@ -165,9 +167,29 @@ def imported_files(starts: Iterable[str], leave_out: frozenset[str] = frozenset(
     return files
 
 
-def missing(needed: Iterable[str], copied: list[Copy]) -> list[str]:
-    """The files of ``needed`` that the copies leave out, or put elsewhere than at their own path."""
-    return sorted(path for path in needed if image_path(path, copied) != path)
+def ignored(path: str, patterns: Iterable[str]) -> bool:
+    """Whether ``.dockerignore``'s ``patterns`` keep ``path`` out of the build context: the last pattern that matches
+    the path or one of its folders decides, ``!`` excepts."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[:end]) for end in range(1, len(parts) + 1)]
+    out = False
+    for pattern in patterns:
+        keep = pattern.startswith("!")
+        if any(fnmatch.fnmatchcase(candidate, pattern.removeprefix("!")) for candidate in candidates):
+            out = not keep
+    return out
+
+
+def dockerignore(text: str) -> list[str]:
+    """The patterns of a ``.dockerignore`` file, in order."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def missing(needed: Iterable[str], copied: list[Copy], patterns: Iterable[str] = ()) -> list[str]:
+    """The files of ``needed`` that the copies leave out, or put elsewhere than at their own path, or that
+    ``.dockerignore``'s ``patterns`` keep out of the build context."""
+    patterns = list(patterns)
+    return sorted(path for path in needed if image_path(path, copied) != path or ignored(path, patterns))
 
 
 def test_the_model_stage_copies_what_the_default_build_imports() -> None:
@@ -177,7 +199,7 @@ def test_the_model_stage_copies_what_the_default_build_imports() -> None:
     # the scan does reach the build's own imports, the working-directory rules among them
     assert {"model_store/build.py", "model_store/recipes.py", "supervise/workdir.py"} <= needed
     assert not needed & {f"{module.replace('.', '/')}.py" for module in WRITER_MODULES}
-    assert missing(needed | handlers, copies(stage)) == []
+    assert missing(needed | handlers, copies(stage), dockerignore(DOCKERIGNORE.read_text(encoding="utf-8"))) == []
 
 
 def test_the_final_stage_copies_every_project_module_the_service_imports() -> None:
@@ -190,7 +212,7 @@ def test_the_final_stage_copies_every_project_module_the_service_imports() -> No
     needed = imported_files(starts)
     packages = {path.split("/")[0] for path in needed}
     assert {"doors", "serving_core", "explainers", "explain_client", "supervise", "forwarding"} <= packages
-    assert missing(needed, copies(stage)) == []
+    assert missing(needed, copies(stage), dockerignore(DOCKERIGNORE.read_text(encoding="utf-8"))) == []
 
 
 def _python_files(path: Path) -> list[Path]:
@@ -198,8 +220,8 @@ def _python_files(path: Path) -> list[Path]:
 
 
 def test_the_reading_finds_a_missing_copy(tmp_path: Path) -> None:
-    """The Dockerfile reading on a small one: a folder copied elsewhere, a file of several sources, another stage's
-    files and a continued RUN line."""
+    """The Dockerfile reading on a small one (a folder copied elsewhere, a file of several sources, another stage's
+    files and a continued RUN line), and the ``.dockerignore`` reading (a folder left out, an exception, a glob)."""
     text = (
         "FROM base AS requirements\nCOPY pkg /tmp/pkg\n"
         "FROM base\nWORKDIR /srv/app\n# a comment\nCOPY --from=requirements /tmp/pkg ./other\n"
@@ -220,3 +242,13 @@ def test_the_reading_finds_a_missing_copy(tmp_path: Path) -> None:
         "supervise/w.py",
     ]
     assert [copy.source for copy in copies(last_stage_until(instructions(text), ""))][-1] == "explainers"
+    patterns = dockerignore("# comment\ntests\ndeploy\n!deploy/auth_proxy.py\n**/__pycache__\n")
+    assert missing(["model_store/tests/t.py", "model_store/x/y.py"], copied, ["model_store/tests"]) == [
+        "model_store/tests/t.py"
+    ]
+    assert [ignored(path, patterns) for path in ("tests/a.py", "deploy/auth_proxy.py", "deploy/engine.py")] == [
+        True,
+        False,
+        True,
+    ]
+    assert ignored("doors/__pycache__/a.pyc", patterns) and not ignored("doors/a.py", patterns)
