@@ -196,7 +196,7 @@ class ExplainModel(Model):
         rows: list[Any] = []
         for document in documents:
             try:
-                rows.append(task.decode({"body": document}, False, config))
+                rows.append(task.decode_document(document, False, config))
             except RowError as error:
                 rows.append(error)
         served = await self._serve(rows)
