@@ -2,9 +2,10 @@
 
 TorchServe glue only: the task's verbs (:class:`serving_core.task.Task`, found by the archive's ``handler.task``
 through :func:`serving_core.task.get_task`) do the work. ``handle`` decodes each row on its own (an undecodable row
-gets its own error), serves the valid rows with one ``service.run``, encodes each row in the encoding it came in, sets each row's
-REST status and content type, and records the metrics. It never uses ``BaseHandler.handle``/``explain_handle``, which
-decide for the whole batch from row 0 and explain row 0 only. No per-request state is stored on ``self``.
+gets its own error), serves the valid rows with one ``service.run``, encodes each row in the encoding it came in, sets
+each row's REST status and content type, and records the metrics. It never uses
+``BaseHandler.handle``/``explain_handle``, which decide for the whole batch from row 0 and explain row 0 only. No
+per-request state is stored on ``self``.
 """
 
 from __future__ import annotations
