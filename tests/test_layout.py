@@ -332,7 +332,7 @@ def test_the_throw_away_task_is_found_by_its_record_and_served_by_the_generic_ha
     handler = TaskExplanationHandler()
     context = _Context(model_yaml, length_archive)
     handler.initialize(context)
-    rows = [{"body": {"text": "a b c"}}, {"body": b"{}"}, {"body": "a b"}, {"request": b""}]
+    rows: list[dict[str, Any]] = [{"body": {"text": "a b c"}}, {"body": b"{}"}, {"body": "a b"}, {"request": b""}]
     answers = handler.handle(rows, context)
     tokenizer = handler.service.tokenizer  # type: ignore[union-attr]
     assert json.loads(answers[0]) == {"tokens": len(tokenizer("a b c")["input_ids"])}

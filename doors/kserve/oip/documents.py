@@ -25,7 +25,7 @@ from .tensors import OipRequest, Tensor, TensorSpec, batch_size, error_specs, te
 DOCUMENT = "document"
 
 
-@dataclass(frozen=True)
+@dataclass
 class DocumentCodec:
     """Rows of ``task`` as JSON documents (the module docstring)."""
 
