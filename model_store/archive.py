@@ -25,7 +25,9 @@ from typing import Any, Literal
 
 import yaml
 
+from model_store import REPO_ROOT
 from model_store.files import make_readable
+from serving_core.registry import task_facts
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +41,9 @@ class ServingConfig:
     """Content of ``model-config.yaml``: TorchServe's worker/batching keys and our handler's section.
 
     Attributes:
-        task: ``"text"``, ``"image"``, ``"token_classification"`` (a text model tagging every token) or
-            ``"generation"`` (a causal LM: no labels; ``max_length`` bounds prompts).
+        task: The task's name (:data:`serving_core.registry.TASKS`; or a task record's ``module:attribute``): its
+            record says whether the model has labels and whether it takes text (``max_length``) or images
+            (``image_size``, ``max_image_bytes``).
         labels: Class names in index order (the same as the checkpoint's ``id2label``).
         max_length: Text only: tokens per input; longer inputs are truncated.
         image_size: Image only: ``[height, width]`` of the model input.
@@ -60,7 +63,7 @@ class ServingConfig:
             :func:`doors.torchserve.config.link_store`; ``None``: no pool).
     """
 
-    task: Literal["text", "image", "token_classification", "generation"]
+    task: str
     labels: tuple[str, ...]
     max_length: int | None = None
     image_size: tuple[int, int] | None = None
@@ -81,11 +84,10 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         """Check that the task-specific keys match the task."""
-        if self.task in ("text", "token_classification", "generation") and (
-            self.max_length is None or self.image_size is not None
-        ):
+        facts = task_facts(self.task)
+        if facts.input_kind == "text" and (self.max_length is None or self.image_size is not None):
             raise ValueError(f"a {self.task} model needs max_length and no image_size")
-        if self.task == "image" and (self.image_size is None or self.max_image_bytes is None):
+        if facts.input_kind == "image" and (self.image_size is None or self.max_image_bytes is None):
             raise ValueError("an image model needs image_size and max_image_bytes")
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,7 +99,7 @@ class ServingConfig:
         }
         if self.max_length is not None:
             handler["max_length"] = self.max_length
-        if self.task != "generation":
+        if task_facts(self.task).labelled:
             handler["labels"] = list(self.labels)
         if self.image_size is not None:
             handler["image_size"] = list(self.image_size)
@@ -125,6 +127,16 @@ class ServingConfig:
             "# TorchServe reads the top-level keys; our handler reads the `handler:` section.\n"
         )
         return header + yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
+
+#: Where the TorchServe entry files are (:attr:`serving_core.registry.TaskFacts.entry_file`).
+ENTRY_DIR = REPO_ROOT / "doors" / "torchserve"
+
+
+def entry_file(task: str) -> Path:
+    """The TorchServe entry file an archive of ``task`` is packaged with: the one its record names, or the generic
+    ``entry.py`` (which serves the archive's ``handler.task``)."""
+    return ENTRY_DIR / task_facts(task).entry_file
 
 
 def write_model_config(config: ServingConfig, path: Path) -> Path:

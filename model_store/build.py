@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from model_store import REPO_ROOT, default_build_dir
-from model_store.archive import MANIFEST_PATH, ServingConfig, make_archive
+from model_store import default_build_dir
+from model_store.archive import MANIFEST_PATH, ServingConfig, entry_file, make_archive
 from model_store.files import file_sha256
 from model_store.fingerprint import (
     digest,
@@ -73,10 +73,11 @@ DEFAULT_NAMES = ("sentiment", "digits", "entities")
 #: served as one's own folder (``make serve MODELS=writer=model_store/build/writer/model``).
 OPT_IN_NAMES = ("writer",)
 MODEL_NAMES = DEFAULT_NAMES + OPT_IN_NAMES
-DEFAULT_TEXT_HANDLER = REPO_ROOT / "doors" / "torchserve" / "text_handler.py"
-DEFAULT_TOKEN_HANDLER = REPO_ROOT / "doors" / "torchserve" / "token_handler.py"
-DEFAULT_IMAGE_HANDLER = REPO_ROOT / "doors" / "torchserve" / "image_handler.py"
-DEFAULT_GENERATION_HANDLER = REPO_ROOT / "doors" / "torchserve" / "generation_handler.py"
+#: The entry files of the default models' tasks (their records' :attr:`~serving_core.registry.TaskFacts.entry_file`).
+DEFAULT_TEXT_HANDLER = entry_file("text")
+DEFAULT_TOKEN_HANDLER = entry_file("token_classification")
+DEFAULT_IMAGE_HANDLER = entry_file("image")
+DEFAULT_GENERATION_HANDLER = entry_file("generation")
 METRICS_FILE = "metrics.json"
 MODEL_DIR = "model"
 ARCHIVE_DIR = "archive"

@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from explainers import DEFAULT_METHOD, available_methods
 
-from .registry import task_names
+from .registry import TASKS as TASKS_FACTS
+from .registry import is_task, task_facts, task_names
 
 #: Multi-label threshold when neither the user nor the checkpoint's config sets one.
 DEFAULT_THRESHOLD = 0.5
@@ -18,9 +19,9 @@ DEFAULT_THRESHOLD = 0.5
 #: else the library's :data:`explainers.DEFAULT_METHOD` (``attnlrp``), re-exported here as :data:`DEFAULT_METHOD`.
 DEFAULT_METHOD_ENV = "EXPLAIN_DEFAULT_METHOD"
 
-#: The handler tasks (:data:`serving_core.registry.TASKS`): ``text`` (sequence classifiers), ``image``,
-#: ``token_classification`` (NER, PII detection: a label per token, explained per entity) and ``generation`` (causal
-#: LMs). Every task but ``image`` takes text.
+#: The registered handler tasks (:data:`serving_core.registry.TASKS`, whose records say what each takes). A
+#: ``handler.task`` may also be the ``module:attribute`` of a task record defined elsewhere
+#: (:func:`serving_core.registry.task_facts`).
 TASKS = task_names()
 
 #: Keys the ``handler:`` section may hold.
@@ -61,7 +62,7 @@ class HandlerConfig:
     """Settings of one served model.
 
     Attributes:
-        task: ``text``, ``image``, ``token_classification`` or ``generation`` (:data:`TASKS`).
+        task: the task's name (:data:`TASKS`) or its record's ``module:attribute``.
         model_dir: The Hugging Face checkpoint folder, relative to the archive.
         default_method: Method used when a request asks for an explanation without naming one:
             ``$EXPLAIN_DEFAULT_METHOD`` where set (every model of the deployment), else ``handler.default_method``, else
@@ -147,13 +148,17 @@ class HandlerConfig:
         if unknown:
             raise ConfigError(f"unknown handler key(s) {unknown}; known: {sorted(_KNOWN_KEYS)}")
         task = section.get("task")
-        if task not in TASKS:
-            raise ConfigError(f"handler.task must be one of {', '.join(TASKS)}, got {task!r}")
-        labels = section.get("labels", [] if task == "generation" else None)
-        if task == "generation" and labels:
-            raise ConfigError("handler.labels: a generation model has no labels (its outputs are the vocabulary)")
+        if not is_task(task):
+            raise ConfigError(
+                f"handler.task must be one of {', '.join(TASKS)} (or a task record's module:attribute), got {task!r}"
+            )
+        assert isinstance(task, str)
+        facts = task_facts(task)
+        labels = section.get("labels", None if facts.labelled else [])
+        if not facts.labelled and labels:
+            raise ConfigError(f"handler.labels: a {facts.name} model has no labels (its outputs are not classes)")
         valid_labels = isinstance(labels, list) and all(isinstance(label, str) for label in labels)
-        if task != "generation" and not (valid_labels and labels):
+        if facts.labelled and not (valid_labels and labels):
             raise ConfigError("handler.labels must be a non-empty list of class names")
         assert isinstance(labels, list)
         if len(set(labels)) != len(labels):
@@ -163,7 +168,7 @@ class HandlerConfig:
         if device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"handler.device must be auto, cpu or cuda, got {device!r}")
         image_size: tuple[int, int] | None = None
-        if task == "image":
+        if facts.input_kind == "image":
             size = section.get("image_size")
             if not (isinstance(size, list) and len(size) == 2 and all(_positive_int(v) for v in size)):
                 raise ConfigError(f"handler.image_size must be [height, width] for an image model, got {size!r}")
@@ -189,18 +194,22 @@ class HandlerConfig:
             memory_budget_mib=(
                 _int_key(section, "memory_budget_mib", 1) if section.get("memory_budget_mib") is not None else None
             ),
-            time_budget_s=_time_budget(section, task, model_yaml or {}),
+            time_budget_s=_time_budget(section, facts.time_budget, model_yaml or {}),
             chat_template=_chat_template(section.get("chat_template")),
             max_messages=_int_key(section, "max_messages", 64),
             max_documents=_int_key(section, "max_documents", 16),
         )
-        if config.max_length < 3 and task != "generation":
+        if config.max_length < 3 and facts.labelled:
             raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")
-        if config.memory_budget_mib is not None and task not in ("text", "image"):
-            raise ConfigError(f"handler.memory_budget_mib applies to the text and image tasks only, not to {task!r}")
+        if config.memory_budget_mib is not None and not facts.memory_budget:
+            budgeted = [name for name, record in TASKS_FACTS.items() if record.memory_budget]
+            raise ConfigError(f"handler.memory_budget_mib applies to the {' and '.join(budgeted)} tasks only, not to "
+                              f"{task!r}")  # fmt: skip
         chat_keys = sorted(key for key in ("chat_template", "max_messages", "max_documents") if key in section)
-        if chat_keys and task != "generation":
-            raise ConfigError(f"handler.{chat_keys[0]} applies to the generation task only, not to {task!r}")
+        if chat_keys and not facts.chat:
+            chatting = [name for name, record in TASKS_FACTS.items() if record.chat]
+            raise ConfigError(f"handler.{chat_keys[0]} applies to the {' and '.join(chatting)} task only, not to "
+                              f"{task!r}")  # fmt: skip
         if config.default_new_tokens > config.max_new_tokens:
             raise ConfigError(
                 f"handler.default_new_tokens ({config.default_new_tokens}) exceeds max_new_tokens "
@@ -210,8 +219,8 @@ class HandlerConfig:
 
     @property
     def input_kind(self) -> Literal["text", "image"]:
-        """What a request carries: ``image`` for the image task, ``text`` for every other task."""
-        return "image" if self.task == "image" else "text"
+        """What a request carries: ``image`` or ``text`` (:attr:`serving_core.registry.TaskFacts.input_kind`)."""
+        return "image" if task_facts(self.task).input_kind == "image" else "text"
 
 
 def default_method_setting(section: Mapping[str, Any], environ: Mapping[str, str]) -> str:
@@ -235,8 +244,8 @@ TORCHSERVE_RESPONSE_TIMEOUT = 120
 #: The share of ``responseTimeout`` a batch's estimated time may take by default: the estimates err high, and the
 #: rest is margin for the batch's decoding, encoding and a machine busier than when the speed was measured.
 TIME_BUDGET_SHARE = 0.5
-#: The tasks whose rows are estimated against a time budget (every task).
-TIME_BUDGET_TASKS = ("text", "image", "token_classification", "generation")
+#: The tasks whose rows are estimated against a time budget (every registered task whose record says so).
+TIME_BUDGET_TASKS = tuple(name for name, facts in TASKS_FACTS.items() if facts.time_budget)
 
 
 def default_time_budget(model_yaml: Mapping[str, Any]) -> float:
@@ -247,13 +256,14 @@ def default_time_budget(model_yaml: Mapping[str, Any]) -> float:
     return TIME_BUDGET_SHARE * float(timeout)
 
 
-def _time_budget(section: Mapping[str, Any], task: str, model_yaml: Mapping[str, Any]) -> float | None:
-    """``handler.time_budget_s`` (a positive number of seconds), its default for the budgeted tasks, else ``None``."""
+def _time_budget(section: Mapping[str, Any], applies: bool, model_yaml: Mapping[str, Any]) -> float | None:
+    """``handler.time_budget_s`` (a positive number of seconds), its default where a time budget ``applies`` to the
+    task (:attr:`serving_core.registry.TaskFacts.time_budget`), else ``None``."""
     value = section.get("time_budget_s")
     if value is None:
-        return default_time_budget(model_yaml) if task in TIME_BUDGET_TASKS else None
-    if task not in TIME_BUDGET_TASKS:
-        raise ConfigError(f"handler.time_budget_s applies to the tasks {TIME_BUDGET_TASKS}, not to {task!r}")
+        return default_time_budget(model_yaml) if applies else None
+    if not applies:
+        raise ConfigError(f"handler.time_budget_s applies to the tasks {TIME_BUDGET_TASKS} only")
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"handler.time_budget_s must be a positive number of seconds, got {value!r}")
     return float(value)

@@ -18,17 +18,12 @@ from typing import Any
 import torch
 import transformers
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModelForImageClassification,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-    AutoTokenizer,
-)
+from transformers import AutoConfig, AutoTokenizer
 
 from explainers import FAMILIES, UnsupportedMethodError, available_methods, check_method, describe
 
 from .config import DEFAULT_METHOD_ENV, ConfigError, HandlerConfig
+from .registry import task_facts
 
 logger = logging.getLogger(__name__)
 
@@ -75,24 +70,16 @@ def load_model(model_class: Any, model_dir: Path, device: torch.device, **kwargs
     return model
 
 
-#: The explainers' task (:data:`explainers.TASKS`) that explains each serving task's models.
-EXPLAINED_AS = {
-    "text": "sequence_classification",
-    "image": "sequence_classification",
-    "token_classification": "token_classification",
-    "generation": "causal_lm",
-}
-
-
 def check_default_method(method: str, model_type: str, task: str) -> None:
     """Refuse a default method that cannot explain ``model_type`` models of the serving ``task`` (the support
-    registry's refusals, :mod:`explainers.architectures.support`).
+    registry's refusals, :mod:`explainers.architectures.support`), as the library task the serving task is explained
+    as (:attr:`serving_core.registry.TaskFacts.explained_as`).
 
     Raises:
         ConfigError: naming the method, why it is refused, the methods that work there and the settings to change.
     """
     try:
-        check_method(model_type, method, available_methods(), EXPLAINED_AS[task])
+        check_method(model_type, method, available_methods(), task_facts(task).explained_as)
     except UnsupportedMethodError as error:
         raise ConfigError(
             f"default method {method!r} cannot explain this model: {error}. Set the model's default_method (or "
@@ -102,16 +89,15 @@ def check_default_method(method: str, model_type: str, task: str) -> None:
 
 def classifier_class(model_config: Any, task: str) -> Any:
     """The class a checkpoint is loaded with: the one ``config.architectures`` names when the explainers accept it for
-    its model type (e.g. ``DeiTForImageClassificationWithTeacher``, which the Auto class would not pick), else the
-    Auto class of the task."""
+    its model type as the task's library task (e.g. ``DeiTForImageClassificationWithTeacher``, which the Auto class
+    would not pick), else the task's Auto class (:attr:`serving_core.registry.TaskFacts.model_class`)."""
+    facts = task_facts(task)
     names = getattr(model_config, "architectures", None) or []
     family = FAMILIES.get(str(getattr(model_config, "model_type", "")))
-    wanted = "token_classification" if task == "token_classification" else "sequence_classification"
+    wanted = facts.explained_as
     if names and family is not None and family.task_of(names[0]) == wanted and hasattr(transformers, names[0]):
         return getattr(transformers, names[0])
-    if task == "token_classification":
-        return AutoModelForTokenClassification
-    return AutoModelForSequenceClassification if task == "text" else AutoModelForImageClassification
+    return getattr(transformers, facts.model_class)
 
 
 def load_classifier(config: HandlerConfig, model_dir: Path, device: torch.device) -> nn.Module:

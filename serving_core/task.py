@@ -4,8 +4,11 @@ A door (TorchServe's handler, the KServe/OIP and v1 codecs, Ray Serve replicas) 
 registry (:mod:`serving_core.registry`) for the model's :class:`Task` and calls its verbs:
 
 1. :meth:`Task.load` once: the task's service (the checkpoint, its tokenizer or processor) on a device;
-2. :meth:`Task.decode` per row: a TorchServe row (JSON body, text body, raw image, or a serialized
-   ``ExplainRequest``) into the task's typed row, or a :class:`~serving_core.errors.RowError`;
+2. :meth:`Task.decode` per row: the row's request without its envelope (:class:`serving_core.wire.Body`: a JSON
+   document, a text body, a raw image, or a parsed ``ExplainRequest``) into the task's typed row, or a
+   :class:`~serving_core.errors.RowError`. TorchServe's row envelope is removed once for every task by
+   :func:`serving_core.wire.read_row` (:meth:`Task.read`, :meth:`Task.decode_row`); the other doors hand JSON
+   documents (:meth:`Task.decode_document`);
 3. ``service.run(rows, encodings)`` per batch (:class:`Service`): one outcome per row, in order, and the batch's shared
    :class:`BatchTimings`;
 4. :meth:`Task.encode` per row: the outcome in the encoding its request came in (the envelope, the error answer and
@@ -13,8 +16,11 @@ registry (:mod:`serving_core.registry`) for the model's :class:`Task` and calls 
    and :meth:`Task.to_proto`);
 5. :meth:`Task.observe` per row: the explanation metrics (:mod:`serving_core.metrics`).
 
-Adding a task: write one module with a :class:`Task` subclass (and its service), and add one entry to
-:data:`serving_core.registry.TASKS` (:func:`get_task` finds it there); docs/SERVING.md ("Adding a task") says the rest.
+Adding a task: write one module with a :class:`Task` subclass (and its service), and add one record to
+:data:`serving_core.registry.TASKS` (its :class:`~serving_core.registry.TaskFacts`: every fact the packager, the config
+validation and the doors need; :func:`get_task` finds the task through it). A task defined outside this project is
+served without editing any module: ``handler.task`` is then the ``module:attribute`` of its record. docs/SERVING.md
+("Adding a task") says the rest.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from . import metrics, wire
 from .errors import RowError
-from .registry import TASKS
+from .registry import task_facts
 from .wire import Encoding
 
 if TYPE_CHECKING:
@@ -119,11 +125,12 @@ class Task(ABC, Generic[Row, Result]):
         """
 
     @abstractmethod
-    def decode(self, row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> Row:
-        """Decode one TorchServe row (``{"body": ...}``/``{"data": ...}`` or gRPC ``{"request": <ExplainRequest>}``).
+    def decode(self, body: wire.Body, explain_header: bool, config: HandlerConfig) -> Row:
+        """Decode one row's request, its envelope removed.
 
         Args:
-            row: the row as TorchServe hands it over (other doors wrap a JSON object as ``{"body": document}``).
+            body: the request: a JSON document, a text, an image's bytes or a parsed ``ExplainRequest`` (or nothing:
+                an empty request).
             explain_header: the route asks for an explanation (``/explanations/{model}``, v1 ``:explain``): an absent
                 ``explain`` means the model's default method.
             config: the model's handler config.
@@ -131,6 +138,32 @@ class Task(ABC, Generic[Row, Result]):
         Raises:
             RowError: with the error table's code for what is wrong.
         """
+
+    def read(self, row: Mapping[str, Any], config: HandlerConfig) -> wire.Body:
+        """TorchServe's row envelope removed (``{"body": ...}``/``{"data": ...}`` or gRPC ``{"request": ...}``):
+        :func:`serving_core.wire.read_row`, where a body that is not JSON is the row's text. Tasks that take images,
+        or that take a text only from a ``text/*`` body, override it.
+
+        Raises:
+            RowError: for an envelope that cannot be decoded.
+        """
+        return wire.read_row(row)
+
+    def decode_row(self, row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> Row:
+        """Decode one TorchServe row: :meth:`read`, then :meth:`decode`.
+
+        Raises:
+            RowError: with the error table's code for what is wrong.
+        """
+        return self.decode(self.read(row, config), explain_header, config)
+
+    def decode_document(self, document: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> Row:
+        """Decode one row given as its JSON document (the KServe v1, OIP and OpenAI doors): :meth:`decode`.
+
+        Raises:
+            RowError: with the error table's code for what is wrong.
+        """
+        return self.decode(wire.Body(document=document), explain_header, config)
 
     @abstractmethod
     def requested_method(self, row: Row) -> str | None:
@@ -189,16 +222,16 @@ class Task(ABC, Generic[Row, Result]):
 
 
 def get_task(name: str) -> Task[Any, Any]:
-    """The task registered under ``name`` in :data:`serving_core.registry.TASKS`.
+    """The task ``name`` (a model's ``handler.task``): the :class:`Task` its record
+    (:func:`serving_core.registry.task_facts`) names, imported on first use.
 
     Raises:
-        KeyError: naming the registered tasks, if ``name`` is not one.
-        TypeError: if the entry does not name a task of that name (a broken registry entry).
+        KeyError: naming the registered tasks, if ``name`` is not one (nor a record's ``module:attribute``).
+        TypeError: if the record does not name a task of the record's name (a broken record).
     """
-    if name not in TASKS:
-        raise KeyError(f"unknown task {name!r}; tasks: {', '.join(TASKS)}")
-    module_name, _, attribute = TASKS[name].partition(":")
+    facts = task_facts(name)
+    module_name, _, attribute = facts.task.partition(":")
     task = getattr(importlib.import_module(module_name), attribute)
-    if not isinstance(task, Task) or task.name != name:
-        raise TypeError(f"registry entry {TASKS[name]!r} is not the Task named {name!r}")
+    if not isinstance(task, Task) or task.name != facts.name:
+        raise TypeError(f"task record {name!r}: {facts.task!r} is not the Task named {facts.name!r}")
     return task

@@ -2,9 +2,12 @@
 
 A row arrives as JSON (a REST body, or gRPC ``input["body"]``) or as a serialized ``ExplainRequest``
 (``proto/explain.proto``, gRPC ``input["request"]``) and is answered in the same encoding. This module holds what is
-the same for every task: telling the two apart (:func:`row_encoding`), parsing JSON with the error table's code
-(:func:`parse_json`), rounding scores for JSON (:func:`rounded`), the error answer in either encoding, and the JSON
-dump or protobuf serialization around a task's own document (:func:`encode`). A task writes only its own fields.
+the same for every task: telling the two apart (:func:`row_encoding`), TorchServe's row envelope decoded once for
+every task (:func:`read_row`: the protobuf ``request``, or the ``body``/``data`` bytes → UTF-8 → JSON or text, into a
+:class:`Body`), parsing JSON with the error table's code (:func:`parse_json`), rounding scores for JSON
+(:func:`rounded`), the error answer in either encoding, and the JSON dump or protobuf serialization around a task's
+own document (:func:`encode`). A task reads only its own fields and writes only its own fields; the other doors hand
+a task JSON documents directly (:meth:`serving_core.task.Task.decode_document`).
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from explain_client.protos import explain_messages, read_options, write_options
 
 from .errors import RowError
+from .pools import IMAGE_MAGIC
 
 
 class Encoding(enum.Enum):
@@ -47,6 +52,87 @@ class Answered(Protocol):
 def row_encoding(row: Mapping[str, Any]) -> Encoding:
     """The encoding of a raw row (decided before decoding, so even an undecodable row is answered in kind)."""
     return Encoding.PROTOBUF if "request" in row else Encoding.JSON
+
+
+#: When a body that is not JSON is the row's text itself: ``always`` (bytes or text), ``text`` (only a body TorchServe
+#: hands over as text, i.e. sent with a ``text/*`` content type; bytes must be JSON), ``never`` (it must be JSON).
+PlainText = Literal["always", "text", "never"]
+
+
+@dataclass(frozen=True)
+class Body:
+    """One row's request without its envelope: exactly one field set, or none (an empty request).
+
+    Attributes:
+        encoding: how the row came in (and is answered).
+        message: the parsed ``ExplainRequest`` (protobuf rows).
+        document: the JSON object (JSON rows).
+        text: a body that is not JSON, taken as the row's text (see :data:`PlainText`).
+        binary: an image file's bytes (a raw PNG/JPEG... body, where the task takes images).
+    """
+
+    encoding: Encoding = Encoding.JSON
+    message: Any = None
+    document: Mapping[str, Any] | None = None
+    text: str | None = None
+    binary: bytes | None = None
+
+    @property
+    def empty(self) -> bool:
+        """The row carried no request at all."""
+        return self.message is None and self.document is None and self.text is None and self.binary is None
+
+
+def read_row(row: Mapping[str, Any], plain_text: PlainText = "always", images: bool = False) -> Body:
+    """TorchServe's row envelope, decoded: gRPC ``request`` (a serialized ``ExplainRequest``) or the ``body``/``data``
+    (:func:`read_body`).
+
+    Raises:
+        RowError: ``invalid_protobuf``, ``non_utf8``, ``invalid_json`` or ``invalid_request`` (a JSON body that is not
+            an object, a body of an unsupported type).
+    """
+    if "request" in row:
+        return Body(Encoding.PROTOBUF, message=parse_request(row["request"]))
+    return read_body(row.get("body", row.get("data")), plain_text, images)
+
+
+def read_body(raw: Any, plain_text: PlainText = "always", images: bool = False) -> Body:
+    """A JSON row's body, as TorchServe hands it over (already-parsed JSON, text, or bytes), decoded.
+
+    Args:
+        raw: the body (``None``: an empty request, answered as the task says).
+        plain_text: when a body that is not JSON is the row's text (:data:`PlainText`).
+        images: bytes that start like a PNG or JPEG file (:data:`serving_core.pools.IMAGE_MAGIC`) are kept as bytes
+            (``Body.binary``).
+
+    Raises:
+        RowError: ``non_utf8``, ``invalid_json`` or ``invalid_request``.
+    """
+    if raw is None:
+        return Body()
+    if isinstance(raw, bytearray):
+        raw = bytes(raw)
+    if isinstance(raw, bytes):
+        if images and raw.startswith(IMAGE_MAGIC):
+            return Body(binary=raw)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
+        if plain_text == "always" and not text.lstrip().startswith("{"):
+            return Body(text=text)
+        document = parse_json(text)
+    elif isinstance(raw, str):
+        if plain_text != "never" and not raw.lstrip().startswith("{"):
+            return Body(text=raw)
+        document = parse_json(raw)
+    elif isinstance(raw, Mapping):
+        document = raw
+    else:
+        raise RowError("invalid_request", f"unsupported body type {type(raw).__name__}")
+    if not isinstance(document, Mapping):
+        raise RowError("invalid_request", f"the JSON body must be an object, got {type(document).__name__}")
+    return Body(document=document)
 
 
 def parse_json(text: str) -> Any:

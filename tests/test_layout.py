@@ -1,16 +1,30 @@
 """The house's boundaries, read from the code (every import, function-level ones included): the serving core imports
-no server, no door imports another door's glue, and every registered task has its TorchServe entry file and its OIP
-codec."""
+no server, no door imports another door's glue, every registered task has its TorchServe entry file and its OIP
+codec, and no module but the registry keeps a table of tasks.
+
+A task is one module and one record, in fact: :data:`LENGTH` is a throw-away task defined here (it answers how many
+tokens a text has, with a text classifier checkpoint's tokenizer), registered by no project module — its archive's
+``handler.task`` is the import path of its record, :data:`LENGTH_FACTS` — and served through TorchServe's handler and
+the KServe door (``slow``: real servers).
+"""
 
 from __future__ import annotations
 
 import ast
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from serving_core.registry import TASKS
-from serving_core.task import get_task
+from explainers import Deadline
+from serving_core.config import HandlerConfig
+from serving_core.errors import RowError
+from serving_core.registry import TASKS, Examples, TaskFacts, TorchServeCall, task_facts
+from serving_core.task import BatchTimings, Task, get_task
+from serving_core.wire import Body, Encoding
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Top-level packages that are servers (or a server's SDK): the serving core must import none of them.
@@ -116,6 +130,8 @@ def test_the_scan_sees_function_level_and_relative_imports(tmp_path: Path, monke
 
 @pytest.mark.parametrize("name", list(TASKS))
 def test_every_task_has_its_entry_file_and_its_codec(name: str) -> None:
+    """A registered task's record names its TorchServe entry file (the one file in doors/torchserve/ that names the
+    task; archives already built name it), and the task has its own OIP codec."""
     from doors.kserve.oip import CODECS
 
     task = get_task(name)
@@ -123,4 +139,272 @@ def test_every_task_has_its_entry_file_and_its_codec(name: str) -> None:
     entries = [
         path for path in (ROOT / "doors" / "torchserve").glob("*_handler.py") if f'task = "{name}"' in path.read_text()
     ]
-    assert len(entries) == 1, f"one TorchServe entry file in doors/torchserve/ names task {name!r}"
+    assert entries == [ROOT / "doors" / "torchserve" / TASKS[name].entry_file], (
+        f"one TorchServe entry file in doors/torchserve/ names task {name!r}: its record's entry_file"
+    )
+
+
+def test_a_task_without_an_entry_file_or_a_codec_gets_the_generic_ones() -> None:
+    """The generic TorchServe entry file serves the archive's ``handler.task`` (it names no task); the KServe door
+    serves a task without a codec of its own with the generic codec of JSON documents."""
+    from doors.kserve.oip import CODECS, DocumentCodec, codec_for
+    from doors.torchserve.entry import TaskExplanationHandler
+    from model_store.archive import entry_file
+
+    assert TaskExplanationHandler.task == "" and entry_file(LENGTH_TASK) == ROOT / "doors" / "torchserve" / "entry.py"
+    assert LENGTH_TASK not in CODECS and codec_for(_config()) == DocumentCodec(LENGTH_TASK)
+
+
+def _task_tables(path: Path) -> list[str]:
+    """The literal tables (dict keys, tuples, lists, sets, ``Literal[...]``) of ``path`` that name two or more
+    registered tasks. ``text`` and ``image`` alone are also the request's input kinds and fields, and a module's
+    ``__all__`` names modules: neither is a table of tasks."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    exported = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set) and id(node) not in exported:
+            elements: list[Any] = list(node.elts)
+        elif isinstance(node, ast.Dict):
+            elements = [key for key in node.keys if key is not None]
+        else:
+            continue
+        names = {e.value for e in elements if isinstance(e, ast.Constant) and e.value in TASKS}
+        if len(names) >= 2 and not names <= {"text", "image"}:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {sorted(names)}")
+    return found
+
+
+def test_no_module_but_the_registry_keeps_a_table_of_tasks() -> None:
+    """The facts about tasks (their library task, model class, head suffixes, entry file, budgets, examples) are
+    asked of the task's record, :data:`serving_core.registry.TASKS`; no other production module lists tasks."""
+    packages = ("serving_core", "doors", "model_store", "explainers", "supervise", "forwarding", "explain_client",
+                "explain_eval", "bench", "scripts", *ALIASES)  # fmt: skip
+    found = [
+        table
+        for package in packages
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "_generated" not in path.parts and path != ROOT / "serving_core" / "registry.py"
+        for table in _task_tables(path)
+    ]
+    assert found == []
+    assert _task_tables(ROOT / "serving_core" / "registry.py") == [], "the registry holds records, not tables"
+
+
+# -- a throw-away task, served without editing any project module -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LengthRow:
+    """A row of the length task: its text."""
+
+    encoding: Encoding
+    text: str
+
+
+@dataclass(frozen=True)
+class LengthOutcome:
+    """The answer to a length row: its text's token count (or the row's error)."""
+
+    encoding: Encoding
+    error: RowError | None = None
+    tokens: int = 0
+    method: str | None = None
+    attribution_seconds: float = 0.0
+
+
+class LengthService:
+    """Counts each row's tokens with the checkpoint's tokenizer."""
+
+    head_type = "length"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def run(
+        self, rows: Sequence[LengthRow | RowError], encodings: Sequence[Encoding]
+    ) -> tuple[list[LengthOutcome], BatchTimings]:
+        outcomes = [
+            LengthOutcome(encoding, error=row)
+            if isinstance(row, RowError)
+            else LengthOutcome(encoding, tokens=len(self.tokenizer(row.text)["input_ids"]))
+            for row, encoding in zip(rows, encodings, strict=True)
+        ]
+        return outcomes, BatchTimings()
+
+
+class LengthTask(Task[LengthRow, LengthOutcome]):
+    """How many tokens a text has (JSON rows only: ``{"text": ...}`` or a text body)."""
+
+    name = "length"
+    main_input = "text"
+
+    def load(self, config: HandlerConfig, model_dir: Path, device: Any) -> LengthService:
+        from transformers import AutoTokenizer
+
+        return LengthService(AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True))
+
+    def decode(self, body: Body, explain_header: bool, config: HandlerConfig) -> LengthRow:
+        if body.message is not None or body.binary is not None:
+            raise RowError("unsupported_input", "the length task takes a JSON body {'text': ...}")
+        text = body.text if body.document is None else body.document.get("text")
+        if not isinstance(text, str):
+            raise RowError("missing_text", "missing 'text': send {'text': ...}")
+        return LengthRow(body.encoding, text)
+
+    def requested_method(self, row: LengthRow) -> str | None:
+        return None
+
+    def with_explanation(self, row: LengthRow, config: HandlerConfig) -> LengthRow:
+        return row  # nothing to explain: a count
+
+    def with_deadline(self, row: LengthRow, deadline: Deadline | None) -> LengthRow:
+        return row  # a count is never late
+
+    def to_dict(self, outcome: LengthOutcome, config: HandlerConfig) -> dict[str, Any]:
+        return {"tokens": outcome.tokens}
+
+    def to_proto(self, outcome: LengthOutcome, response: Any, config: HandlerConfig) -> None:
+        raise AssertionError("protobuf rows are refused by decode: no row is answered in protobuf")
+
+
+LENGTH = LengthTask()
+#: The length task's ``handler.task``: its record's import path.
+LENGTH_TASK = f"{__name__}:LENGTH_FACTS"
+LENGTH_FACTS = TaskFacts(
+    name="length",
+    task=f"{__name__}:LENGTH",
+    explained_as="sequence_classification",
+    model_class="AutoModelForSequenceClassification",
+    head_suffixes=(),
+    examples=Examples(
+        torchserve=(TorchServeCall("predictions", '-d \'{"text": "what a lovely day"}\''),),
+        oip='{"inputs": [{"name": "document", "datatype": "BYTES", "shape": [1], "data": ["{\\"text\\": \\"hi\\"}"]}]}',
+        v1='{"instances": [{"text": "what a lovely day"}]}',
+    ),
+    labelled=False,
+    time_budget=False,
+)
+
+
+def _config() -> HandlerConfig:
+    return HandlerConfig.from_model_yaml({"handler": {"task": LENGTH_TASK, "max_length": 64}})
+
+
+class _Context:
+    """What TorchServe's handler reads of its context, for one batch."""
+
+    def __init__(self, model_yaml: Mapping[str, Any], model_dir: Path) -> None:
+        self.model_yaml_config = model_yaml
+        self.system_properties = {"model_dir": str(model_dir)}
+        self.model_name = "length"
+        self.statuses: dict[int, int] = {}
+
+    def get_request_header(self, index: int, name: str) -> str | None:
+        return None
+
+    def get_all_request_header(self, index: int) -> dict[str, str]:
+        return {}
+
+    def set_response_content_type(self, index: int, content_type: str) -> None:
+        pass
+
+    def set_response_status(self, status: int, phrase: str, index: int) -> None:
+        self.statuses[index] = status
+
+
+@pytest.fixture(scope="module")
+def length_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The length task's archive over a tiny text classifier's checkpoint, packaged with the generic entry file."""
+    from model_store.archive import ServingConfig, entry_file, make_archive
+    from tests.checkpoints import multi_label
+
+    folder = tmp_path_factory.mktemp("length")
+    checkpoint = multi_label(folder / "checkpoint")
+    config = ServingConfig(task=LENGTH_TASK, labels=(), max_length=64, batch_size=4)
+    return make_archive("length", entry_file(LENGTH_TASK), checkpoint, config, folder / "store" / "length")
+
+
+def test_the_throw_away_task_is_found_by_its_record_and_served_by_the_generic_handler(length_archive: Path) -> None:
+    import yaml
+
+    from doors.torchserve.entry import TaskExplanationHandler
+    from model_store.archive import MANIFEST_PATH
+
+    assert task_facts(LENGTH_TASK) is LENGTH_FACTS and get_task(LENGTH_TASK) is LENGTH
+    config = _config()
+    assert config.task == LENGTH_TASK and config.labels == () and config.time_budget_s is None
+    manifest = json.loads((length_archive / MANIFEST_PATH).read_text())
+    assert manifest["model"]["handler"] == "entry.py"
+    model_yaml = yaml.safe_load((length_archive / "model-config.yaml").read_text())
+    assert model_yaml["handler"]["task"] == LENGTH_TASK and "labels" not in model_yaml["handler"]
+    handler = TaskExplanationHandler()
+    context = _Context(model_yaml, length_archive)
+    handler.initialize(context)
+    rows: list[dict[str, Any]] = [{"body": {"text": "a b c"}}, {"body": b"{}"}, {"body": "a b"}, {"request": b""}]
+    answers = handler.handle(rows, context)
+    tokenizer = handler.service.tokenizer  # type: ignore[union-attr]
+    assert json.loads(answers[0]) == {"tokens": len(tokenizer("a b c")["input_ids"])}
+    assert json.loads(answers[2]) == {"tokens": len(tokenizer("a b")["input_ids"])}
+    assert context.statuses == {1: 400, 3: 415}  # missing_text; unsupported_input (a protobuf row)
+
+
+@pytest.fixture(scope="module")
+def length_doors(length_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """TorchServe and, with the extras, the KServe door serving the length archive: door → its REST URL (and
+    ``token``: TorchServe's inference key)."""
+    from doors.torchserve.config import Ports
+    from doors.torchserve.process import start, stop
+    from tests.doors_support import missing_extras
+
+    run_dir = tmp_path_factory.mktemp("length-torchserve")
+    server = start(run_dir, length_archive.parent, {"length": "length"}, Ports.free(), timeout=300)
+    urls = {"torchserve": server.inference_url, "token": server.keys["inference"]}
+    kserve_dir = tmp_path_factory.mktemp("length-kserve")
+    try:
+        if missing_extras() is None:
+            from doors.kserve import launch
+
+            ports = Ports.free()
+            models = {"length": length_archive}
+            door = launch.start("kserve", models, kserve_dir, ports.inference, ports.grpc_inference, replicas=1,
+                                timeout=400, env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+            urls["kserve"] = door.url
+        yield urls
+    finally:
+        stop(run_dir)
+        if "kserve" in urls:
+            from doors.kserve import launch
+
+            launch.stop(kserve_dir)
+
+
+@pytest.mark.slow
+def test_the_throw_away_task_is_served_by_torchserve_and_the_kserve_door(length_doors: dict[str, str]) -> None:
+    from tests.doors_support import missing_extras
+    from tests.serving_support import http_post
+
+    text = "the service was quick and the staff were lovely"
+    status, answer = http_post(
+        f"{length_doors['torchserve']}/predictions/length", json.dumps({"text": text}).encode(), length_doors["token"]
+    )
+    assert status == 200 and isinstance(answer, dict) and answer["tokens"] > 3, answer
+    if missing_extras() is not None:
+        pytest.skip(missing_extras() or "")
+    url = length_doors["kserve"]
+    infer = {
+        "inputs": [{"name": "document", "datatype": "BYTES", "shape": [2], "data": [json.dumps({"text": text}), "{}"]}]
+    }
+    status, reply = http_post(f"{url}/v2/models/length/infer", json.dumps(infer).encode(), None)
+    assert status == 200, reply
+    outputs = {output["name"]: output["data"] for output in reply["outputs"]}
+    assert json.loads(outputs["document"][0]) == answer and outputs["document"][1] == ""
+    assert outputs["error_code"] == ["", "missing_text"]
+    status, reply = http_post(
+        f"{url}/v1/models/length:predict", json.dumps({"instances": [{"text": text}]}).encode(), None
+    )
+    assert status == 200 and reply == {"predictions": [answer]}, reply

@@ -1,7 +1,8 @@
 """The KServe door on the serving core: KServe's model server (Open Inference Protocol v2 with an explain
 extension, KServe v1 ``:predict``/``:explain``) and Ray Serve replicas behind it.
 
-- :mod:`doors.kserve.oip`: the OIP explain extension as pure functions, one codec per task (every task has one);
+- :mod:`doors.kserve.oip`: the OIP explain extension as pure functions, a codec per task (a task's own, else
+  the generic codec of JSON documents);
 - :mod:`doors.kserve.v1`: KServe's v1 protocol as pure functions;
 - :mod:`doors.kserve.settings`: a model's settings from its archive folder;
 - :mod:`doors.kserve.batching`: the in-process door's dynamic batcher;

@@ -6,10 +6,11 @@ Thin by design: KServe's request types become :class:`~doors.kserve.oip.OipReque
 the outcomes go back the same way. A request none of whose rows could be served raises :class:`RequestError`, which
 the server maps to the error table's HTTP status and gRPC code; a request with some good rows is answered, its
 failed rows named in the ``error_code``/``error_message`` outputs (v1: their ``error`` objects). Every task is served
-the same way: the model's task (:data:`serving_core.registry.TASKS`) has an OIP codec and the v1 functions use its
-JSON decoder and answer. The project's explanation metrics (``explain_stage_seconds`` and the others of
-:mod:`serving_core.metrics`) are recorded here, in the door's process, for either backend, next to KServe's own
-``request_*_seconds`` histograms on ``/metrics``.
+the same way: the model's task has an OIP codec (its own, or the generic codec of JSON documents:
+:func:`doors.kserve.oip.codec_for`) and the v1 functions hand its JSON documents to the task
+(:meth:`serving_core.task.Task.decode_document`) and use its answer. The project's explanation metrics
+(``explain_stage_seconds`` and the others of :mod:`serving_core.metrics`) are recorded here, in the door's process,
+for either backend, next to KServe's own ``request_*_seconds`` histograms on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -109,18 +110,7 @@ class ExplainModel(Model):
         self.ready = False
 
     def load(self) -> bool:
-        """Load the backend's model.
-
-        Raises:
-            ValueError: if the model's task has no OIP codec (:data:`doors.kserve.oip.CODECS`).
-        """
-        try:
-            oip.codec_for(self.settings.config)
-        except KeyError as error:
-            raise ValueError(
-                f"model {self.name}: the KServe/Ray doors have no OIP codec for task {self.settings.config.task!r} yet "
-                f"(doors/kserve/oip.py: register a TaskCodec for it); serve it on TorchServe. {error.args[0]}"
-            ) from None
+        """Load the backend's model (every task has an OIP codec: its own, or the generic one of JSON documents)."""
         self.head_type = self.backend.load()
         self.ready = True
         return self.ready
@@ -196,7 +186,7 @@ class ExplainModel(Model):
         rows: list[Any] = []
         for document in documents:
             try:
-                rows.append(task.decode({"body": document}, False, config))
+                rows.append(task.decode_document(document, False, config))
             except RowError as error:
                 rows.append(error)
         served = await self._serve(rows)

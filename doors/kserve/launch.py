@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from serving_core.registry import task_facts
 from supervise.environment import bind_address, env_port
 from supervise.processes import (
     Launch,
@@ -156,26 +157,21 @@ def start(
 
 
 def servable(models: Mapping[str, str | Path]) -> dict[str, str | Path]:
-    """The models whose task the OIP doors speak (:data:`doors.kserve.oip.CODECS`); the others are left out with a
-    warning (serve them on TorchServe).
+    """The models the OIP doors serve: every model whose archive settings read (each task has an OIP codec, its own
+    or the generic one of JSON documents, :func:`doors.kserve.oip.codec_for`).
 
     Raises:
-        RuntimeError: if none is left.
+        FileNotFoundError: if a folder has no ``model-config.yaml``.
+        ValueError: if a model's setting is invalid.
+        RuntimeError: if there is no model.
     """
-    from .oip import CODECS
     from .settings import read_settings
 
-    kept: dict[str, str | Path] = {}
     for name, path in models.items():
-        task = read_settings(name, Path(path)).config.task
-        if task in CODECS:
-            kept[name] = path
-        else:
-            logger.warning("%s: the KServe/Ray doors have no OIP codec for task %r yet: not served here (TorchServe "
-                           "serves it)", name, task)  # fmt: skip
-    if not kept:
-        raise RuntimeError(f"none of {sorted(models)} has a task the KServe/Ray doors serve ({sorted(CODECS)})")
-    return kept
+        read_settings(name, Path(path))
+    if not models:
+        raise RuntimeError("no model to serve on the KServe/Ray doors")
+    return dict(models)
 
 
 def stop(run_dir: Path, timeout: float = 30.0) -> bool:
@@ -188,40 +184,15 @@ def stop(run_dir: Path, timeout: float = 30.0) -> bool:
     return stopped
 
 
-# The request bodies the usage lines show, by task: (OIP v2 infer, KServe v1 explain).
-_EXAMPLE_BODIES: dict[str, tuple[str, str]] = {
-    "text": (
-        '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["what a lovely day"]}], '
-        '"parameters": {"explain_method": "default"}}',
-        '{"instances": ["what a lovely day"]}',
-    ),
-    "token_classification": (
-        '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Ada Lovelace lived in London"]}], '
-        '"parameters": {"explain_method": "default"}}',
-        '{"instances": [{"text": "Ada Lovelace lived in London"}]}',
-    ),
-    "generation": (
-        '{"inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["The capital of France is"]}], '
-        '"parameters": {"max_new_tokens": 8, "explain_method": "default"}}',
-        '{"instances": [{"prompt": "The capital of France is", "max_new_tokens": 8}]}',
-    ),
-    "image": (
-        '{"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["<base64 PNG>"]}], '
-        '"parameters": {"explain_method": "default"}}',
-        '{"instances": [{"image": {"b64": "<base64 PNG>"}}]}',
-    ),
-}
-
-
 def usage(door: Door, example: tuple[str, str] = ("sentiment", "text")) -> str:
-    """How to call the running door (printed by ``make serve SERVER=...``)."""
+    """How to call the running door (printed by ``make serve SERVER=...``): ``example`` is the (model, task) the
+    commands show, with the task's example requests (:attr:`serving_core.registry.TaskFacts.examples`)."""
     model, task = example
     url = door.url
-    body, v1_body = _EXAMPLE_BODIES.get(task, _EXAMPLE_BODIES["image"])
+    facts = task_facts(task)
+    body, v1_body = facts.examples.oip, facts.examples.v1
     door_name = "KServe model server" if door.server == "kserve" else "KServe door in front of Ray Serve replicas"
-    openai = (
-        f"  OpenAI API: {url}/v1 (chat/completions, completions, models; any API key)\n" if task == "generation" else ""
-    )
+    openai = f"  OpenAI API: {url}/v1 (chat/completions, completions, models; any API key)\n" if facts.chat else ""
     return f"""
 The explanation service is up on the {door_name} (models: {", ".join(door.models)}); no token on loopback.
   OIP v2 REST (explain extension):

@@ -68,7 +68,7 @@ def _decode_instance(instance: Any, config: HandlerConfig, explain: bool) -> Any
     image = instance.get("image")
     if isinstance(image, Mapping) and set(image) == {"b64"}:
         instance = {**instance, "image": image["b64"]}
-    row = task.decode({"body": instance}, explain, config)
+    row = task.decode_document(instance, explain, config)
     return task.with_explanation(row, config) if explain else row  # "explain": false on :explain still explains
 
 

@@ -1,7 +1,8 @@
 """TorchServe's door.
 
-- the handler entry points archives name (``text_handler.py``, ``image_handler.py``, ``token_handler.py``,
-  ``generation_handler.py``) and the one generic handler they subclass (:mod:`doors.torchserve.handler`);
+- the handler entry points archives name: ``entry.py`` (any task: the archive's ``handler.task``) and the entry
+  files the registered tasks' records name (``text_handler.py``, ``image_handler.py``, ``token_handler.py``,
+  ``generation_handler.py``), all subclasses of the one handler (:mod:`doors.torchserve.handler`);
 - :mod:`doors.torchserve.launch`: the door as the launcher (:mod:`doors.launch`) starts it;
   :mod:`doors.torchserve.process` starts and stops TorchServe, the exporter and the router;
   :mod:`doors.torchserve.supervision` watches them; :mod:`doors.torchserve.config` writes TorchServe's config

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from serving_core.registry import is_task, task_facts
 from supervise.environment import bind_address, env_port
 
 #: This package's folder: the files below are read from the installed package, never written.
@@ -222,7 +223,8 @@ def link_store(
             served.append(served_name)
         if pool is not None:
             pools.append(name)
-        if config["handler"].get("task") == "generation":
+        task = config["handler"].get("task")
+        if is_task(task) and task_facts(task).chat:  # its models answer the OpenAI API
             generation.append(name)
     return LinkedStore(store, tuple(served), tuple(pools), tuple(generation))
 

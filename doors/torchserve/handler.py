@@ -1,10 +1,11 @@
 """The TorchServe handler contract, row by row, for every task: ``initialize`` once, then ``handle`` per batch.
 
-TorchServe glue only: the task's verbs (:class:`serving_core.task.Task`, found in :data:`serving_core.registry.TASKS`
-by the entry point's ``task``) do the work. ``handle`` decodes each row on its own (an undecodable row gets its own
-error), serves the valid rows with one ``service.run``, encodes each row in the encoding it came in, sets each row's
-REST status and content type, and records the metrics. It never uses ``BaseHandler.handle``/``explain_handle``, which
-decide for the whole batch from row 0 and explain row 0 only. No per-request state is stored on ``self``.
+TorchServe glue only: the task's verbs (:class:`serving_core.task.Task`, found by the archive's ``handler.task``
+through :func:`serving_core.task.get_task`) do the work. ``handle`` decodes each row on its own (an undecodable row
+gets its own error), serves the valid rows with one ``service.run``, encodes each row in the encoding it came in, sets
+each row's REST status and content type, and records the metrics. It never uses
+``BaseHandler.handle``/``explain_handle``, which decide for the whole batch from row 0 and explain row 0 only. No
+per-request state is stored on ``self``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _decoded(task: Task[Any, Any], row: dict[str, Any], context: Any, index: int
     Raises:
         RowError: for what is wrong with the row or the header.
     """
-    decoded = task.decode(row, _explain_header(context, index), config)
+    decoded = task.decode_row(row, _explain_header(context, index), config)
     deadline = headers_deadline(context.get_all_request_header(index))
     if deadline is None:  # TorchServe's gRPC Predictions: an entry of the input map
         deadline = header_deadline(row.get(DEADLINE_HEADER))
@@ -56,8 +57,13 @@ def lower_priority(niceness: int = POOL_NICENESS) -> None:
 
 
 class ExplanationHandler:
-    """Base class of the handler entry points (``doors/torchserve/text_handler.py``, ``image_handler.py``,
-    ``token_handler.py``, ``generation_handler.py``): an entry point names its task, nothing else."""
+    """Base class of the handler entry points: the generic ``doors/torchserve/entry.py`` serves the archive's
+    ``handler.task``; the task entry files (``text_handler.py``, ``image_handler.py``, ``token_handler.py``,
+    ``generation_handler.py``, named by their tasks' records) name their task, nothing else, and refuse another.
+
+    Attributes:
+        task: the task this entry point serves (``""``: the one the archive's ``handler.task`` names).
+    """
 
     task: str = ""
 
@@ -75,7 +81,7 @@ class ExplanationHandler:
             ConfigError: if the config is invalid or its task is not this handler's.
         """
         config = HandlerConfig.from_model_yaml(context.model_yaml_config)
-        if config.task != self.task:
+        if self.task and config.task != self.task:
             raise ConfigError(f"handler.task is {config.task!r} but this is the {self.task} handler")
         properties = context.system_properties
         model_dir = Path(properties.get("model_dir", ".")) / config.model_dir

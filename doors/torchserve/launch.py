@@ -13,6 +13,7 @@ from doors.torchserve.config import load_profile
 from doors.torchserve.process import Server, start
 from doors.torchserve.process import stop as stop_torchserve
 from doors.torchserve.supervision import supervise
+from serving_core.registry import task_facts
 from supervise.supervisor import claimed, write_status
 
 if TYPE_CHECKING:
@@ -45,31 +46,15 @@ def stop(run_dir: Path) -> bool:
 
 def usage(server: Server, example: tuple[str, str] = ("sentiment", "text")) -> str:
     """How to call the running service (printed by ``serve``/``start``); ``example`` is the (model, task) the
-    commands show."""
+    commands show, with the task's example calls (:attr:`serving_core.registry.TaskFacts.examples`)."""
     ports = server.ports
     model, task = example
     url = f"http://127.0.0.1:{ports.inference}"
-    if task == "text":
-        calls = (
-            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
-            f'       {url}/predictions/{model} -d \'{{"text": "what a lovely day"}}\'\n'
-            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
-            f'       {url}/explanations/{model} -d \'{{"text": "what a lovely day"}}\'   # the default method\n'
-            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
-            f'       {url}/predictions/{model} -d \'{{"text": "what a lovely day", "explain": '
-            f'{{"below": 0.8}}}}\'   # explained only if unsure\n'
-        )
-    elif task == "generation":
-        calls = (
-            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' \\\n"
-            f'       {url}/predictions/{model} -d \'{{"prompt": "the flight was", "max_new_tokens": 8, '
-            f'"explain": {{"method": "attnlrp"}}}}\'   # each generated token explained\n'
-        )
-    else:
-        calls = (
-            f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: image/png' \\\n"
-            f"       {url}/explanations/{model} --data-binary @picture.png\n"
-        )
+    calls = "".join(
+        f"  curl -s -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: {call.content_type}' \\\n"
+        f"       {url}/{call.route}/{model} {call.data}{f'   # {call.comment}' if call.comment else ''}\n"
+        for call in task_facts(task).examples.torchserve
+    )
     pools = ""
     if server.pools:
         pools = (

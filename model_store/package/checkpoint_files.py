@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from model_store.package.settings import PackageError, Task
+from serving_core.registry import TASKS
 
 #: Suffixes of the checkpoint files copied into an archive: formats that carry no code.
 SAFE_SUFFIXES = frozenset({".json", ".safetensors", ".txt", ".model", ".jinja", ".tiktoken", ".md"})
@@ -71,9 +72,7 @@ def is_vocabulary(file_name: str) -> bool:
 
 def conversion_command(path: Path, task: Task | None) -> str:
     """The command that re-saves a pickle checkpoint at ``path`` as safetensors (to run in a trusted environment)."""
-    auto = {"image": "AutoModelForImageClassification", "token_classification": "AutoModelForTokenClassification"}.get(
-        str(task), "AutoModelForSequenceClassification"
-    )
+    auto = TASKS[task].model_class if task in TASKS else "AutoModelForSequenceClassification"
     return f"python -c \"from transformers import {auto} as M; M.from_pretrained('{path}').save_pretrained('{path}')\""
 
 

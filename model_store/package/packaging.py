@@ -17,19 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from model_store import REPO_ROOT, default_build_dir
-from model_store.archive import MANIFEST_PATH, ServingConfig, make_archive
+from model_store.archive import MANIFEST_PATH, ServingConfig, entry_file, make_archive
 from model_store.files import file_sha256
 from model_store.fingerprint import digest, package_versions
-from model_store.package.settings import Settings, Task
+from model_store.package.settings import Settings
 from model_store.package.validate import Checkpoint, validate
 
 logger = logging.getLogger(__name__)
 
 FINGERPRINTS_DIR = ".fingerprints"
-TEXT_HANDLER = REPO_ROOT / "doors" / "torchserve" / "text_handler.py"
-IMAGE_HANDLER = REPO_ROOT / "doors" / "torchserve" / "image_handler.py"
-TOKEN_HANDLER = REPO_ROOT / "doors" / "torchserve" / "token_handler.py"
-GENERATION_HANDLER = REPO_ROOT / "doors" / "torchserve" / "generation_handler.py"
 PACKAGE_CODE_DIR = Path(__file__).resolve().parent
 
 
@@ -78,20 +74,11 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
     )
 
 
-def _handler(task: Task) -> Path:
-    return {
-        "text": TEXT_HANDLER,
-        "image": IMAGE_HANDLER,
-        "token_classification": TOKEN_HANDLER,
-        "generation": GENERATION_HANDLER,
-    }[task]
-
-
 def fingerprint(checkpoint: Checkpoint, settings: Settings, name: str) -> tuple[str, dict[str, Any]]:
     """The package's fingerprint and the document it hashes: each copied file's name, size and modification time
     (hashing gigabytes of weights would take longer than packaging), the settings, the handler and packaging code and
     the archiver version."""
-    handler = _handler(checkpoint.task)
+    handler = entry_file(checkpoint.task)
     document = {
         "name": name,
         "files": {
@@ -153,7 +140,7 @@ def package(
         stage.mkdir()
         for file_name, source in checkpoint.files.items():
             (stage / file_name).symlink_to(source)
-        make_archive(name, _handler(checkpoint.task), stage, serving_config(checkpoint, settings), archive)
+        make_archive(name, entry_file(checkpoint.task), stage, serving_config(checkpoint, settings), archive)
     stamp.parent.mkdir(exist_ok=True)
     stamp.write_text(json.dumps({"fingerprint": expected, "inputs": document}, indent=2) + "\n", encoding="utf-8")
     logger.info("%s: packaged %s (%s, %s head) -> %s", name, checkpoint.architecture, checkpoint.task,

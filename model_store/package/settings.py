@@ -16,7 +16,8 @@ from typing import Any, Literal
 #: A safe TorchServe model / archive name: no path separators, dots or leading dash; at most 64 characters.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
-Task = Literal["text", "image", "token_classification", "generation"]
+#: A task name: one of :data:`serving_core.registry.TASKS` (whose records say what each task is).
+Task = str
 
 
 class PackageError(ValueError):

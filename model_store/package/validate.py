@@ -27,6 +27,7 @@ from model_store.package.checkpoint_files import (
     select_files,
 )
 from model_store.package.settings import PackageError, Settings, Task, check_name
+from serving_core.registry import TASKS, task_of_architecture
 
 _GENERIC_LABEL = re.compile(r"LABEL_\d+")
 _PROBLEM_TYPES = (None, "single_label_classification", "multi_label_classification", "regression")
@@ -39,7 +40,7 @@ class Checkpoint:
     Attributes:
         path: The folder as given.
         files: The top-level files copied into the archive, by name, resolved (symbolic links followed).
-        task: ``text`` or ``image``.
+        task: the registered task that serves it (:data:`serving_core.registry.TASKS`).
         model_type: ``config.model_type``.
         architecture: The classifier class (``config.architectures[0]``).
         head_type: ``single_label``, ``multi_label`` or ``regression``.
@@ -73,15 +74,10 @@ class Checkpoint:
 
 
 def _task_of(architecture: str) -> Task | None:
-    if architecture.endswith("ForSequenceClassification"):
-        return "text"
-    if architecture.endswith("ForCausalLM") or architecture.endswith("LMHeadModel"):
-        return "generation"
-    if "ForImageClassification" in architecture:  # also DeiTForImageClassificationWithTeacher
-        return "image"
-    if architecture.endswith("ForTokenClassification"):
-        return "token_classification"
-    return None
+    """The registered task whose head-class suffixes end ``architecture`` (:attr:`TaskFacts.head_suffixes
+    <serving_core.registry.TaskFacts.head_suffixes>`)."""
+    facts = task_of_architecture(architecture)
+    return None if facts is None else facts.name
 
 
 def _check_head(model: Any, shapes: Mapping[str, list[int]], architecture: str) -> None:
@@ -351,6 +347,7 @@ def _validate_staged(
 ) -> Checkpoint:
     """The checks that load the config, the preprocessor and the model skeleton from the staged files."""
     import torch
+    import transformers
     from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
     from explainers import DEFAULT_METHOD, ExplainError, describe, head_type, supported_methods
@@ -363,10 +360,9 @@ def _validate_staged(
         raise PackageError(
             f"config.json cannot be loaded by transformers ({error}); re-save it with save_pretrained"
         ) from None
-    if task == "generation":
-        from transformers import AutoModelForCausalLM
-
-        model_class: Any = AutoModelForCausalLM
+    facts = TASKS[task]
+    if facts.explained_as == "causal_lm":  # an LM is built as its Auto class names it
+        model_class: Any = getattr(transformers, facts.model_class)
     else:
         model_class = classifier_class(config, task)
     try:
@@ -387,10 +383,7 @@ def _validate_staged(
         _check_lm_head(skeleton, shapes, architecture)
     else:
         _check_head(skeleton, shapes, architecture)
-    explained_as = {"token_classification": "token_classification", "generation": "causal_lm"}.get(
-        task, "sequence_classification"
-    )
-    methods = supported_methods(str(config.model_type), explained_as)
+    methods = supported_methods(str(config.model_type), facts.explained_as)
     default_method = settings.default_method or (DEFAULT_METHOD if DEFAULT_METHOD in methods else "gae")
     if default_method not in methods:
         raise PackageError(
@@ -428,7 +421,7 @@ def _validate_staged(
     max_length: int | None = None
     if task == "token_classification":
         warnings += _token_checks(labels, settings)
-    if task in ("text", "token_classification", "generation"):
+    if facts.input_kind == "text":
         reserved = settings.max_new_tokens if task == "generation" else 0
         max_length = _max_length(config, settings.max_length, reserved)
         fix = "save it next to the model with tokenizer.save_pretrained(folder) (tokenizer.json or vocabulary files)"

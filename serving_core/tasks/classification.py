@@ -17,12 +17,12 @@ import torch
 
 from explainers import Deadline, RowRequest
 
-from .. import metrics
+from .. import metrics, wire
 from ..config import HandlerConfig
 from ..deadlines import earliest
 from ..errors import RowError
 from ..task import BatchTimings, Task
-from .classify_schema import DecodedRow, RowOutcome, decode_row, fill_response, outcome_to_dict
+from .classify_schema import DecodedRow, RowOutcome, decode_body, fill_response, outcome_to_dict, read_row
 from .classify_service import ExplanationService
 
 
@@ -38,9 +38,13 @@ class ClassificationTask(Task[DecodedRow, RowOutcome]):
         """The classifier and its tokenizer or image processor."""
         return ExplanationService(config, model_dir, device)
 
-    def decode(self, row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
-        """A JSON/text/raw-image/protobuf row (:func:`~serving_core.tasks.classify_schema.decode_row`)."""
-        return decode_row(row, explain_header, config)
+    def read(self, row: Mapping[str, Any], config: HandlerConfig) -> wire.Body:
+        """The envelope as a classifier takes it (:func:`~serving_core.tasks.classify_schema.read_row`)."""
+        return read_row(row, config)
+
+    def decode(self, body: wire.Body, explain_header: bool, config: HandlerConfig) -> DecodedRow:
+        """A JSON/text/raw-image/protobuf request (:func:`~serving_core.tasks.classify_schema.decode_body`)."""
+        return decode_body(body, explain_header, config)
 
     def requested_method(self, row: DecodedRow) -> str | None:
         """The method the row asks for."""

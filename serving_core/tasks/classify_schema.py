@@ -1,7 +1,8 @@
 """Request and response schema of classifiers (tasks ``text`` and ``image``): decode one row into a typed request,
 write one result back (the envelope is :mod:`serving_core.wire`'s).
 
-A row arrives as a dict, as TorchServe hands it over (the other doors wrap a JSON document the same way):
+A row arrives as a dict, as TorchServe hands it over, and :func:`serving_core.wire.read_row` removes the envelope
+(the other doors hand a JSON document directly, :func:`decode_body`):
 
 - REST: ``body``/``data`` holds a dict (``Content-Type: application/json``), a ``str`` (``text/*``) or bytes (JSON
   without that content type, or a raw PNG/JPEG body for image models).
@@ -35,8 +36,7 @@ from .. import wire
 from ..config import HandlerConfig
 from ..deadlines import decode_deadline_ms, proto_deadline
 from ..errors import RowError
-from ..pools import IMAGE_MAGIC
-from ..wire import Encoding, parse_json, rounded, rounded_list
+from ..wire import Encoding, rounded, rounded_list
 from .chat_schema import decode_granularity
 from .text_units import TextUnit
 
@@ -86,8 +86,18 @@ class RowOutcome:
     context: list[TextUnit] | None = None
 
 
+def read_row(row: Mapping[str, Any], config: HandlerConfig) -> wire.Body:
+    """One TorchServe row's envelope, decoded (:func:`serving_core.wire.read_row`) as a classifier takes it: a text
+    model's ``text/*`` body that is not JSON is the text itself; a raw PNG/JPEG body is kept as bytes (an image).
+
+    Raises:
+        RowError: for an envelope that cannot be decoded.
+    """
+    return wire.read_row(row, "text" if config.input_kind == "text" else "never", images=True)
+
+
 def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
-    """Decode one TorchServe row.
+    """Decode one TorchServe row (:func:`read_row`, then :func:`decode_body`).
 
     Args:
         row: the row dict TorchServe passes to ``handle``.
@@ -97,38 +107,29 @@ def decode_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConf
     Raises:
         RowError: with the code of :data:`serving_core.errors.ERROR_TABLE` that says what is wrong.
     """
-    if "request" in row:
-        return _decode_protobuf(row["request"], config)
-    raw = row.get("body", row.get("data"))
-    if raw is None:
+    return decode_body(read_row(row, config), explain_header, config)
+
+
+def decode_body(body: wire.Body, explain_header: bool, config: HandlerConfig) -> DecodedRow:
+    """Decode one row's request, its envelope removed (:class:`serving_core.wire.Body`).
+
+    Raises:
+        RowError: with the code of :data:`serving_core.errors.ERROR_TABLE` that says what is wrong.
+    """
+    if body.message is not None:
+        return _decode_protobuf(body.message, config)
+    if body.binary is not None:
+        if config.task != "image":
+            raise RowError("unsupported_input", "this is a text model: send {'text': ...}, not an image")
+        _check_image_size(len(body.binary), config)
+        return DecodedRow(Encoding.JSON, _explain_request(None, explain_header, config), image=body.binary)
+    if body.text is not None:
+        request = _explain_request(None, explain_header, config)
+        return DecodedRow(Encoding.JSON, request, text=_check_text(body.text, config))
+    if body.document is None:
         expected = "{'text': ...}" if config.input_kind == "text" else "{'image': '<base64>'} or a raw PNG/JPEG body"
         raise RowError("invalid_request", f"empty request: send a JSON body {expected}")
-    if isinstance(raw, bytearray):
-        raw = bytes(raw)
-    if isinstance(raw, bytes):
-        if raw.startswith(IMAGE_MAGIC):
-            if config.task != "image":
-                raise RowError("unsupported_input", "this is a text model: send {'text': ...}, not an image")
-            _check_image_size(len(raw), config)
-            return DecodedRow(Encoding.JSON, _explain_request(None, explain_header, config), image=raw)
-        try:
-            raw = raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
-        document = parse_json(raw)
-    elif isinstance(raw, str):
-        if config.input_kind == "text" and not raw.lstrip().startswith("{"):
-            # A text/plain body is the text itself.
-            request = _explain_request(None, explain_header, config)
-            return DecodedRow(Encoding.JSON, request, text=_check_text(raw, config))
-        document = parse_json(raw)
-    elif isinstance(raw, Mapping):
-        document = raw
-    else:
-        raise RowError("invalid_request", f"unsupported body type {type(raw).__name__}")
-    if not isinstance(document, Mapping):
-        raise RowError("invalid_request", f"the JSON body must be an object, got {type(document).__name__}")
-    return _decode_document(document, explain_header, config)
+    return _decode_document(body.document, explain_header, config)
 
 
 def decode_fields(
@@ -223,8 +224,7 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
     return DecodedRow(Encoding.JSON, request, image=image)
 
 
-def _decode_protobuf(payload: Any, config: HandlerConfig) -> DecodedRow:
-    message = wire.parse_request(payload)
+def _decode_protobuf(message: Any, config: HandlerConfig) -> DecodedRow:
     kind = message.WhichOneof("input")
     if kind is None:
         missing = "missing_text" if config.input_kind == "text" else "missing_image"

@@ -9,7 +9,6 @@ Decoding and the answer's fields are :mod:`~serving_core.tasks.generation_schema
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 
 from explainers import Deadline
 
+from .. import wire
 from ..config import HandlerConfig
 from ..deadlines import earliest
 from ..task import BatchTimings, Task
@@ -24,7 +24,7 @@ from .generation_schema import (
     GenerationAsk,
     GenerationOutcome,
     GenerationRow,
-    decode_generation_row,
+    decode_generation_body,
     fill_generation_response,
     generation_to_dict,
 )
@@ -41,9 +41,10 @@ class GenerationTask(Task[GenerationRow, GenerationOutcome]):
         """The causal LM and its tokenizer."""
         return GenerationService(config, model_dir, device)
 
-    def decode(self, row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> GenerationRow:
-        """A JSON/text/protobuf generation row (:func:`~serving_core.tasks.generation_schema.decode_generation_row`)."""
-        return decode_generation_row(row, explain_header, config)
+    def decode(self, body: wire.Body, explain_header: bool, config: HandlerConfig) -> GenerationRow:
+        """A JSON/text/protobuf generation request
+        (:func:`~serving_core.tasks.generation_schema.decode_generation_body`)."""
+        return decode_generation_body(body, explain_header, config)
 
     def requested_method(self, row: GenerationRow) -> str | None:
         """The method the row asks for."""

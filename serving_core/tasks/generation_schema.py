@@ -39,7 +39,7 @@ from .. import wire
 from ..config import HandlerConfig
 from ..deadlines import decode_deadline_ms, earliest, proto_deadline
 from ..errors import RowError
-from ..wire import Encoding, parse_json, rounded, rounded_list
+from ..wire import Encoding, rounded, rounded_list
 from .chat_schema import (
     AnswerSpan,
     ContextUnit,
@@ -174,30 +174,28 @@ class GenerationOutcome:
 
 
 def decode_generation_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> GenerationRow:
-    """Decode one TorchServe row of a generation model.
+    """Decode one TorchServe row of a generation model (:func:`serving_core.wire.read_row`: a body that is not JSON
+    is the prompt itself; then :func:`decode_generation_body`).
 
     Raises:
         RowError: with the error table's code for what is wrong.
     """
-    if "request" in row:
-        return _decode_protobuf(row["request"], config)
-    raw = row.get("body", row.get("data"))
-    if raw is None:
+    return decode_generation_body(wire.read_row(row), explain_header, config)
+
+
+def decode_generation_body(body: wire.Body, explain_header: bool, config: HandlerConfig) -> GenerationRow:
+    """Decode one generation row's request, its envelope removed (:class:`serving_core.wire.Body`).
+
+    Raises:
+        RowError: with the error table's code for what is wrong.
+    """
+    if body.message is not None:
+        return _decode_protobuf(body.message, config)
+    if body.text is not None:
+        return _decode_document({"prompt": body.text}, explain_header, config)
+    if body.document is None:
         raise RowError("invalid_request", "empty request: send a JSON body {'prompt': ...}")
-    if isinstance(raw, bytes | bytearray):
-        try:
-            raw = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise RowError("non_utf8", f"the body is not UTF-8 ({error.reason} at byte {error.start})") from None
-    if isinstance(raw, str):
-        document = parse_json(raw) if raw.lstrip().startswith("{") else {"prompt": raw}
-    elif isinstance(raw, Mapping):
-        document = raw
-    else:
-        raise RowError("invalid_request", f"unsupported body type {type(raw).__name__}")
-    if not isinstance(document, Mapping):
-        raise RowError("invalid_request", f"the JSON body must be an object, got {type(document).__name__}")
-    return _decode_document(document, explain_header, config)
+    return _decode_document(body.document, explain_header, config)
 
 
 def _decode_document(document: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> GenerationRow:
@@ -406,8 +404,7 @@ def _row(
     )
 
 
-def _decode_protobuf(payload: Any, config: HandlerConfig) -> GenerationRow:
-    message = wire.parse_request(payload)
+def _decode_protobuf(message: Any, config: HandlerConfig) -> GenerationRow:
     if message.WhichOneof("input") is not None:
         raise RowError("unsupported_input", "this is a generation model: set ExplainRequest.generation, not text/image")
     if not message.HasField("generation"):

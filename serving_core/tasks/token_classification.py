@@ -1,7 +1,7 @@
 """The token classification task (``token_classification``: NER, PII detection): a row is a text; its answer is the
 entities found, each with its character offsets and, when asked, its own attribution over the row's tokens.
 
-Requests are decoded as a classifier's (:func:`~serving_core.tasks.classify_schema.decode_row`; what a token classifier
+Requests are decoded as a classifier's (:func:`~serving_core.tasks.classify_schema.decode_body`; what a token classifier
 does not take — a pair, a target, ``below`` — is refused when the batch is served), the answer's fields are
 :mod:`~serving_core.tasks.token_schema`'s, serving is
 :class:`~serving_core.tasks.token_service.TokenClassificationService`'s.
@@ -17,10 +17,11 @@ import torch
 
 from explainers import Deadline
 
+from .. import wire
 from ..config import HandlerConfig
 from ..task import Task
 from .classification import TEXT
-from .classify_schema import DecodedRow, decode_row
+from .classify_schema import DecodedRow, decode_body, read_row
 from .token_schema import TokenOutcome, fill_token_response, token_outcome_to_dict
 from .token_service import TokenClassificationService
 
@@ -35,9 +36,13 @@ class TokenClassificationTask(Task[DecodedRow, TokenOutcome]):
         """The token classifier and its fast tokenizer."""
         return TokenClassificationService(config, model_dir, device)
 
-    def decode(self, row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> DecodedRow:
-        """A JSON/text/protobuf row, as a text classifier's."""
-        return decode_row(row, explain_header, config)
+    def read(self, row: Mapping[str, Any], config: HandlerConfig) -> wire.Body:
+        """The envelope, as a text classifier takes it."""
+        return read_row(row, config)
+
+    def decode(self, body: wire.Body, explain_header: bool, config: HandlerConfig) -> DecodedRow:
+        """A JSON/text/protobuf request, as a text classifier's."""
+        return decode_body(body, explain_header, config)
 
     def requested_method(self, row: DecodedRow) -> str | None:
         """The method the row asks for."""

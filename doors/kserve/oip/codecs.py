@@ -3,7 +3,9 @@
 A codec turns an :class:`~doors.kserve.oip.tensors.OipRequest` into the task's decoded rows (the same rows, checks and
 errors as the task's own decoder: :class:`serving_core.task.Task`) and the served outcomes into output tensors. The
 door (:mod:`doors.kserve.kserve_model`) calls :func:`decode_request` and :func:`encode_response` and never branches on
-the task; a new task is a new codec registered with :func:`register_codec`.
+the task. A task with a codec of its own registers it here by task name (:func:`register_codec`); every other task is
+served by the generic codec of JSON documents (:class:`~doors.kserve.oip.documents.DocumentCodec`), so a new task
+needs no codec.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class TaskCodec(Protocol):
         ...
 
 
-#: Task name (the handler config's ``task``) → its codec.
+#: Task name (the handler config's ``task``) → its own codec (the tasks without one: :func:`codec_for`).
 CODECS: dict[str, TaskCodec] = {}
 
 
@@ -65,14 +67,10 @@ def register_codec(codec: TaskCodec) -> TaskCodec:
 
 
 def codec_for(config: HandlerConfig) -> TaskCodec:
-    """The codec of the model's task.
+    """The codec of the model's task: its own (:data:`CODECS`), else the generic codec of JSON documents."""
+    from .documents import DocumentCodec
 
-    Raises:
-        KeyError: naming the tasks that have one.
-    """
-    if config.task not in CODECS:
-        raise KeyError(f"no OIP codec for task {config.task!r}; codecs: {sorted(CODECS)}")
-    return CODECS[config.task]
+    return CODECS.get(config.task) or DocumentCodec(config.task)
 
 
 def decode_request(request: OipRequest, config: HandlerConfig, deadline: Deadline | None = None) -> list[Any]:

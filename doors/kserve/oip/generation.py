@@ -23,7 +23,8 @@ from typing import Any
 
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
-from serving_core.tasks.generation_schema import GenerationOutcome, GenerationRow, decode_generation_row
+from serving_core.tasks.generation_schema import GenerationOutcome, GenerationRow, decode_generation_body
+from serving_core.wire import Body
 
 from .asks import EXPLAIN_METHOD, RowAsk, check_inputs, decode_rows, row_asks
 from .codecs import register_codec
@@ -135,7 +136,7 @@ class GenerationCodec:
                 document["explain"] = explain
             elif ask.options:
                 raise RowError("invalid_request", "an option was given without a method: name the method too")
-            return decode_generation_row({"body": document}, False, config)
+            return decode_generation_body(Body(document=document), False, config)
 
         return decode_rows(batch, asks, build)
 
