@@ -64,6 +64,8 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
 COPY model_store ./model_store
 COPY supervise ./supervise
 COPY doors/torchserve/text_handler.py doors/torchserve/image_handler.py doors/torchserve/token_handler.py ./doors/torchserve/
+# The task records (serving_core/registry.py, torch-free) name each task's entry file and model class.
+COPY serving_core/__init__.py serving_core/registry.py ./serving_core/
 ARG BUILD_MODELS=true
 RUN case "${BUILD_MODELS}" in \
       true) python -m model_store.build --progress lines ;; \
