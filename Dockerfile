@@ -20,7 +20,7 @@ FROM ${PYTHON_IMAGE} AS requirements
 # extras' references to this project itself are left out: the client is installed from ./explain_client below.
 COPY pyproject.toml /tmp/pyproject.toml
 RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb')); p = d['project']; print('\n'.join(r for r in p['dependencies'] + p['optional-dependencies']['serve'] + d['build-system']['requires'] if not r.startswith('transformer-explain-')))" >/requirements.txt
-# The KServe and Ray Serve doors' extras (servers/), in their own list: kserve's wheel itself is installed with
+# The KServe and Ray Serve doors' extras (doors/kserve/), in their own list: kserve's wheel itself is installed with
 # --no-deps after them (pyproject.toml says why).
 RUN python -c "import tomllib; d = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['optional-dependencies']; print('\n'.join(r for r in d['ray'] + d['kserve'] if not r.startswith('transformer-explain-')))" >/requirements-doors.txt
 
@@ -56,10 +56,10 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
  && rm /tmp/requirements.txt /tmp/requirements-doors.txt
 
 # The default models (BUILD_MODELS=true), in a layer of their own: it depends only on what the model build reads
-# (model_store/ and the three handler files it packages), so a change elsewhere (explainers, client, the rest of the
+# (model_store/, supervise/, the task records and the three handler files it packages), so a change elsewhere (explainers, client, the rest of the
 # handlers) rebuilds in seconds instead of fine-tuning again. The build folder belongs to the service's user: at
 # start the launcher checks the models' fingerprints there (and takes the build lock).
-# What `python -m model_store.build` imports (tests/test_container.py holds these lines against the build's imports):
+# What `python -m model_store.build` imports (tests/test_dockerfile.py holds these lines against the build's imports):
 # the recipes and training, the working-directory rules (supervise/) and the handler entry files the archives carry.
 COPY model_store ./model_store
 COPY supervise ./supervise

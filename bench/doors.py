@@ -79,7 +79,7 @@ def minilm_archive(out: Path = Path("build") / "bench-minilm") -> Path:
 def oip_caller(host: str, port: int, grpc_port: int, protocol: str, model: str, retries: int = 0) -> Any:
     """A thread-safe ``call(method_and_text) -> ok`` over the OIP (one connection per thread), retrying a retryable
     answer up to ``retries`` times; ``call.stats`` counts retryable answers seen and requests lost."""
-    from tests.oip_client import GrpcOip, Input, OipCallError, RestOip
+    from bench.oip_client import GrpcOip, Input, OipCallError, RestOip
 
     local = threading.local()
     lock = threading.Lock()

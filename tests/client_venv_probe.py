@@ -20,7 +20,9 @@ import sys
 import time
 from typing import Any
 
-FORBIDDEN = frozenset({"torch", "transformers", "ts", "handlers", "explainers", "model_store"})
+FORBIDDEN = frozenset(
+    {"torch", "transformers", "ts", "doors", "handlers", "servers", "serving_core", "explainers", "model_store"}
+)
 TEXT = "the crew was rude and the flight late"
 
 

@@ -270,7 +270,7 @@ class DoorClient:
 
     # KServe and Ray: the OIP with the explain extension.
     def _oip(self, model: str, row: Row) -> Answer:
-        from tests.oip_client import GrpcOip, Input, OipCallError, RestOip
+        from bench.oip_client import GrpcOip, Input, OipCallError, RestOip
 
         inputs = []
         if row.text is not None:

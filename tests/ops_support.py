@@ -449,7 +449,7 @@ def oip_request(document: dict[str, Any], protocol: str) -> tuple[list[Any], dic
     ``explain_option_<name>``)."""
     import base64
 
-    from tests.oip_client import Input
+    from bench.oip_client import Input
 
     inputs = []
     if "text" in document:
@@ -471,7 +471,7 @@ def oip_request(document: dict[str, Any], protocol: str) -> tuple[list[Any], dic
 
 
 class OipTarget:
-    """The Open Inference Protocol of the KServe and Ray Serve doors (REST and gRPC; :mod:`tests.oip_client`): the
+    """The Open Inference Protocol of the KServe and Ray Serve doors (REST and gRPC; :mod:`bench.oip_client`): the
     same requests as :class:`TorchServeTarget` (:func:`oip_request`) and the OIP-expressible bad ones."""
 
     def __init__(self, host: str, rest_port: int, grpc_port: int, image_share: float = 0.25) -> None:
@@ -494,7 +494,7 @@ class _OipCaller:
         self.clients: dict[tuple[str, float], Any] = {}
 
     def _client(self, protocol: str, timeout: float) -> Any:
-        from tests.oip_client import GrpcOip, RestOip
+        from bench.oip_client import GrpcOip, RestOip
 
         key = (protocol, timeout)
         if key not in self.clients:
@@ -506,8 +506,8 @@ class _OipCaller:
         return self.clients[key]
 
     def send(self, plan: Plan, protocol: str, rng: random.Random, timeout: float) -> Sent:
+        from bench.oip_client import OipCallError
         from serving_core.errors import ERROR_TABLE
-        from tests.oip_client import OipCallError
 
         inputs, parameters = oip_request(json.loads(plan.body), protocol)
         try:

@@ -106,8 +106,8 @@ def _check_models_in_image(stack: Stack, store: Path) -> subprocess.CompletedPro
     """The launcher's start-up model check, run in the stack's image as its user, with ``store`` (a host folder)
     mounted read-write where the image's default model store is, as the issue's user did."""
     script = (
-        "import logging; from doors import models as archives, config; logging.basicConfig(level=logging.INFO);"
-        "archives.ensure_models(config.default_model_store(), archives.DEFAULT_MODELS)"
+        "import logging; from doors import models; logging.basicConfig(level=logging.INFO);"
+        "models.ensure_models(models.default_model_store(), models.DEFAULT_MODELS)"
     )
     command = ["docker", "run", "--rm", "--network", "none", "-v", f"{store}:/srv/explain/model_store/build"]
     command += [stack.image, "python", "-c", script]

@@ -87,7 +87,7 @@ class Generated:
 
 
 def _oip_client(door: Any, transport: str) -> Any:
-    from tests.oip_client import GrpcOip, RestOip
+    from bench.oip_client import GrpcOip, RestOip
 
     if transport == "rest":
         return RestOip("127.0.0.1", door.rest_port)
@@ -95,7 +95,7 @@ def _oip_client(door: Any, transport: str) -> Any:
 
 
 def _oip(door: Any, transport: str, model: str, inputs: list[Any], parameters: dict[str, Any]) -> Any:
-    from tests.oip_client import OipCallError
+    from bench.oip_client import OipCallError
 
     client = _oip_client(door, transport)
     try:
@@ -153,7 +153,7 @@ def call_entities(
             {**{name: getattr(e, name) for name in fields}, **({"scores": list(e.scores)} if e.scores else {})}
             for e in answer.token_classification.entities
         ]
-    from tests.oip_client import Input
+    from bench.oip_client import Input
 
     parameters: dict[str, Any] = {}
     if method is not None:
@@ -190,7 +190,7 @@ def call_generation(
             result.text, [s.token for s in result.steps], [s.probability for s in result.steps],
             result.method or None, [list(s.scores) for s in result.steps if s.explained],
         )  # fmt: skip
-    from tests.oip_client import Input
+    from bench.oip_client import Input
 
     parameters: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     if method is not None:
@@ -275,7 +275,7 @@ def test_bad_input_gets_the_error_tables_code(door: Any, transport: str, model: 
 @pytest.mark.parametrize("server", ["kserve", "ray"])
 def test_kserve_v1_serves_every_task(request: pytest.FixtureRequest, models: dict[str, Path], server: str) -> None:
     started = start_door(request, server)
-    from tests.oip_client import RestOip
+    from bench.oip_client import RestOip
 
     client = RestOip("127.0.0.1", started.rest_port)
     try:
@@ -311,7 +311,7 @@ def test_the_kserve_door_takes_a_deadline_from_headers_metadata_and_parameters(r
     deadline still ahead is served."""
     import time
 
-    from tests.oip_client import GrpcOip, Input, OipCallError, RestOip
+    from bench.oip_client import GrpcOip, Input, OipCallError, RestOip
 
     started = start_door(request, "kserve")
     rest, grpc_client = RestOip("127.0.0.1", started.rest_port), GrpcOip(f"127.0.0.1:{started.grpc_port}")

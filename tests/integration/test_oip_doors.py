@@ -20,9 +20,9 @@ import psutil
 import pytest
 import torch
 
+from bench.oip_client import GrpcOip, Input, OipCallError, RestOip
 from tests.doors_support import EXTRAS, Row, door_models, from_oip, start_door, stop_doors
 from tests.integration.test_doors import PREMISE, TEXT, assert_matches, reference
-from tests.oip_client import GrpcOip, Input, OipCallError, RestOip
 from tests.serving_support import png_bytes
 
 pytestmark = [pytest.mark.slow, EXTRAS]
