@@ -3,8 +3,8 @@
 
 Exported names come from the registries themselves: every collector defined in :mod:`serving_core.metrics` and in
 the monitors' package ``monitoring`` (with the suffixes Prometheus adds: ``_total``, ``_bucket``, ``_sum``,
-``_count``, ``_created``), TorchServe's own metrics (``doors/torchserve/metrics.yaml``) and the series the recording
-rules write.
+``_count``, ``_created``), the launcher's restart counter, TorchServe's own metrics (``doors/torchserve/metrics.yaml``)
+and the series the recording rules write.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from types import ModuleType
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
+from doors.torchserve.supervision import RESTARTS_METRIC
 from serving_core import metrics
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -146,8 +147,10 @@ def recorded_names() -> set[str]:
 
 def service_metric_names() -> set[str]:
     """Every series name the service exports: the explanation metrics (serving_core/metrics.py), the monitors'
-    (monitoring/) and TorchServe's (doors/torchserve/metrics.yaml)."""
-    return collector_names(metrics) | monitoring_metric_names() | torchserve_metric_names()
+    (monitoring/), the launcher's restart counter (doors/torchserve/supervision.py) and TorchServe's
+    (doors/torchserve/metrics.yaml)."""
+    restarts = series_names(RESTARTS_METRIC, "counter")
+    return collector_names(metrics) | monitoring_metric_names() | restarts | torchserve_metric_names()
 
 
 def known_metric_names() -> set[str]:

@@ -69,8 +69,8 @@ def test_promtool_unit_tests_of_the_rules_pass(path: Path) -> None:
 
 
 def test_the_unit_tests_exercise_every_new_alert() -> None:
-    """Each alert of issue 37 (drift, canaries, error ratio, latency objectives) is both raised and held back by
-    an alert_rule_test case."""
+    """Each alert of issue 37 (drift, canaries, error ratio, latency objectives) and the restart alert is both
+    raised and held back by an alert_rule_test case."""
     cases = [
         case
         for path in UNIT_TESTS
@@ -83,6 +83,7 @@ def test_the_unit_tests_exercise_every_new_alert() -> None:
         "ExplainCanaryPredictionChanged",
         "ExplainErrorRatioHigh",
         "ExplainLatencyObjectiveMissed",
+        "ExplainProcessRestarted",
     ):
         assert alert in _alerts()
         outcomes = {bool(case["exp_alerts"]) for case in cases if case["alertname"] == alert}
