@@ -72,7 +72,7 @@ def completion_answer(translated: Translated, answers: Sequence[Mapping[str, Any
             choice["explanation"] = explanation
         choices.append(choice)
     return {**_header(translated, "chat.completion" if chat else "text_completion"), "choices": choices,
-            "usage": _usage(translated, answers)}  # fmt: skip
+            "usage": usage(translated, answers)}  # fmt: skip
 
 
 def stream_chunks(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -103,7 +103,7 @@ def stream_chunks(translated: Translated, answers: Sequence[Mapping[str, Any]]) 
         pieces.append(last)
         chunks.extend({**header, "choices": [{"index": index, **piece}]} for piece in pieces)
     if translated.include_usage:
-        chunks.append({**header, "choices": [], "usage": _usage(translated, answers)})
+        chunks.append({**header, "choices": [], "usage": usage(translated, answers)})
     return chunks
 
 
@@ -127,7 +127,7 @@ def _finish(answer: Mapping[str, Any]) -> str:
     return _FINISH.get(str(answer.get("stop_reason")), "stop")
 
 
-def _usage(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def usage(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """Prompt tokens (each prompt once, whatever ``n``), completion tokens (every choice's steps), their total."""
     prompt = sum(len(answers[first]["prompt_tokens"]) for first in range(0, len(answers), translated.n))
     completion = sum(len(answer["steps"]) for answer in answers)
