@@ -18,7 +18,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from serving_core import tracing
 from serving_core.openai_api import (
     OpenAIError,
     Translated,
@@ -28,7 +27,7 @@ from serving_core.openai_api import (
     events,
     model_list,
     stream_chunks,
-    usage,
+    trace_usage,
     with_deadline_header,
 )
 
@@ -81,15 +80,12 @@ async def _complete(
         except RetryableError as error:
             raise OpenAIError("unavailable", str(error.details)) from None
         answers = [answered[position] for position in index]
-        if tracing.active():
-            counts = usage(translated, answers)
-            tracing.set_attributes(
-                tracing.generation_attributes(
-                    translated.kind, translated.model, counts["prompt_tokens"], counts["completion_tokens"]
-                )
-            )
         if translated.stream:
-            return Response(events(stream_chunks(translated, answers)), media_type="text/event-stream")
-        return JSONResponse(completion_answer(translated, answers))
+            chunks = stream_chunks(translated, answers)
+            trace_usage(translated, answers)
+            return Response(events(chunks), media_type="text/event-stream")
+        document = completion_answer(translated, answers)
+        trace_usage(translated, answers)
+        return JSONResponse(document)
     except OpenAIError as error:
         return JSONResponse(error.to_dict(), status_code=error.status)

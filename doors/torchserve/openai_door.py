@@ -33,7 +33,7 @@ from serving_core.openai_api import (
     model_list,
     row_failure,
     stream_chunks,
-    usage,
+    trace_usage,
     with_deadline_header,
 )
 
@@ -115,16 +115,13 @@ class OpenAIRoutes:
                 "model_not_found", f"no generation model {translated.model!r} is served; served: {served}"
             )
         answers = self._answers(translated, authorization, upstream, headers)
-        if tracing.active():
-            counts = usage(translated, answers)
-            tracing.set_attributes(
-                tracing.generation_attributes(
-                    translated.kind, translated.model, counts["prompt_tokens"], counts["completion_tokens"]
-                )
-            )
         if translated.stream:
-            return Reply(200, events(stream_chunks(translated, answers)), "text/event-stream")
-        return _json(200, completion_answer(translated, answers))
+            chunks = stream_chunks(translated, answers)
+            trace_usage(translated, answers)
+            return Reply(200, events(chunks), "text/event-stream")
+        document = completion_answer(translated, answers)
+        trace_usage(translated, answers)
+        return _json(200, document)
 
     def _answers(
         self,

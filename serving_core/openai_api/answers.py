@@ -21,6 +21,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .. import tracing
 from .errors import OpenAIError, row_failure
 from .requests import Translated
 
@@ -125,6 +126,17 @@ def _header(translated: Translated, kind: str) -> dict[str, Any]:
 
 def _finish(answer: Mapping[str, Any]) -> str:
     return _FINISH.get(str(answer.get("stop_reason")), "stop")
+
+
+def trace_usage(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> None:
+    """The GenAI attributes (:func:`serving_core.tracing.generation_attributes`) on the current span, the
+    request's: call it once the answer is built from ``answers`` (which checks them)."""
+    if tracing.active():
+        counts = usage(translated, answers)
+        attributes = tracing.generation_attributes(
+            translated.kind, translated.model, counts["prompt_tokens"], counts["completion_tokens"]
+        )
+        tracing.set_attributes(attributes)
 
 
 def usage(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> dict[str, int]:
