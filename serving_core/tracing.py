@@ -10,7 +10,8 @@ never the process-wide one, so that nothing else in the process changes.
 The spans of one request, in the caller's trace (its W3C ``traceparent``, carried through the router and TorchServe
 or the KServe door):
 
-- the door's **request span** (:func:`start_request_span`, kind SERVER), with ``decode`` and ``encode``
+- the door's **request span** (:func:`start_request_span`, kind SERVER; for a batch of rows from several callers,
+  one :func:`start_row_span` per row, current only ``with`` :func:`within`), with ``decode`` and ``encode``
   (:func:`stage`) and one ``explanation`` span per explained row (:func:`record_explanation`: ``explain.method``,
   ``explain.targets``, ``explain.seconds``); an OpenAI request's span carries the GenAI attributes
   (:func:`generation_attributes`: ``gen_ai.operation.name``, ``gen_ai.request.model``,
@@ -29,7 +30,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 #: The W3C Trace Context headers (gRPC metadata keys): read from requests, written to the requests sent on.
@@ -63,9 +64,22 @@ class NoSpan:
 NO_SPAN = NoSpan()
 
 
-@contextlib.contextmanager
-def _no_span() -> Iterator[Any]:
-    yield NO_SPAN
+class _NoContext(contextlib.AbstractContextManager[Any]):
+    """The context manager every function returns while tracing is off: one shared object, yielding
+    :data:`NO_SPAN`."""
+
+    def __enter__(self) -> NoSpan:
+        return NO_SPAN
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_NO_CONTEXT = _NoContext()
+
+
+def _no_span() -> contextlib.AbstractContextManager[Any]:
+    return _NO_CONTEXT
 
 
 class _State:
@@ -174,6 +188,48 @@ def start_request_span(
 
     parent = _STATE.propagator.extract(trace_headers(headers))
     return tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+
+
+def start_row_span(
+    headers: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None,
+    name: str,
+    attributes: Mapping[str, Any] | None = None,
+) -> Any:
+    """One row's request span, started but not made current: for a door that receives a batch of rows from several
+    callers at once (TorchServe's handler), each row in its own caller's trace. Work for the row runs
+    ``with within(span):``; :func:`end_span` ends it.
+
+    Returns:
+        The span (:data:`NO_SPAN` while tracing is off).
+    """
+    tracer = _tracer()
+    if tracer is None:
+        return NO_SPAN
+    from opentelemetry.trace import SpanKind
+
+    parent = _STATE.propagator.extract(trace_headers(headers))
+    return tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+
+
+def within(span: Any) -> contextlib.AbstractContextManager[Any]:
+    """A context manager making a :func:`start_row_span` span current (its :func:`stage` and
+    :func:`record_explanation` spans become its children) without ending it."""
+    if span is NO_SPAN or _tracer() is None:
+        return _no_span()
+    from opentelemetry import trace
+
+    return trace.use_span(span, end_on_exit=False)
+
+
+def end_span(span: Any) -> None:
+    """End a :func:`start_row_span` span."""
+    if span is not NO_SPAN:
+        span.end()
+
+
+def span_context(span: Any) -> Any:
+    """A span's context, for :func:`batch_span` to link to (``None`` for :data:`NO_SPAN`)."""
+    return None if span is NO_SPAN else span.get_span_context()
 
 
 def current_span_context() -> Any:

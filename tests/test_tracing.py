@@ -126,6 +126,46 @@ def test_request_stages_explanations_and_a_linked_batch(receiver: OtlpReceiver) 
     assert spans["forward"].kind == INTERNAL
 
 
+def test_row_spans_of_one_batch_from_two_callers(receiver: OtlpReceiver) -> None:
+    """TorchServe's handler gets one batch of rows from several callers: each row a span in its caller's trace,
+    its stages inside it, the batch linked to both."""
+    second = "5bf92f3577b34da6a3ce929d0e0e4736"
+    rows = [
+        tracing.start_row_span({"traceparent": TRACEPARENT}, "TorchServe text"),
+        tracing.start_row_span({"traceparent": f"00-{second}-{CALLER_SPAN}-01"}, "TorchServe text"),
+    ]
+    for span in rows:
+        with tracing.within(span), tracing.stage("decode"):
+            pass
+    with tracing.batch_span([tracing.span_context(span) for span in rows]), tracing.stage("forward"):
+        pass
+    for span in rows:
+        with tracing.within(span):
+            tracing.record_explanation("relevance", 1, 0.01)
+        tracing.end_span(span)
+    tracing.shutdown()
+    spans = receiver.received()
+    requests = {span.trace_id: span for span in spans if span.name == "TorchServe text"}
+    assert set(requests) == {TRACE_ID, second}
+    assert all(span.parent_span_id == CALLER_SPAN for span in requests.values())
+    for name in ("decode", "explanation"):
+        children = {(span.trace_id, span.parent_span_id) for span in spans if span.name == name}
+        assert children == {(trace, span.span_id) for trace, span in requests.items()}
+    batch = next(span for span in spans if span.name == "batch")
+    assert set(batch.links) == {(trace, span.span_id) for trace, span in requests.items()}
+
+
+def test_row_spans_are_no_ops_while_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    tracing.shutdown()
+    span = tracing.start_row_span({"traceparent": TRACEPARENT}, "row")
+    assert span is tracing.NO_SPAN and tracing.span_context(span) is None
+    with tracing.within(span) as current:
+        assert current is tracing.NO_SPAN
+    tracing.end_span(span)
+
+
 def test_record_explanations_reads_every_tasks_outcome(receiver: OtlpReceiver) -> None:
     from serving_core.errors import RowError
     from serving_core.tasks.classify_schema import RowOutcome
