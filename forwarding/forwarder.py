@@ -12,6 +12,10 @@ routes through the same :class:`Upstream`). gRPC:
 TorchServe's inference service only (``Predictions``, ``Ping``), as raw bytes; its streaming RPCs, management and
 anything else are UNIMPLEMENTED (:data:`_STREAMS` says why). Status, headers, body, gRPC status and details come back
 as TorchServe sent them.
+
+Traces (:mod:`serving_core.tracing`): each request is a span in its caller's trace (W3C ``traceparent``) when
+tracing is on, and the upstream request carries that span as its parent; when it is off, the caller's
+``traceparent``/``tracestate`` pass on unchanged (REST headers and gRPC metadata alike).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
+
+from serving_core import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +254,13 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
                     left -= len(chunk)
 
         def _forward(self) -> None:
+            attributes = {"http.request.method": self.command}
+            with tracing.start_request_span(self.headers.items(), f"{policy.name} {self.command}", attributes) as span:
+                status = self._forward_traced()
+                span.set_attribute("http.response.status_code", status)
+
+        def _forward_traced(self) -> int:
+            """Forward (or answer, or refuse) the request; returns the status answered."""
             try:
                 authorization = policy.authorization(self.headers.get("Authorization"))
                 body = self._body()
@@ -259,12 +272,17 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
                 else:
                     self._reply(refused.status, refused.message)
                 self._discard_body()
-                return
+                return own.status if own is not None else refused.status
             reply = policy.respond(self.command, self.path, authorization, body, upstream, dict(self.headers.items()))
             if reply is not None:
                 self._send(reply)
-                return
-            headers = {name: value for name, value in self.headers.items() if name.lower() not in DROPPED_HEADERS}
+                return reply.status
+            headers = {
+                name: value
+                for name, value in self.headers.items()
+                if name.lower() not in DROPPED_HEADERS and name.lower() not in tracing.PROPAGATED
+            }
+            headers.update(tracing.outgoing_headers(self.headers.items()))
             if authorization is not None:
                 headers["Authorization"] = authorization
             try:
@@ -274,7 +292,7 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
             except (OSError, http.client.HTTPException, ValueError) as error:
                 logger.warning("upstream failed: %s", error)
                 self._reply(503, "the model server is not reachable yet; retry")
-                return
+                return 503
             self.send_response(response.status, response.reason)
             for name, value in response.getheaders():
                 if name.lower() not in DROPPED_HEADERS:
@@ -285,6 +303,7 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
                 self.close_connection = True
             self.end_headers()
             self.wfile.write(payload)
+            return int(response.status)
 
         do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = _forward  # noqa: N815 - http.server's naming
 
@@ -299,13 +318,15 @@ class _GrpcForwarder(grpc.GenericRpcHandler):
         self._channel = channel
 
     def _metadata(self, context: grpc.ServicerContext) -> list[tuple[str, str]]:
+        """The upstream call's metadata: the policy's token and the trace context."""
         incoming = dict(context.invocation_metadata())
         presented = incoming.get("authorization")
         try:
             authorization = self._policy.authorization(None if presented is None else str(presented))
         except RefusedError as refused:
             context.abort(refused.code, refused.message)
-        return [("authorization", authorization)] if authorization is not None else []
+        traced = list(tracing.outgoing_headers(incoming).items())
+        return [("authorization", authorization), *traced] if authorization is not None else traced
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = str(handler_call_details.method)
@@ -317,13 +338,15 @@ class _GrpcForwarder(grpc.GenericRpcHandler):
         upstream_unary: Callable[..., bytes] = self._channel.unary_unary(method)
 
         def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
-            metadata = self._metadata(context)
-            forwarded = self._policy.grpc_request(name, request)
-            try:
-                return upstream_unary(forwarded, metadata=metadata, timeout=context.time_remaining())
-            except grpc.RpcError as error:
-                context.abort(error.code(), error.details() or "")
-                raise  # unreachable: abort raises
+            attributes = {"rpc.system": "grpc", "rpc.method": name}
+            with tracing.start_request_span(context.invocation_metadata(), f"{self._policy.name} {name}", attributes):
+                metadata = self._metadata(context)
+                forwarded = self._policy.grpc_request(name, request)
+                try:
+                    return upstream_unary(forwarded, metadata=metadata, timeout=context.time_remaining())
+                except grpc.RpcError as error:
+                    context.abort(error.code(), error.details() or "")
+                    raise  # unreachable: abort raises
 
         return grpc.unary_unary_rpc_method_handler(unary)
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from serving_core import tracing
 from serving_core.loading import worker_device
 from serving_core.task import BatchTimings, Service, get_task
 from serving_core.wire import Encoding
@@ -84,7 +85,9 @@ class LocalBackend:
         """Serve the rows in the next batch."""
         if self._batcher is None:
             raise UnavailableError(f"model {self.settings.name} is not loaded")
-        return await self._batcher.submit(rows)
+        served = await self._batcher.submit(rows)
+        tracing.record_explanations(served.outcomes)  # under the request's span
+        return served
 
     def close(self) -> None:
         """Stop batching."""

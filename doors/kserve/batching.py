@@ -5,6 +5,9 @@ KServe's Python model server calls ``predict`` once per request and has no batch
 within ``max_delay`` seconds of the first one, up to ``max_rows`` rows, and serves them with one call of the serving
 core in a worker thread (the event loop keeps accepting requests meanwhile); each request gets its own rows' outcomes
 back, in order. One batch runs at a time, as one TorchServe worker runs one batch at a time.
+
+Traces (:mod:`serving_core.tracing`): each batch runs inside a batch span linked to the request span of every
+request in it; the serving core's stages (``forward``) are its children.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from serving_core import tracing
 from serving_core.task import BatchTimings
 
 logger = logging.getLogger(__name__)
@@ -55,10 +59,22 @@ def serve_together(run: RunBatch, requests: Sequence[Rows]) -> list[Served]:
     return served
 
 
+def serve_traced(run: RunBatch, requests: Sequence[Rows], links: Sequence[Any]) -> list[Served]:
+    """:func:`serve_together` inside a batch span linked to the requests' spans (``links``, each request's
+    :func:`serving_core.tracing.current_span_context`)."""
+    attributes = {
+        "explain.batch_rows": sum(len(request) for request in requests),
+        "explain.batch_requests": len(requests),
+    }
+    with tracing.batch_span(links, attributes=attributes):
+        return serve_together(run, requests)
+
+
 @dataclass
 class _Pending:
     rows: Rows
     future: asyncio.Future[Served]
+    span: Any = None
 
 
 class RowBatcher:
@@ -91,7 +107,7 @@ class RowBatcher:
             self._queue = asyncio.Queue()
             self._task = asyncio.get_running_loop().create_task(self._loop(self._queue))
         future: asyncio.Future[Served] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(rows, future))
+        await self._queue.put(_Pending(rows, future, tracing.current_span_context()))
         return await future
 
     async def _collect(self, queue: asyncio.Queue[_Pending]) -> list[_Pending]:
@@ -134,7 +150,11 @@ class RowBatcher:
                 continue
             try:
                 served = await loop.run_in_executor(
-                    self._executor, serve_together, self.run, [item.rows for item in waiting]
+                    self._executor,
+                    serve_traced,
+                    self.run,
+                    [item.rows for item in waiting],
+                    [item.span for item in waiting],
                 )
             except Exception as error:
                 logger.exception("batch of %d requests failed", len(waiting))

@@ -7,16 +7,23 @@ KServe's own server binds REST to 0.0.0.0 and gRPC to ``[::]``, with no way to c
 REST application and gRPC servicer on the address given instead. Everything else — the routes (OIP v2, v1
 ``:predict``/``:explain``, health, metadata, ``/metrics`` with KServe's request histograms), the data plane, the
 model registry — is KServe's.
+
+Traces (:mod:`serving_core.tracing`, on when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set): each REST request
+(:class:`TraceRequests`) and gRPC call (:class:`TraceCalls`) is a span in its caller's trace (``traceparent``
+header or metadata); the rows' batch and its stages are traced by the backend (:mod:`doors.kserve.batching`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent import futures
 from typing import Any
 
+import grpc
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from grpc import aio
@@ -29,6 +36,8 @@ from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.rest.server import RESTServer
+
+from serving_core import tracing
 
 from .kserve_model import ExplainModel, RequestError, RetryableError
 from .oip import EXTENSION
@@ -90,6 +99,70 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": response.body})
 
 
+#: The REST routes a span is named after (the model's name replaced by ``{model}``); any other path: the method only.
+_ROUTES = re.compile(r"/v2/models/[^/]+/infer|/v1/models/[^/:]+:(predict|explain)|/v1/(chat/)?completions")
+
+
+def route_name(method: str, path: str) -> str:
+    """A request span's name: ``POST /v2/models/{model}/infer`` for the inference routes, else the method alone
+    (span names never carry request text)."""
+    if not _ROUTES.fullmatch(path):
+        return method
+    return f"{method} {re.sub(r'/models/[^/:]+', '/models/{model}', path)}"
+
+
+class TraceRequests:
+    """ASGI middleware: each HTTP request runs inside its request span
+    (:func:`serving_core.tracing.start_request_span`), with the response's status; a no-op while tracing is off."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        """Wrap ``app``."""
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the request inside its span."""
+        if scope["type"] != "http" or not tracing.active():
+            await self.app(scope, receive, send)
+            return
+        method = str(scope.get("method", ""))
+        attributes = {"http.request.method": method}
+        with tracing.start_request_span(scope.get("headers"), route_name(method, str(scope.get("path", ""))),
+                                        attributes) as span:  # fmt: skip
+
+            async def traced_send(message: MutableMapping[str, Any]) -> None:
+                if message.get("type") == "http.response.start":
+                    span.set_attribute("http.response.status_code", int(message.get("status", 0)))
+                await send(message)
+
+            await self.app(scope, receive, traced_send)
+
+
+class TraceCalls(aio.ServerInterceptor):
+    """gRPC interceptor: each unary call runs inside its request span (the caller's ``traceparent`` metadata); a
+    no-op while tracing is off."""
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:  # fmt: skip
+        """The call's handler, its unary behaviour wrapped in a span."""
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None or not tracing.active():
+            return handler
+        inner = handler.unary_unary
+        method = str(details.method)
+        attributes = {"rpc.system": "grpc", "rpc.method": method.rpartition("/")[2]}
+
+        async def traced(request: Any, context: aio.ServicerContext) -> Any:
+            with tracing.start_request_span(details.invocation_metadata, method.lstrip("/"), attributes):
+                answer = inner(request, context)
+                return await answer if inspect.isawaitable(answer) else answer
+
+        return grpc.unary_unary_rpc_method_handler(
+            traced, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+
 def _too_large(limit: int) -> Any:
     from serving_core.errors import RowError
 
@@ -116,7 +189,7 @@ class BoundGRPCServer(GRPCServer):
         servicer = InferenceServicer(self._data_plane, self._model_repository_extension)
         self._server = aio.server(
             futures.ThreadPoolExecutor(max_workers=max_workers),
-            interceptors=(ExceptionToStatusInterceptor(),),
+            interceptors=(TraceCalls(), ExceptionToStatusInterceptor()),
             options=[
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                 ("grpc.max_send_message_length", 4 * MAX_REQUEST_BYTES),
@@ -147,6 +220,7 @@ class ExplainModelServer(ModelServer):
         kserve_app.add_exception_handler(RequestError, _door_error)
         kserve_app.add_exception_handler(RetryableError, _door_error)
         kserve_app.add_middleware(BodyLimit)
+        kserve_app.add_middleware(TraceRequests)  # outermost: the span covers the body limit's refusals too
         rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension, self.http_port,
                           grace_period=5, timeout_keep_alive=self.timeout_keep_alive)  # fmt: skip
         rest.config.host = self.address

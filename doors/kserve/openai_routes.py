@@ -27,6 +27,7 @@ from serving_core.openai_api import (
     events,
     model_list,
     stream_chunks,
+    trace_usage,
     with_deadline_header,
 )
 
@@ -80,7 +81,11 @@ async def _complete(
             raise OpenAIError("unavailable", str(error.details)) from None
         answers = [answered[position] for position in index]
         if translated.stream:
-            return Response(events(stream_chunks(translated, answers)), media_type="text/event-stream")
-        return JSONResponse(completion_answer(translated, answers))
+            chunks = stream_chunks(translated, answers)
+            trace_usage(translated, answers)
+            return Response(events(chunks), media_type="text/event-stream")
+        document = completion_answer(translated, answers)
+        trace_usage(translated, answers)
+        return JSONResponse(document)
     except OpenAIError as error:
         return JSONResponse(error.to_dict(), status_code=error.status)

@@ -24,6 +24,8 @@ from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle
 
+from serving_core import tracing
+
 from .backends import UnavailableError, load_service, run_rows
 from .batching import Served, serve_together
 from .settings import ModelSettings
@@ -139,6 +141,7 @@ class RayBackend:
             name = self.settings.name
             logger.warning("%s: a replica died with a request in flight (%s)", name, type(error).__name__)
             raise UnavailableError(f"the replica serving this request of {name} stopped; retry") from error
+        tracing.record_explanations(result.outcomes)  # under the request's span, in the door's process
         return result
 
     def close(self) -> None:

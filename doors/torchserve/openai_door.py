@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from forwarding import Reply, Upstream
+from serving_core import tracing
 from serving_core.openai_api import (
     OpenAIError,
     Translated,
@@ -32,6 +33,7 @@ from serving_core.openai_api import (
     model_list,
     row_failure,
     stream_chunks,
+    trace_usage,
     with_deadline_header,
 )
 
@@ -112,13 +114,24 @@ class OpenAIRoutes:
             raise OpenAIError(
                 "model_not_found", f"no generation model {translated.model!r} is served; served: {served}"
             )
-        answers = self._answers(translated, authorization, upstream)
+        answers = self._answers(translated, authorization, upstream, headers)
         if translated.stream:
-            return Reply(200, events(stream_chunks(translated, answers)), "text/event-stream")
-        return _json(200, completion_answer(translated, answers))
+            chunks = stream_chunks(translated, answers)
+            trace_usage(translated, answers)
+            return Reply(200, events(chunks), "text/event-stream")
+        document = completion_answer(translated, answers)
+        trace_usage(translated, answers)
+        return _json(200, document)
 
-    def _answers(self, translated: Translated, authorization: str | None, upstream: Upstream) -> list[dict[str, Any]]:
-        """Each choice's generation answer from TorchServe (identical documents sent once, all at once).
+    def _answers(
+        self,
+        translated: Translated,
+        authorization: str | None,
+        upstream: Upstream,
+        incoming: Mapping[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Each choice's generation answer from TorchServe (identical documents sent once, all at once), each
+        request in the trace of the router's span (or the caller's, ``incoming`` headers, while tracing is off).
 
         Raises:
             OpenAIError: TorchServe's refusal of a request (its token, its queue), as the error table says.
@@ -126,7 +139,7 @@ class OpenAIRoutes:
         documents, index = translated.distinct()
         bodies = [json.dumps(document, separators=(",", ":")).encode() for document in documents]
         path = f"/predictions/{quote(translated.model, safe='')}"
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **tracing.outgoing_headers(incoming)}
         if authorization is not None:
             headers["Authorization"] = authorization
 

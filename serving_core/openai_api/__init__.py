@@ -5,13 +5,13 @@ router, the KServe/Ray door) to route.
 - :mod:`~serving_core.openai_api.requests`: an OpenAI request → one generation JSON document per choice
   (:class:`~serving_core.openai_api.requests.Translated`);
 - :mod:`~serving_core.openai_api.answers`: the generation answers → the OpenAI answer, its stream chunks and
-  server-sent events, and the model list;
+  server-sent events, the model list, the token usage (and its GenAI span attributes);
 - :mod:`~serving_core.openai_api.errors`: OpenAI's error shape with the error table's statuses and codes.
 
 Plain Python (no torch): the router in front of TorchServe imports it. docs/SERVING.md, "OpenAI API".
 """
 
-from .answers import completion_answer, events, model_list, stream_chunks
+from .answers import completion_answer, events, model_list, stream_chunks, trace_usage, usage
 from .errors import OpenAIError, row_failure
 from .requests import Translated, chat_request, completion_request, with_deadline_header
 
@@ -25,5 +25,7 @@ __all__ = [
     "model_list",
     "row_failure",
     "stream_chunks",
+    "trace_usage",
+    "usage",
     "with_deadline_header",
 ]

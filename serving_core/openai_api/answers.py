@@ -21,6 +21,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .. import tracing
 from .errors import OpenAIError, row_failure
 from .requests import Translated
 
@@ -72,7 +73,7 @@ def completion_answer(translated: Translated, answers: Sequence[Mapping[str, Any
             choice["explanation"] = explanation
         choices.append(choice)
     return {**_header(translated, "chat.completion" if chat else "text_completion"), "choices": choices,
-            "usage": _usage(translated, answers)}  # fmt: skip
+            "usage": usage(translated, answers)}  # fmt: skip
 
 
 def stream_chunks(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -103,7 +104,7 @@ def stream_chunks(translated: Translated, answers: Sequence[Mapping[str, Any]]) 
         pieces.append(last)
         chunks.extend({**header, "choices": [{"index": index, **piece}]} for piece in pieces)
     if translated.include_usage:
-        chunks.append({**header, "choices": [], "usage": _usage(translated, answers)})
+        chunks.append({**header, "choices": [], "usage": usage(translated, answers)})
     return chunks
 
 
@@ -127,7 +128,18 @@ def _finish(answer: Mapping[str, Any]) -> str:
     return _FINISH.get(str(answer.get("stop_reason")), "stop")
 
 
-def _usage(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def trace_usage(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> None:
+    """The GenAI attributes (:func:`serving_core.tracing.generation_attributes`) on the current span, the
+    request's: call it once the answer is built from ``answers`` (which checks them)."""
+    if tracing.active():
+        counts = usage(translated, answers)
+        attributes = tracing.generation_attributes(
+            translated.kind, translated.model, counts["prompt_tokens"], counts["completion_tokens"]
+        )
+        tracing.set_attributes(attributes)
+
+
+def usage(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """Prompt tokens (each prompt once, whatever ``n``), completion tokens (every choice's steps), their total."""
     prompt = sum(len(answers[first]["prompt_tokens"]) for first in range(0, len(answers), translated.n))
     completion = sum(len(answer["steps"]) for answer in answers)

@@ -4,7 +4,8 @@ outcome per row out.
 The valid rows of a batch are tokenized (or image-processed) together, then :func:`explainers.explain_batch` runs
 one forward for all of them (grad-enabled only for the rows whose method needs it) and each row's method. Rows
 that failed to decode, or whose method/target/options are invalid, get their own :class:`~serving_core.errors.RowError`;
-the others are served. Nothing per request is kept on the service object.
+the others are served. Nothing per request is kept on the service object. The shared pass is the batch span's
+``forward`` stage (:func:`serving_core.tracing.stage`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from explainers import (
     unit_scores,
 )
 
+from .. import tracing
 from ..config import DEFAULT_THRESHOLD, HandlerConfig
 from ..errors import RowError, from_explain_error
 from ..loading import autocast, load_classifier, load_tokenizer
@@ -190,7 +192,7 @@ class ExplanationService:
             inputs = self._image_inputs(images)
         requests = [row.request for row in decoded]  # type: ignore[union-attr]
         try:
-            with autocast(self.config, self.device):
+            with tracing.stage("forward", {"explain.batch_rows": len(valid)}), autocast(self.config, self.device):
                 result = explain_batch(
                     self.model,
                     inputs,

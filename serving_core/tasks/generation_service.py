@@ -11,7 +11,8 @@ from the generation loop (a given continuation: from its probabilities' forward)
 (:mod:`~serving_core.tasks.generation_logprobs`). The rows that ask for an explanation are then grouped by the
 library's planner and explained group by group (:mod:`~serving_core.tasks.generation_explanation`). Rows that fail to
 decode or whose request is invalid get their own error; the others are served. Nothing per request is kept on the
-service object. Loading and devices are :mod:`serving_core.loading`'s.
+service object. Loading and devices are :mod:`serving_core.loading`'s. The batch span's stages
+(:func:`serving_core.tracing.stage`) are ``generate`` and ``explanation``.
 
 Time (docs/SERVING.md, "Time budgets and deadlines"): with a ``time_budget_s``, each row is estimated before anything
 is generated; a row over the budget, alone or beside the rows admitted before it, is refused with
@@ -45,6 +46,7 @@ from explainers import (
     vocabulary_size,
 )
 
+from .. import tracing
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
 from ..loading import check_default_method, load_model, load_tokenizer
@@ -114,7 +116,8 @@ class GenerationService:
             return outcomes, BatchTimings()
         late: set[int] = set()
         try:
-            made, generate_seconds, logprobs = self._continuations(prepared, late)
+            with tracing.stage("generate", {"explain.batch_rows": len(prepared)}):
+                made, generate_seconds, logprobs = self._continuations(prepared, late)
         except Exception:
             logger.exception("generation of a batch of %d rows failed", len(prepared))
             for item in prepared:
@@ -128,7 +131,8 @@ class GenerationService:
                 )
                 continue
             self._fill(outcomes[item.index], item, made, position, logprobs[position])
-        forward, backward = self.explanations.explain(prepared, made, outcomes)
+        with tracing.stage("explanation", {"explain.batch_rows": len(prepared)}):
+            forward, backward = self.explanations.explain(prepared, made, outcomes)
         tokens = int(made.token_mask[[not item.row.given for item in prepared]].sum())
         return outcomes, BatchTimings(forward=forward, backward=backward, generate=generate_seconds, tokens=tokens)
 

@@ -8,7 +8,8 @@ valid row is tokenized with character offsets, the rows are grouped by the libra
 explained) and their deadline, and each group is one call of :func:`explainers.explain_tokens` (or
 :func:`explainers.predict_tokens`): one forward for the group's rows, the gradient methods' products batched over its
 entities. A row whose request is invalid (method, option, an input a token classifier does not take) gets its own
-error; the others are served.
+error; the others are served. Each group's pass is a ``forward`` stage of the batch span
+(:func:`serving_core.tracing.stage`).
 
 Time (docs/SERVING.md, "Time budgets and deadlines"): with a ``time_budget_s`` each explained row is estimated before
 any work (:mod:`explainers.timing`) for as many entities as it has real tokens, at most; a row over the budget at that
@@ -51,6 +52,7 @@ from explainers import (
     unit_scores,
 )
 
+from .. import tracing
 from ..config import HandlerConfig
 from ..errors import RowError, from_explain_error
 from ..loading import autocast, load_classifier, load_tokenizer
@@ -195,7 +197,8 @@ class TokenClassificationService:
             try:
                 if deadline is not None:
                     deadline.check("any work")
-                with autocast(self.config, self.device):
+                stage = {"explain.method": key.method or "none", "explain.batch_rows": len(indices)}
+                with tracing.stage("forward", stage), autocast(self.config, self.device):
                     if key.method is None:
                         result: TokenPrediction = predict_tokens(self.model, inputs)
                     else:
