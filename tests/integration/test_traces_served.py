@@ -21,10 +21,10 @@ from typing import Any
 import grpc
 import pytest
 
+from bench.oip_client import GrpcOip, Input, RestOip
 from doors.torchserve.config import Ports
 from explain_client import protos
 from tests.doors_support import EXTRAS
-from tests.oip_client import GrpcOip, Input, RestOip
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.serving_support import tiny_archives
 
