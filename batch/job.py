@@ -168,7 +168,8 @@ class BatchJob:
 
         Args:
             progress: the progress bar (:func:`model_store.progress.progress_bar`'s setting).
-            loaded: models loaded already, by name (the others are loaded here, each once, before any line).
+            loaded: models loaded already, by name (the others are loaded here, each once, once the output is
+                claimed and before any line).
             on_progress: called with the counts after every written batch.
             should_stop: asked between batches; ``True`` ends the run there (a rerun resumes it).
 
@@ -176,13 +177,18 @@ class BatchJob:
             batch.manifest.ForeignOutputError: if the output is another job's.
         """
         started = time.monotonic()
-        models = dict(loaded or {})
-        for name, model in self.models.items():
-            if name not in models:
-                models[name] = LoadedModel(model)
+        files = self.start()
+        try:
+            models = dict(loaded or {})
+            for name, model in self.models.items():
+                if name not in models:
+                    models[name] = LoadedModel(model)
+        except BaseException:
+            files.close()
+            raise
         waiting: dict[str, list[Request]] = {name: [] for name in self.models}
         errors: list[LineError] = []
-        with self.start(), progress_bar(total=self.counts.total, desc="explain-batch", unit="line",
+        with files, progress_bar(total=self.counts.total, desc="explain-batch", unit="line",
                                         enabled=progress) as bar:  # fmt: skip
             last = 0
 
