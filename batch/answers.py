@@ -95,12 +95,16 @@ class LoadedModel:
         translate = chat_request if route.kind == "chat" else completion_request
         try:
             if self.model.config.task != "generation":
-                raise OpenAIError("model_not_found", f"no generation model {route.model!r} is served: it is a "
-                                  f"{self.model.config.task} model (send its lines to /predictions/{route.model})")  # fmt: skip
+                raise OpenAIError(
+                    "model_not_found",
+                    f"no generation model {route.model!r} is served: it is a "
+                    f"{self.model.config.task} model (send its lines to /predictions/{route.model})",
+                )
             translated = translate(request.body)
             if translated.stream:
-                raise OpenAIError("invalid_request", "'stream' is not supported in a batch: a line is answered whole",
-                                  "stream")  # fmt: skip
+                raise OpenAIError(
+                    "invalid_request", "'stream' is not supported in a batch: a line is answered whole", "stream"
+                )
         except OpenAIError as error:
             return _Pending(request, request_id, [], failure=error)
         prefix = "chatcmpl-" if route.kind == "chat" else "cmpl-"

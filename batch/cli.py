@@ -32,16 +32,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("input", type=Path, help="JSONL ({custom_id, method, url, body} per line) or Parquet")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the output JSONL (resumed if it exists)")
-    parser.add_argument("--model", action="append", required=True, metavar="NAME=PATH",
-                        help="a model: an archive folder (model-config.yaml) or a checkpoint folder; repeatable")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="NAME=PATH",
+        help="a model: an archive folder (model-config.yaml) or a checkpoint folder; repeatable",
+    )
     parser.add_argument("--errors", type=Path, help="the error file (default: OUTPUT.errors.jsonl)")
     parser.add_argument("--batch-size", type=int, help="requests per batch (default: each model's batchSize)")
     table = parser.add_argument_group("Parquet input")
     table.add_argument("--text-column", help="the column of texts (a causal LM's prompts)")
     table.add_argument("--image-column", help="the column of image paths (relative to the table) or image bytes")
     table.add_argument("--id-column", default="id", help="the column of row ids (default: id)")
-    table.add_argument("--explain", type=json.loads, metavar="JSON",
-                       help='each row\'s "explain", e.g. \'{"method": "attnlrp"}\' (default: a prediction only)')  # fmt: skip
+    table.add_argument(
+        "--explain",
+        type=json.loads,
+        metavar="JSON",
+        help='each row\'s "explain", e.g. \'{"method": "attnlrp"}\' (default: a prediction only)',
+    )
     table.add_argument("--table-model", metavar="NAME", help="the model the rows go to (default: the only --model)")
     ray = parser.add_argument_group("Ray")
     ray.add_argument("--ray", metavar="ADDRESS", help="run on the Ray cluster at ADDRESS (e.g. 127.0.0.1:6379, auto)")

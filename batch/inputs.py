@@ -118,7 +118,9 @@ def parse_line(text: str, number: int, models: Mapping[str, Any]) -> Request | L
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:
-        return LineError(number, None, "invalid_json", f"line {number} is not JSON: {error.msg} at column {error.colno}")
+        return LineError(
+            number, None, "invalid_json", f"line {number} is not JSON: {error.msg} at column {error.colno}"
+        )
     if not isinstance(document, dict):
         return LineError(number, None, "invalid_line", f"line {number} must be a JSON object")
     custom_id = document.get("custom_id")
@@ -143,8 +145,12 @@ def unique(lines: Iterator[Request | LineError]) -> Iterator[Request | LineError
     for item in lines:
         if item.custom_id is not None:
             if item.custom_id in seen:
-                yield LineError(item.line, item.custom_id, "duplicate_custom_id",
-                                f"line {item.line}: custom_id {item.custom_id!r} is used by an earlier line")  # fmt: skip
+                yield LineError(
+                    item.line,
+                    item.custom_id,
+                    "duplicate_custom_id",
+                    f"line {item.line}: custom_id {item.custom_id!r} is used by an earlier line",
+                )
                 continue
             seen.add(item.custom_id)
         yield item

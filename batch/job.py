@@ -188,14 +188,15 @@ class BatchJob:
             raise
         waiting: dict[str, list[Request]] = {name: [] for name in self.models}
         errors: list[LineError] = []
-        with files, progress_bar(total=self.counts.total, desc="explain-batch", unit="line",
-                                        enabled=progress) as bar:  # fmt: skip
+        with files, progress_bar(total=self.counts.total, desc="explain-batch", unit="line", enabled=progress) as bar:
             last = 0
 
             def flush(name: str | None) -> None:
                 nonlocal last
                 requests = waiting[name] if name is not None else []
-                answers = models[name].answer(requests, self.request_ids(requests), self.batch_size(name)) if name else []
+                answers = (
+                    models[name].answer(requests, self.request_ids(requests), self.batch_size(name)) if name else []
+                )
                 self.write(answers, errors)
                 requests.clear()
                 errors.clear()

@@ -32,15 +32,23 @@ def is_success(status_code: int) -> bool:
 def answer_line(answer: Answer) -> dict[str, Any]:
     """The line of an answered request."""
     response = {"status_code": answer.status_code, "request_id": answer.request_id, "body": answer.body}
-    return {"id": f"batch_req_{answer.request_id}", "custom_id": answer.request.custom_id, "response": response,
-            "error": None}  # fmt: skip
+    return {
+        "id": f"batch_req_{answer.request_id}",
+        "custom_id": answer.request.custom_id,
+        "response": response,
+        "error": None,
+    }
 
 
 def error_line(job: str, error: LineError) -> dict[str, Any]:
     """The error file's line of a line that could not be sent."""
     line_id = f"batch_req_{request_id(job, error.custom_id)}" if error.custom_id is not None else None
-    return {"id": line_id, "custom_id": error.custom_id, "response": None,
-            "error": {"code": error.code, "message": error.message, "line": error.line}}  # fmt: skip
+    return {
+        "id": line_id,
+        "custom_id": error.custom_id,
+        "response": None,
+        "error": {"code": error.code, "message": error.message, "line": error.line},
+    }
 
 
 def dump(line: dict[str, Any]) -> str:

@@ -102,6 +102,7 @@ def _differences(stored: Any, manifest: Manifest) -> str:
     differences = []
     for key, value in manifest.description.items():
         if stored.get(key) != value:
-            differences.append(f"{key}: {json.dumps(stored.get(key), sort_keys=True)} there, "
-                               f"{json.dumps(value, sort_keys=True)} here")  # fmt: skip
+            differences.append(
+                f"{key}: {json.dumps(stored.get(key), sort_keys=True)} there, {json.dumps(value, sort_keys=True)} here"
+            )
     return "; ".join(differences) or f"fingerprint {stored.get('fingerprint')} there, {manifest.fingerprint} here"

@@ -44,10 +44,13 @@ class RayAnswerer:
         requests = [
             Request(str(custom_id), str(url), parse_route(url, body, self.models), body, int(line))
             for custom_id, url, body, line in zip(
-                batch["custom_id"], batch["url"], (json.loads(text) for text in batch["body"]), batch["line"],
+                batch["custom_id"],
+                batch["url"],
+                (json.loads(text) for text in batch["body"]),
+                batch["line"],
                 strict=True,
             )
-        ]  # fmt: skip
+        ]
         answers: dict[str, Answer] = {}
         for name, loaded in self.loaded.items():
             mine = [request for request in requests if request.route.model == name]
@@ -108,8 +111,10 @@ def _answer_on_ray(
 ) -> None:
     """Answer the requests on the cluster and write each batch as it comes back (each ``custom_id`` once)."""
     by_id = {request.custom_id: request for request in requests}
-    rows = [{"custom_id": request.custom_id, "url": request.url, "body": json.dumps(request.body),
-             "line": request.line} for request in requests]  # fmt: skip
+    rows = [
+        {"custom_id": request.custom_id, "url": request.url, "body": json.dumps(request.body), "line": request.line}
+        for request in requests
+    ]
     batch_size = job.spec.batch_size or min(model.batch_size for model in job.spec.models)
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     try:
@@ -118,8 +123,11 @@ def _answer_on_ray(
         data_context.enable_progress_bars = False
         dataset = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // batch_size)).map_batches(
             RayAnswerer,
-            fn_constructor_kwargs={"models": list(job.spec.models), "job": job.manifest.fingerprint,
-                                   "batch_size": job.spec.batch_size},  # fmt: skip
+            fn_constructor_kwargs={
+                "models": list(job.spec.models),
+                "job": job.manifest.fingerprint,
+                "batch_size": job.spec.batch_size,
+            },
             batch_size=batch_size,
             compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors),
             num_cpus=actor_cpus,
