@@ -1,9 +1,10 @@
 """The job runner: a job's input lines → its output and error lines, in batches, resumable, with progress.
 
-A job (:class:`JobSpec`) is an input (JSONL of the Batch API, or a Parquet table and its :class:`TableColumns`), the
-output file beside its error file and manifest, and the models the lines ask for. :class:`BatchJob` runs it in this
-process (:meth:`BatchJob.run`), or prepares it for another engine (:mod:`batch.ray_job` calls :meth:`BatchJob.start`,
-:meth:`BatchJob.pending` and :meth:`BatchJob.write` itself):
+A job (:class:`JobSpec`) is an input (JSONL of the Batch API, a Parquet table and its :class:`TableColumns`, or the
+stored inputs of a records store, :class:`batch.records_source.RecordsQuery`), the output file beside its error file
+and manifest, and the models the lines ask for. :class:`BatchJob` runs it in this process (:meth:`BatchJob.run`), or
+prepares it for another engine (:mod:`batch.ray_job` calls :meth:`BatchJob.start`, :meth:`BatchJob.pending` and
+:meth:`BatchJob.write` itself):
 
 1. :meth:`~BatchJob.start` claims the output (:func:`batch.manifest.claim`: another job's output is refused), cuts a
    torn last line, reads the ids already written (skipped) and opens the files;
@@ -34,6 +35,7 @@ from .inputs import LineError, Request, TableColumns, count_jsonl, parquet_rows,
 from .lines import answer_line, error_line, is_success, request_id
 from .manifest import Manifest, claim
 from .models import BatchModel
+from .records_source import RecordsQuery
 
 
 @dataclass(frozen=True)
@@ -41,28 +43,35 @@ class JobSpec:
     """One job.
 
     Attributes:
-        input: the input file: JSONL (Batch API lines) or, with ``columns``, a Parquet table.
+        input: the input file: JSONL (Batch API lines) or, with ``columns``, a Parquet table (``None`` with
+            ``records``).
         output: the output file (its error file and manifest beside it).
         models: the models its lines may ask for.
         columns: a Parquet table's columns (``None``: the input is JSONL).
         errors: the error file (``None``: ``OUTPUT.errors.jsonl``).
         batch_size: requests per batch (``None``: each model's ``batchSize``).
+        records: stored inputs to re-explain instead of a file (:mod:`batch.records_source`).
     """
 
-    input: Path
+    input: Path | None
     output: Path
     models: tuple[BatchModel, ...]
     columns: TableColumns | None = None
     errors: Path | None = None
     batch_size: int | None = None
+    records: RecordsQuery | None = None
 
     def __post_init__(self) -> None:
-        """Check the models' names are distinct and a table's model is one of them."""
+        """Check the models' names are distinct, the job has one input, and a table's (records') model is one of
+        them."""
         names = [model.name for model in self.models]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"a job needs one or more models of distinct names, got {names}")
-        if self.columns is not None and self.columns.model not in names:
-            raise ValueError(f"the table's model {self.columns.model!r} is not one of the job's models {names}")
+        if (self.input is None) == (self.records is None):
+            raise ValueError("a job reads either an input file or records, not both nor neither")
+        for source in (self.columns, self.records):
+            if source is not None and source.model not in names:
+                raise ValueError(f"the input's model {source.model!r} is not one of the job's models {names}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
 
@@ -100,7 +109,8 @@ class BatchJob:
         """Describe the job (its manifest); nothing is opened or loaded yet."""
         self.spec = spec
         self.models: dict[str, BatchModel] = {model.name: model for model in spec.models}
-        self.manifest = Manifest.of(spec.models, spec.columns.describe() if spec.columns is not None else {})
+        source = spec.columns or spec.records
+        self.manifest = Manifest.of(spec.models, source.describe() if source is not None else {})
         self.errors_path = spec.errors or default_errors_path(spec.output)
         self.counts = JobCounts()
         self._done: set[str] = set()
@@ -123,11 +133,14 @@ class BatchJob:
 
     def items(self) -> Iterator[Request | LineError]:
         """The input's lines, in order (:mod:`batch.inputs`)."""
-        columns = self.spec.columns
+        columns, path = self.spec.columns, self.spec.input
+        if self.spec.records is not None:
+            return self.spec.records.requests(self.models)
+        assert path is not None
         if columns is None:
-            return read_jsonl(self.spec.input, self.models)
+            return read_jsonl(path, self.models)
         main_input = get_task(self.models[columns.model].config.task).main_input
-        return read_parquet(self.spec.input, columns, main_input)
+        return read_parquet(path, columns, main_input)
 
     def pending(self) -> Iterator[Request | LineError]:
         """The lines still to deal with: every line error, and the requests not answered yet (the others counted
@@ -227,6 +240,9 @@ class BatchJob:
         return self.counts
 
     def _count(self) -> int:
+        if self.spec.records is not None:
+            return self.spec.records.count()
+        assert self.spec.input is not None
         if self.spec.columns is None:
             return count_jsonl(self.spec.input)
         return parquet_rows(self.spec.input)

@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from batch.cli import main
 from batch.files import default_errors_path
 from batch.lines import request_id
 from batch.manifest import manifest_path
+from batch.records_source import RecordsQuery, StoredInput
 from tests.batch_support import (
     Online,
     assert_same,
@@ -352,3 +355,52 @@ def test_a_killed_job_resumes_without_loss_or_duplicates(tmp_path: Path, folders
     assert output.read_bytes().startswith(partial[: partial.rfind(b"\n") + 1])
     manifest = json.loads(manifest_path(output).read_text())
     assert manifest["models"]["topics"]["version"] == open_model("topics", folders["topics"]).version
+
+
+class MemoryRecords:
+    """A records store's reader over a list (what :class:`batch.records_source.RecordsReader` asks)."""
+
+    def __init__(self, stored: list[StoredInput]) -> None:
+        self.stored = stored
+
+    def count(self, model: str, since: datetime | None, until: datetime | None) -> int:
+        return len(list(self.inputs(model, since, until)))
+
+    def inputs(self, model: str, since: datetime | None, until: datetime | None) -> Iterator[StoredInput]:
+        return iter([item for item in self.stored if item.model == model])
+
+
+def test_stored_inputs_are_explained_again_by_another_method(
+    tmp_path: Path, models: dict[str, Any], loaded: dict[str, LoadedModel], online: dict[str, Online]
+) -> None:
+    version = models["topics"].version
+    body = {"text": "the service was quick", "explain": {"method": "attnlrp"}}
+    reader = MemoryRecords(
+        [
+            StoredInput("rec-1", "topics", version, "/predictions/topics", body),
+            StoredInput("rec-2", "topics", version, "/predictions/topics", None),
+            StoredInput("rec-3", "topics", "0" * 64, "/predictions/topics", body),
+            StoredInput("rec-4", "entities", "x", "/predictions/entities", {"text": "x"}),
+            StoredInput("rec-5", "topics", version, "/predictions/topics", {"text": "a slow rude waiter"}),
+        ]
+    )
+    query = RecordsQuery(reader, "topics", explain={"method": "gae"})
+    output = tmp_path / "again.jsonl"
+    counts = BatchJob(JobSpec(None, output, (models["topics"],), records=query)).run(progress=False, loaded=loaded)
+    assert (counts.total, counts.completed, counts.failed) == (4, 2, 2)
+    answered = by_custom_id(read_jsonl(output))
+    for record, text in (("rec-1", body["text"]), ("rec-5", "a slow rude waiter")):
+        expected = online["topics"].rest({"text": text, "explain": {"method": "gae"}})[1]
+        assert_same(answered[record]["response"]["body"], expected, record)
+    errors = {item["custom_id"]: item["error"]["code"] for item in read_jsonl(default_errors_path(output))}
+    assert errors == {"rec-2": "payload_not_kept", "rec-3": "version_changed"}
+    default = BatchJob(
+        JobSpec(None, tmp_path / "default.jsonl", (models["topics"],), records=RecordsQuery(reader, "topics"))
+    )
+    default.run(progress=False, loaded=loaded)
+    (first, _) = read_jsonl(tmp_path / "default.jsonl")
+    assert first["response"]["body"]["explanation"]["method"] == models["topics"].config.default_method
+    assert (
+        default.manifest.fingerprint
+        != BatchJob(JobSpec(None, output, (models["topics"],), records=query)).manifest.fingerprint
+    )
