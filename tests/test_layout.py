@@ -124,3 +124,10 @@ def test_every_task_has_its_entry_file_and_its_codec(name: str) -> None:
         path for path in (ROOT / "doors" / "torchserve").glob("*_handler.py") if f'task = "{name}"' in path.read_text()
     ]
     assert len(entries) == 1, f"one TorchServe entry file in doors/torchserve/ names task {name!r}"
+
+
+def test_batch_jobs_are_door_neutral() -> None:
+    """batch/ serves through the serving core like a door, but is none: it imports no door and no server, Ray only in
+    its Ray runner."""
+    found = offenders("batch", (*SERVERS, "doors", "handlers", "servers"))
+    assert [item for item in found if item != "batch/ray_job.py: ray"] == []
