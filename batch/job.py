@@ -125,6 +125,7 @@ class BatchJob:
         """
         claim(self.spec.output, self.manifest)
         repair(self.spec.output)
+        repair(self.errors_path)
         self._done = written_ids(self.spec.output)
         previous = written_ids(self.errors_path) if self.errors_path.is_file() else set()
         self.counts = JobCounts(total=self._count(), retried=len(previous - self._done))

@@ -298,8 +298,9 @@ def test_a_rerun_skips_what_was_written_and_retries_what_failed(
     output = tmp_path / "out.jsonl"
     first = BatchJob(JobSpec(source, output, (models["topics"],), batch_size=2)).run(progress=False, loaded=loaded)
     assert (first.completed, first.failed) == (4, 1)
-    with output.open("a") as file:  # a kill in the middle of a write leaves a torn last line
-        file.write('{"id":"batch_req_x","custom_id":"torn","resp')
+    for torn in (output, default_errors_path(output)):  # a kill in the middle of a write leaves a torn last line
+        with torn.open("a") as file:
+            file.write('{"id":"batch_req_x","custom_id":"torn","resp')
     lines.append(line("new", "/predictions/topics", {"text": "the staff"}))
     write_jsonl(source, lines)
     again = BatchJob(JobSpec(source, output, (models["topics"],), batch_size=2)).run(progress=False, loaded=loaded)
