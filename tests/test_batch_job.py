@@ -405,3 +405,23 @@ def test_stored_inputs_are_explained_again_by_another_method(
         default.manifest.fingerprint
         != BatchJob(JobSpec(None, output, (models["topics"],), records=query)).manifest.fingerprint
     )
+
+
+def test_parquet_rows_of_token_classifiers_and_causal_lms(
+    tmp_path: Path, models: dict[str, Any], loaded: dict[str, LoadedModel], online: dict[str, Online]
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, 2], "text": list(TEXTS[:2])}), tmp_path / "rows.parquet")
+    for name, field, explain in (("entities", "text", {"method": "attnlrp"}), ("writer", "prompt", True)):
+        output = tmp_path / f"{name}.jsonl"
+        columns = TableColumns(name, "id", text_column="text", explain=explain)
+        BatchJob(JobSpec(tmp_path / "rows.parquet", output, (models[name],), columns)).run(
+            progress=False, loaded=loaded
+        )
+        written = by_custom_id(read_jsonl(output))
+        assert sorted(written) == ["1", "2"]
+        for custom_id, text in zip(("1", "2"), TEXTS, strict=False):
+            expected = online[name].rest({field: text, "explain": explain})[1]
+            assert_same(written[custom_id]["response"]["body"], expected, f"{name} {custom_id}")
