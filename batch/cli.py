@@ -24,6 +24,18 @@ from .manifest import ForeignOutputError
 from .models import open_model, parse_model_spec
 
 
+def json_value(text: str) -> object:
+    """``--explain``'s JSON value.
+
+    Raises:
+        argparse.ArgumentTypeError: if it is not JSON.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error.msg}): {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     parser = argparse.ArgumentParser(
@@ -47,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--id-column", default="id", help="the column of row ids (default: id)")
     table.add_argument(
         "--explain",
-        type=json.loads,
+        type=json_value,
         metavar="JSON",
         help='each row\'s "explain", e.g. \'{"method": "attnlrp"}\' (default: a prediction only)',
     )
