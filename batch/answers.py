@@ -119,22 +119,21 @@ class LoadedModel:
         except RowError as error:
             return error
 
-    def _document(self, outcome: Any) -> dict[str, Any]:
+    def _document(self, outcome: Any) -> tuple[int, dict[str, Any]]:
+        """A served row's status and JSON document, as the REST door answers it."""
         if outcome.error is not None:
-            return wire.error_document(outcome.error)
-        return self.task.to_dict(outcome, self.model.config)
+            return outcome.error.http_status, wire.error_document(outcome.error)
+        return 200, self.task.to_dict(outcome, self.model.config)
 
-    def _answer(self, item: _Pending, documents: list[dict[str, Any]]) -> Answer:
+    def _answer(self, item: _Pending, documents: list[tuple[int, dict[str, Any]]]) -> Answer:
         if item.translated is None and item.failure is None:
-            document = documents[0]
-            error = document.get("error")
-            status = int(error["http_status"]) if isinstance(error, dict) else 200
+            status, document = documents[0]
             return Answer(item.request, item.request_id, status, document)
         try:
             if item.failure is not None:
                 raise item.failure
             assert item.translated is not None
-            answers = [documents[index] for index in item.choices]
+            answers = [documents[index][1] for index in item.choices]
             return Answer(item.request, item.request_id, 200, completion_answer(item.translated, answers))
         except OpenAIError as error:
             return Answer(item.request, item.request_id, error.status, error.to_dict())
