@@ -66,7 +66,7 @@ class RayCluster:
     address: str
     env: dict[str, str]
     folder: Path
-    pids: set[int] = field(default_factory=set)
+    known: dict[int, psutil.Process] = field(default_factory=dict)
 
     def processes(self) -> list[psutil.Process]:
         """Every process of the cluster: those naming its folder, and their descendants."""
@@ -78,7 +78,7 @@ class RayCluster:
                 found[process.pid] = process
                 with contextlib.suppress(psutil.NoSuchProcess):
                     found.update({child.pid: child for child in process.children(recursive=True)})
-        self.pids.update(found)
+        self.known.update(found)
         return list(found.values())
 
     def kill_worker_node(self) -> int:
@@ -92,11 +92,10 @@ class RayCluster:
         return len(victims)
 
     def stop(self) -> None:
-        """Kill every process of the cluster (by id) and remove its folder."""
-        processes = self.processes()
-        for pid in self.pids:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                processes.append(psutil.Process(pid))
+        """Kill every process of the cluster, found now or before (psutil refuses a process id since reused by
+        another process), and remove its folder."""
+        self.processes()
+        processes = list(self.known.values())
         for process in processes:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.send_signal(signal.SIGKILL)
