@@ -408,3 +408,10 @@ def test_the_throw_away_task_is_served_by_torchserve_and_the_kserve_door(length_
         f"{url}/v1/models/length:predict", json.dumps({"instances": [{"text": text}]}).encode(), None
     )
     assert status == 200 and reply == {"predictions": [answer]}, reply
+
+
+def test_batch_jobs_are_door_neutral() -> None:
+    """batch/ serves through the serving core like a door, but is none: it imports no door and no server, Ray only in
+    its Ray runner."""
+    found = offenders("batch", (*SERVERS, "doors", "handlers", "servers"))
+    assert [item for item in found if item != "batch/ray_job.py: ray"] == []

@@ -1,0 +1,146 @@
+"""explain-batch's throughput against the library's own batched loop on the same rows (issue 36, point 5).
+
+One run, on the sentiment classifier (the tiny test archive with ``--tiny``, else the built one), ``--rows`` texts of
+about 30 tokens explained by ``--method``:
+
+- **library**: ``explainers.explain(model, tokenizer(batch, padding=True), method)`` over batches of
+  ``--batch-size`` texts, with the model and tokenizer the serving core loads (:mod:`serving_core.loading`);
+- **service.run**: the same texts decoded beforehand (``task.decode``) and served by the serving core's
+  ``service.run`` in batches of the same size: the batched path explain-batch drives, without reading, encoding and
+  writing lines;
+- **explain-batch**: the same texts as Batch API lines ``{"text", "explain": {"method"}}`` through
+  :class:`batch.BatchJob` (read the JSONL, decode, ``service.run``, ``to_dict``, write and flush per batch), the model
+  loaded before the clock starts, as the library's is.
+
+Each is warmed up on one batch first. The ratio is each run's rows/s over the library's (goal for explain-batch: at
+least 0.9); on a tiny model the serving core's own per-row work (decoding, tokenizing each row, the budget checks,
+the answer's document) weighs more than on a real one, whose passes dominate.
+``--ray ADDRESS`` also times the job on that Ray cluster (model loads included: each actor loads its own).
+
+    python -m bench.batch --tiny --rows 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from batch import BatchJob, JobSpec, LoadedModel, open_model
+from bench.common import load_average, make_texts, sentiment_archive
+from explain_eval.provenance import machine
+from explainers import explain
+from serving_core.loading import load_classifier, load_tokenizer, worker_device
+from serving_core.wire import Encoding
+
+
+def library_loop(
+    model: torch.nn.Module, tokenizer: object, texts: list[str], method: str, batch_size: int, max_length: int
+) -> float:
+    """Seconds the library's batched loop takes over ``texts``."""
+    started = time.perf_counter()
+    for start in range(0, len(texts), batch_size):
+        inputs = tokenizer(  # type: ignore[operator]
+            texts[start : start + batch_size], return_tensors="pt", padding=True, truncation=True, max_length=max_length
+        )
+        explain(model, inputs, method)
+    return time.perf_counter() - started
+
+
+def service_loop(loaded: LoadedModel, texts: list[str], method: str, batch_size: int) -> float:
+    """Seconds the serving core's ``service.run`` takes over ``texts`` decoded beforehand."""
+    config = loaded.model.config
+    rows = [
+        loaded.task.decode_row({"body": {"text": text, "explain": {"method": method}}}, False, config) for text in texts
+    ]
+    started = time.perf_counter()
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        loaded.service.run(chunk, [Encoding.JSON] * len(chunk))
+    return time.perf_counter() - started
+
+
+def job_run(
+    folder: Path,
+    archive: Path,
+    texts: list[str],
+    method: str,
+    batch_size: int,
+    loaded: LoadedModel,
+    ray: str | None = None,
+) -> float:
+    """Seconds explain-batch takes over ``texts`` (a fresh output in ``folder``)."""
+    source = folder / f"in-{len(texts)}.jsonl"
+    with source.open("w") as file:
+        for index, text in enumerate(texts):
+            line = {
+                "custom_id": f"r{index}",
+                "method": "POST",
+                "url": "/predictions/sentiment",
+                "body": {"text": text, "explain": {"method": method}},
+            }
+            file.write(json.dumps(line) + "\n")
+    output = Path(tempfile.mkdtemp(dir=folder)) / "out.jsonl"
+    job = BatchJob(JobSpec(source, output, (loaded.model,), batch_size=batch_size))
+    started = time.perf_counter()
+    if ray is not None:
+        from batch.ray_job import run_on_ray
+
+        counts = run_on_ray(job, ray, progress=False)
+    else:
+        counts = job.run(progress=False, loaded={"sentiment": loaded})
+    seconds = time.perf_counter() - started
+    if counts.completed != len(texts):
+        raise RuntimeError(f"explain-batch answered {counts.completed} of {len(texts)} rows: see {output}")
+    return seconds
+
+
+def main() -> None:
+    """Run the benchmark and print its table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="the tiny test archive (built when missing)")
+    parser.add_argument("--model-store", type=Path, default=Path("model_store/build"))
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--method", default="attnlrp")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--ray", metavar="ADDRESS", help="also time the job on this Ray cluster")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _, archive = sentiment_archive(parser, args.tiny, args.model_store)
+    model_spec = open_model("sentiment", archive)
+    config = model_spec.config
+    device = worker_device(config)
+    model = load_classifier(config, model_spec.model_dir, device)
+    tokenizer = load_tokenizer(model_spec.model_dir, model, config.pad_token_id)
+    loaded = LoadedModel(model_spec)
+    texts = make_texts(args.rows)
+    warm = texts[: args.batch_size]
+    with tempfile.TemporaryDirectory(prefix="bench-batch-") as work:
+        folder = Path(work)
+        library_loop(model, tokenizer, warm, args.method, args.batch_size, config.max_length)
+        job_run(folder, archive, warm, args.method, args.batch_size, loaded)
+        service_loop(loaded, warm, args.method, args.batch_size)
+        library = library_loop(model, tokenizer, texts, args.method, args.batch_size, config.max_length)
+        served = service_loop(loaded, texts, args.method, args.batch_size)
+        job = job_run(folder, archive, texts, args.method, args.batch_size, loaded)
+        on_ray = job_run(folder, archive, texts, args.method, args.batch_size, loaded, args.ray) if args.ray else None
+    print(
+        f"# explain-batch vs the library's batched loop: {args.rows} rows, {args.method}, batch {args.batch_size}, "
+        f"{'tiny' if args.tiny else 'built'} sentiment on {device}; {machine()}; load {load_average()}"
+    )
+    print(f"{'run':<16} {'seconds':>8} {'rows/s':>8} {'ratio':>6}")
+    print(f"{'library':<16} {library:8.2f} {args.rows / library:8.1f} {1.0:6.2f}")
+    print(f"{'service.run':<16} {served:8.2f} {args.rows / served:8.1f} {library / served:6.2f}")
+    print(f"{'explain-batch':<16} {job:8.2f} {args.rows / job:8.1f} {library / job:6.2f}")
+    if on_ray is not None:
+        print(f"{'explain-batch ray':<16} {on_ray:8.2f} {args.rows / on_ray:8.1f} {library / on_ray:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
