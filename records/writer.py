@@ -1,0 +1,142 @@
+"""Writing a batch's records off the model's path, durable before the answers leave, and the store-error policy.
+
+A door builds one :class:`~records.event.Record` per answered row and calls :meth:`RecordWriter.record` with the
+batch's records before it returns the answers. The writer's own thread (one per store, with the store's connection)
+commits the batch in one transaction, so the model's thread never runs database code; the call returns once the
+batch is durable. :meth:`RecordWriter.submit` starts the write and returns a future, for a door that encodes its
+answers meanwhile.
+
+A store that fails (or does not commit within the writer's timeout) is handled by ``on_store_error``
+(:func:`handle_store_error`): ``answer`` logs one ERROR naming the store and the model, counts
+``explain_record_errors_total{model,store}`` and lets the answers go; ``refuse`` logs and counts the same and raises the
+error table's ``records_unavailable`` (503, ``UNAVAILABLE``) as a :class:`~serving_core.errors.RowError`, which the
+door answers for every row of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from prometheus_client import Counter
+
+from serving_core.errors import RowError
+
+from .errors import StoreUnavailableError
+from .event import Record
+from .settings import OnStoreError
+from .store import RecordStore
+
+logger = logging.getLogger(__name__)
+
+#: Seconds :meth:`RecordWriter.record` waits for a batch to commit before treating the store as failed.
+COMMIT_TIMEOUT_S = 30.0
+#: The error table's code of a batch that could not be recorded.
+ERROR_CODE = "records_unavailable"
+
+RECORD_ERRORS = Counter(
+    "explain_record_errors",
+    "Batches whose records could not be committed, by model and store kind (sqlite, postgresql, http)",
+    ["model", "store"],
+)
+
+
+def handle_store_error(error: StoreUnavailableError, *, policy: OnStoreError, model: str) -> None:
+    """Apply ``on_store_error`` to a failed write: count it, then log (``answer``) or refuse (``refuse``).
+
+    Args:
+        error: The store's error.
+        policy: The model's ``on_store_error``.
+        model: The model's name (the metric's label).
+
+    Raises:
+        RowError: ``records_unavailable``, when the policy is ``refuse``.
+    """
+    RECORD_ERRORS.labels(model, error.store).inc()
+    if policy is OnStoreError.REFUSE:
+        logger.error("records: %s; model %s refuses the batch (on_store_error: refuse)", error, model)
+        raise RowError(ERROR_CODE, f"the answer could not be recorded, so it is refused: {error}") from error
+    logger.error("records: %s; model %s answered without its records (on_store_error: answer)", error, model)
+
+
+class RecordWriter:
+    """Commits batches of records to one store from a thread of its own.
+
+    Attributes:
+        store: The store written to.
+    """
+
+    def __init__(self, store: RecordStore, *, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
+        """A writer for ``store``.
+
+        Args:
+            store: The store (the writer's thread is the only one that writes through it).
+            timeout_s: Seconds :meth:`record` and :meth:`write` wait for a batch to commit.
+        """
+        self.store = store
+        self._timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-writer")
+
+    def submit(self, records: Sequence[Record]) -> Future[None]:
+        """Start committing a batch's records (one transaction); the future is done when they are durable.
+
+        Args:
+            records: The batch's records.
+
+        Returns:
+            A future whose result is None once committed, or the store's error.
+        """
+        batch = list(records)
+        return self._pool.submit(self._write, batch)
+
+    def _write(self, batch: list[Record]) -> None:
+        self.store.write(batch)
+
+    def write(self, records: Sequence[Record]) -> None:
+        """Commit a batch's records and return once they are durable.
+
+        Raises:
+            StoreUnavailableError: the store failed, or did not commit within the writer's timeout.
+        """
+        self.wait(self.submit(records))
+
+    def wait(self, future: Future[None]) -> None:
+        """Wait for a batch :meth:`submit` started.
+
+        Raises:
+            StoreUnavailableError: the store failed, or did not commit within the writer's timeout.
+        """
+        try:
+            future.result(timeout=self._timeout_s)
+        except FutureTimeout:
+            raise StoreUnavailableError(
+                self.store.kind, f"the records store {self.store.location} did not commit within {self._timeout_s} s"
+            ) from None
+
+    def record(self, records: Sequence[Record], *, model: str, on_store_error: OnStoreError) -> None:
+        """Commit a batch's records, applying ``on_store_error`` when the store fails.
+
+        Args:
+            records: The batch's records.
+            model: The model's name (the metric's label).
+            on_store_error: The model's policy.
+
+        Raises:
+            RowError: ``records_unavailable``, when the store failed and the policy is ``refuse``.
+        """
+        if not records:
+            return
+        try:
+            self.write(records)
+        except StoreUnavailableError as error:
+            handle_store_error(error, policy=on_store_error, model=model)
+
+    def close(self) -> None:
+        """Finish the batches already submitted, then close the store."""
+        self._pool.shutdown(wait=True)
+        self.store.close()
+
+
+__all__ = ["COMMIT_TIMEOUT_S", "ERROR_CODE", "RECORD_ERRORS", "RecordWriter", "handle_store_error"]
