@@ -52,7 +52,10 @@ def test_a_batch_is_written_and_read_back(store: SqlStore) -> None:
     assert first.event["specversion"] == "1.0" and first.event["source"] == "/doors/torchserve/models/sentiment"
     data = first.event["data"]
     assert data["model"] == {"name": "sentiment", "version": "sha256:feedface"} and data["method"] == "attnlrp"
-    assert data["input"] == {"payload": "full", "document": {"text": "what a lovely day", "explain": {"method": "attnlrp"}}}
+    assert data["input"] == {
+        "payload": "full",
+        "document": {"text": "what a lovely day", "explain": {"method": "attnlrp"}},
+    }
     failed = store.get("r1-1")
     assert failed is not None and failed.event["data"]["error"] == {"code": "missing_text"}
     assert failed.event["data"]["prediction"] is None and failed.event["data"]["method"] == "attnlrp"
@@ -101,7 +104,7 @@ def test_list_pages_with_a_cursor_and_filters(store: SqlStore) -> None:
     assert store.list(model="sentiment", limit=2).next_cursor is not None
     for bad in ({"limit": 0}, {"limit": 1001}, {"cursor": "x"}, {"cursor": "-1"}):
         with pytest.raises(ValueError):
-            store.list(**bad)  # type: ignore[arg-type]
+            store.list(**bad)
 
 
 @pytest.mark.parametrize("mode", ["full", "hash", "none"])
@@ -246,8 +249,11 @@ def test_migrations_run_once_and_a_newer_schema_is_refused(store_url: str) -> No
         migrations = (*kind.migrations, Migration(2, "an index on the model and time", (
             f"CREATE INDEX {TABLE}_model_time ON {TABLE} (model, time)",)))  # fmt: skip
 
-    reopen = (lambda: Upgraded(store.path, Payload.HASH)) if kind.kind == "sqlite" else (
-        lambda: Upgraded(store_url, Payload.HASH))  # fmt: skip
+    where = getattr(store, "path", store_url)  # SQLite opens its file, PostgreSQL its URL
+
+    def reopen() -> SqlStore:
+        return Upgraded(where, Payload.HASH)
+
     upgraded = reopen()
     assert upgraded.schema_version() == 2 and upgraded.get("x") is not None
     upgraded.close()
