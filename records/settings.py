@@ -13,9 +13,11 @@ URL (``records: sqlite``), or a mapping::
 A model without the section takes the deployment's settings from the environment: ``EXPLAIN_RECORDS`` (the store
 URL; unset, empty or ``off``: no records), ``EXPLAIN_RECORDS_PAYLOAD`` (default ``hash``),
 ``EXPLAIN_RECORDS_RETENTION_DAYS`` and ``EXPLAIN_RECORDS_ON_STORE_ERROR`` (default ``refuse``); a section's missing
-keys take the same values. ``refuse`` (the default) keeps the promise that every answer a caller gets has its
-record: rows whose batch could not be recorded are answered ``records_unavailable`` (503). ``answer`` answers them
-anyway, logging an error and counting ``explain_record_errors_total``.
+keys take the same values. ``retention_days`` is for the SQL stores (the writer applies it, :mod:`records.writer`);
+with the HTTP sink it is refused (the receiver keeps the records). ``refuse`` (the default) keeps the promise that
+every answer a caller gets has its record: rows whose batch could not be recorded are answered
+``records_unavailable`` (503). ``answer`` answers them anyway, logging an error and counting
+``explain_record_errors_total``.
 """
 
 from __future__ import annotations
@@ -155,10 +157,17 @@ def records_settings(section: Any = None, environ: Mapping[str, str] | None = No
         payload = Payload.parse(values["payload"])
     except SettingsError as error:
         raise SettingsError(f"{names['payload']}: {error}") from None
+    store = _store(values["store"], names["store"])
+    retention_days = _retention(values["retention_days"], names["retention_days"])
+    if retention_days is not None and parse_store_url(store).kind == "http":
+        raise SettingsError(
+            f"{names['retention_days']}: the HTTP sink {store} keeps nothing, so it has no retention: "
+            "the receiver keeps the records for as long as it is told to"
+        )
     return RecordsSettings(
-        store=_store(values["store"], names["store"]),
+        store=store,
         payload=payload,
-        retention_days=_retention(values["retention_days"], names["retention_days"]),
+        retention_days=retention_days,
         on_store_error=OnStoreError.parse(values["on_store_error"], names["on_store_error"]),
     )
 

@@ -3,7 +3,8 @@
 A door builds one :class:`~records.event.Record` per answered row and calls :meth:`RecordWriter.record` with the
 batch's records before it returns the answers. The writer's own thread (one per store, with the store's connection)
 commits the batch in one transaction, so the model's thread never runs database code; the call returns once the
-batch is durable. :meth:`RecordWriter.submit` starts the write and returns a future, for a door that encodes its
+batch is durable. With ``retention_days`` the same thread deletes the records older than that after a batch, at most
+once an hour. :meth:`RecordWriter.submit` starts the write and returns a future, for a door that encodes its
 answers meanwhile.
 
 A store that fails (or does not commit within the writer's timeout) is handled by ``on_store_error``
@@ -16,6 +17,7 @@ door answers for every row of the batch.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -33,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds :meth:`RecordWriter.record` waits for a batch to commit before treating the store as failed.
 COMMIT_TIMEOUT_S = 30.0
+#: Seconds between two retention passes of a writer.
+RETENTION_EVERY_S = 3600.0
 #: The error table's code of a batch that could not be recorded.
 ERROR_CODE = "records_unavailable"
 
@@ -68,15 +72,28 @@ class RecordWriter:
         store: The store written to.
     """
 
-    def __init__(self, store: RecordStore, *, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        store: RecordStore,
+        *,
+        timeout_s: float = COMMIT_TIMEOUT_S,
+        retention_days: float | None = None,
+        retention_every_s: float = RETENTION_EVERY_S,
+    ) -> None:
         """A writer for ``store``.
 
         Args:
             store: The store (the writer's thread is the only one that writes through it).
             timeout_s: Seconds :meth:`record` and :meth:`write` wait for a batch to commit.
+            retention_days: Delete records older than this (the settings' ``retention_days``), checked after a
+                batch at most every ``retention_every_s``; None keeps them.
+            retention_every_s: Seconds between two retention passes.
         """
         self.store = store
         self._timeout_s = timeout_s
+        self._retention_days = retention_days
+        self._retention_every_s = retention_every_s
+        self._retained_at: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-writer")
 
     def submit(self, records: Sequence[Record]) -> Future[None]:
@@ -93,6 +110,20 @@ class RecordWriter:
 
     def _write(self, batch: list[Record]) -> None:
         self.store.write(batch)
+        if self._retention_days is None:
+            return
+        now = time.monotonic()
+        if self._retained_at is not None and now - self._retained_at < self._retention_every_s:
+            return
+        self._retained_at = now
+        try:
+            removed = self.store.retain(self._retention_days)
+        except StoreUnavailableError as error:  # the batch is committed; retention tries again next time
+            logger.warning("records: retention of %s failed: %s", self.store.location, error)
+            self._retained_at = None
+        else:
+            if removed:
+                logger.info("records: removed %d record(s) older than %g day(s)", removed, self._retention_days)
 
     def write(self, records: Sequence[Record]) -> None:
         """Commit a batch's records and return once they are durable.
@@ -139,4 +170,4 @@ class RecordWriter:
         self.store.close()
 
 
-__all__ = ["COMMIT_TIMEOUT_S", "ERROR_CODE", "RECORD_ERRORS", "RecordWriter", "handle_store_error"]
+__all__ = ["COMMIT_TIMEOUT_S", "ERROR_CODE", "RECORD_ERRORS", "RETENTION_EVERY_S", "RecordWriter", "handle_store_error"]

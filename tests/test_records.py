@@ -185,8 +185,10 @@ def test_settings_from_the_environment_and_a_section() -> None:
     assert records_settings(None, {"EXPLAIN_RECORDS": "sqlite"}) == RecordsSettings("sqlite")
     assert records_settings(False, env) is None and records_settings("off", env) is None
     assert records_settings("postgresql://db/r", env) == RecordsSettings("postgresql://db/r", Payload.FULL)
-    section = {"store": "https://sink/", "payload": "none", "retention_days": 183, "on_store_error": "answer"}
-    assert records_settings(section, {}) == RecordsSettings("https://sink/", Payload.NONE, 183.0, OnStoreError.ANSWER)
+    section = {"store": "postgresql://db/r", "payload": "none", "retention_days": 183, "on_store_error": "answer"}
+    expected = RecordsSettings("postgresql://db/r", Payload.NONE, 183.0, OnStoreError.ANSWER)
+    assert records_settings(section, {}) == expected
+    assert records_settings({"store": "https://sink/"}, {}) == RecordsSettings("https://sink/")
     assert records_settings({"payload": "hash"}, env) == RecordsSettings("sqlite", Payload.HASH)
     env_all = {**env, "EXPLAIN_RECORDS_RETENTION_DAYS": "30", "EXPLAIN_RECORDS_ON_STORE_ERROR": "answer"}
     assert records_settings(None, env_all) == RecordsSettings("sqlite", Payload.FULL, 30.0, OnStoreError.ANSWER)
@@ -205,6 +207,11 @@ def test_settings_from_the_environment_and_a_section() -> None:
         (None, {"EXPLAIN_RECORDS": "sqlite", "EXPLAIN_RECORDS_PAYLOAD": "x"}, "EXPLAIN_RECORDS_PAYLOAD: payload"),
         (None, {"EXPLAIN_RECORDS": "sqlite", "EXPLAIN_RECORDS_RETENTION_DAYS": "soon"}, "EXPLAIN_RECORDS_RETENTION"),
         (42, {}, "expected a store URL, a mapping"),
+        (
+            {"store": "https://sink/", "retention_days": 7},
+            {},
+            "m: records.retention_days: the HTTP sink .* keeps nothing",
+        ),
     ],
 )
 def test_bad_settings_get_a_clear_error(section: Any, env: dict[str, str], says: str) -> None:
@@ -235,7 +242,13 @@ class FakeStore(RecordStore):
         self.batches.append([item.id for item in records])
         return [item.event_for(self.payload, self.salt) for item in records]
 
-    get = list = erase = retain = verify = None  # type: ignore[assignment]
+    retained: list[float] = field(default_factory=list)
+
+    def retain(self, days: float, *, now: datetime | None = None) -> int:
+        self.retained.append(days)
+        return 0
+
+    get = list = erase = verify = None  # type: ignore[assignment]
 
     @property
     def salt(self) -> str:
@@ -255,6 +268,22 @@ def test_the_writer_commits_a_batch_off_the_callers_thread() -> None:
     writer.close()
     assert store.batches == [["a-0", "a-1"], ["b"]]
     assert store.threads and threading.current_thread().name not in store.threads
+
+
+def test_the_writer_applies_retention_at_most_every_so_often(tmp_path: Path) -> None:
+    store = FakeStore()
+    writer = RecordWriter(store, retention_days=30, retention_every_s=3600)
+    for name in ("a", "b", "c"):
+        writer.write([record(name)])
+    assert store.retained == [30]
+    writer.close()
+    old = datetime(2020, 1, 1, tzinfo=UTC)
+    with open_store(f"sqlite:///{tmp_path / 'r.sqlite3'}") as sqlite:
+        sqlite.write([record("ancient", time=old)])
+        real = RecordWriter(sqlite, retention_days=30)
+        real.write([record("now")])
+        assert sqlite.get("ancient") is None and sqlite.get("now") is not None and sqlite.verify().ok
+        real.close()
 
 
 def test_on_store_error_answer_logs_and_counts(caplog: pytest.LogCaptureFixture) -> None:
