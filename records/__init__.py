@@ -27,7 +27,7 @@ from .errors import (
     StoreUrlError,
     WriteOnlyStoreError,
 )
-from .event import Payload, Record, build_record, input_matches
+from .event import Payload, Record, build_record, input_matches, recorded_input
 from .ids import check_record_id, new_request_id, request_id, row_id
 from .settings import OnStoreError, RecordsSettings, records_settings
 from .store import Page, RecordStore, StoredRecord
@@ -55,6 +55,7 @@ __all__ = [
     "new_request_id",
     "open_store",
     "parse_store_url",
+    "recorded_input",
     "records_settings",
     "request_id",
     "row_id",

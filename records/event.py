@@ -23,7 +23,8 @@ measured them), and ``input`` by the store's payload mode (:class:`Payload`):
 - ``none``: ``{"payload": "none"}``.
 
 :func:`build_record` makes a :class:`Record` from what a door has; the store completes the ``input`` by its own
-payload mode and salt when it writes (:meth:`Record.event_for`).
+payload mode and salt when it writes (:meth:`Record.event_for`); :func:`recorded_input` reads a ``full`` input back
+(to explain a stored prediction again).
 """
 
 from __future__ import annotations
@@ -152,6 +153,24 @@ def input_matches(event: Mapping[str, Any], content: Mapping[str, Any] | bytes, 
             )
         return isinstance(content, bytes | bytearray) and base64.b64decode(kept.get("base64", "")) == bytes(content)
     return False
+
+
+def recorded_input(event: Mapping[str, Any]) -> Mapping[str, Any] | bytes | None:
+    """The input a stored record kept whole (``payload: full``): its document or bytes; None when it kept only a hash,
+    nothing, or was erased (what a re-explanation needs before it can run).
+
+    Args:
+        event: A stored record.
+
+    Returns:
+        The input document, the input bytes, or None.
+    """
+    kept = (event.get("data") or {}).get("input") or {}
+    if kept.get("payload") != Payload.FULL.value:
+        return None
+    if "document" in kept:
+        return dict(kept["document"])
+    return base64.b64decode(kept.get("base64", ""))
 
 
 def kept_input(content: Input, payload: Payload, salt: str) -> dict[str, Any] | None:
@@ -307,4 +326,5 @@ __all__ = [
     "input_matches",
     "kept_input",
     "parse_time",
+    "recorded_input",
 ]

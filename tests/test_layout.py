@@ -124,3 +124,12 @@ def test_every_task_has_its_entry_file_and_its_codec(name: str) -> None:
         path for path in (ROOT / "doors" / "torchserve").glob("*_handler.py") if f'task = "{name}"' in path.read_text()
     ]
     assert len(entries) == 1, f"one TorchServe entry file in doors/torchserve/ names task {name!r}"
+
+
+def test_the_records_store_is_door_neutral() -> None:
+    """``records`` imports no server, no door and no torch (only the error table of the serving core), so the
+    doors, the router and ``explain-records`` can all use it."""
+    forbidden = (*SERVERS, "doors", "handlers", "servers", "model_store", "torch", "transformers", "explainers")
+    assert offenders("records", forbidden) == []
+    core = {name for names in imported("records").values() for name in names if name.startswith("serving_core")}
+    assert core <= {"serving_core.errors"}

@@ -7,6 +7,7 @@ installed."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from records import InvalidRecordIdError, Payload, StoreUnavailableError, input_matches, open_store
+from records import InvalidRecordIdError, Payload, StoreUnavailableError, input_matches, open_store, recorded_input
 from records.event import Record, input_digest
 from records.sql import TABLE, Migration, SqlStore
 from tests.postgres_server import PostgresServer, postgres_server
@@ -124,6 +125,10 @@ def test_payload_modes(store_url: str, mode: str) -> None:
         assert "a secret" not in str(kept["doc"])
     else:
         assert inputs["doc"] == inputs["raw"] == {"payload": "none"}
+    if mode == "full":
+        assert recorded_input(kept["doc"]) == document and recorded_input(kept["raw"]) == b"\x00\xffbytes"
+    else:
+        assert recorded_input(kept["doc"]) is None and recorded_input(kept["raw"]) is None
     proves = mode != "none"
     assert input_matches(kept["doc"], document, salt) is proves
     assert input_matches(kept["raw"], b"\x00\xffbytes", salt) is proves
@@ -237,6 +242,36 @@ def test_writers_with_their_own_connections_take_turns(store_url: str) -> None:
     assert result.ok and result.checked == 4 * 8 * 3 and result.head.seq == 96
     for opened in stores:
         opened.close()
+
+
+WRITER = """
+import sys
+from records import open_store
+from tests.records_support import record
+
+store = open_store(sys.argv[1])
+for batch in range(10):
+    store.write([record(f"p{sys.argv[2]}-{batch}", index) for index in range(2)])
+store.close()
+"""
+
+
+def test_worker_processes_append_to_one_chain(store_url: str) -> None:
+    """Each worker of a door is its own process with its own connection: their batches interleave in one chain."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    workers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, store_url, str(number)], cwd=root, env=env)
+        for number in range(3)
+    ]
+    assert [worker.wait(timeout=120) for worker in workers] == [0, 0, 0]
+    with open_store(store_url) as store:
+        result = store.verify()
+        assert result.ok and result.checked == 60 and result.head.seq == 60
+        assert store.erase("p1-3-0") == 1 and store.verify().ok
 
 
 def test_migrations_run_once_and_a_newer_schema_is_refused(store_url: str) -> None:
