@@ -23,6 +23,7 @@ every answer a caller gets has its record: rows whose batch could not be recorde
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ def _retention(value: object, where: str) -> float | None:
         days = float(value) if isinstance(value, str) else value
     except ValueError:
         days = None
-    if isinstance(days, bool) or not isinstance(days, int | float) or not days > 0 or days != days:
+    if isinstance(days, bool) or not isinstance(days, int | float) or not 0 < days < math.inf:
         raise SettingsError(f"{where}: retention_days must be a positive number of days, not {value!r}")
     return float(days)
 

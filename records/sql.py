@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -77,7 +78,7 @@ class SqlStore(RecordStore):
     """A :class:`~records.store.RecordStore` over a SQL database (subclasses give the connection and the dialect).
 
     One connection per store object, used by one thread at a time (a lock); a connection that failed is dropped and
-    made again on the next call.
+    made again (see :meth:`_run` for the one case a call is tried again at once).
     """
 
     #: The schema's steps, in order (each dialect's own column types).
@@ -93,6 +94,7 @@ class SqlStore(RecordStore):
         self.payload = payload
         self._lock = threading.Lock()
         self._conn: Any = None
+        self._locked = False
         self._salt = self._run(self._migrate, "open")
 
     # -- what each dialect gives -------------------------------------------------------------------------------
@@ -126,17 +128,34 @@ class SqlStore(RecordStore):
 
     # -- plumbing ------------------------------------------------------------------------------------------------
 
-    def _run(self, action: Callable[[Any], T], what: str) -> T:
+    def _run(self, action: Callable[[Any], T], what: str, *, idempotent: bool = False) -> T:
+        """Run ``action`` on the connection (made when there is none); a failure is :class:`StoreUnavailableError`.
+
+        A connection that went stale while idle (a restarted server) fails on the first statement: the action runs
+        once more on a new connection when it is a read (``idempotent``) or a write that had not taken the chain's
+        lock yet, so nothing it did can have been committed.
+        """
         with self._lock:
-            try:
-                if self._conn is None:
-                    self._conn = self._connect()
-                return action(self._conn)
-            except self._failures as error:
-                self._drop()
-                raise StoreUnavailableError(
-                    self.kind, f"the {self.kind} records store {self.location} could not {what}: {error}"
-                ) from error
+            for attempt in (1, 2):
+                fresh = self._conn is None
+                self._locked = False
+                try:
+                    if fresh:
+                        self._conn = self._connect()
+                    return action(self._conn)
+                except self._failures as error:
+                    self._drop()
+                    if attempt == 1 and not fresh and (idempotent or not self._locked):
+                        continue
+                    raise StoreUnavailableError(
+                        self.kind, f"the {self.kind} records store {self.location} could not {what}: {error}"
+                    ) from error
+            raise AssertionError("unreachable")
+
+    def _begin_write(self, cur: Any) -> None:
+        """Take the chain's lock: from here on a failed write is not tried again."""
+        self._lock_chain(cur)
+        self._locked = True
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -189,7 +208,7 @@ class SqlStore(RecordStore):
                 cur.execute(f"SELECT MAX(version) FROM {SCHEMA_TABLE}")
                 return int(cur.fetchone()[0] or 0)
 
-        return self._run(read, "read its schema version")
+        return self._run(read, "read its schema version", idempotent=True)
 
     @property
     def salt(self) -> str:
@@ -219,7 +238,7 @@ class SqlStore(RecordStore):
 
         def append(conn: Any) -> None:
             with self._transaction(conn, write=True) as cur:
-                self._lock_chain(cur)
+                self._begin_write(cur)
                 head = self._mark(cur, "head")
                 seq, prev = head.seq, head.hash
                 rows = []
@@ -258,7 +277,7 @@ class SqlStore(RecordStore):
                 row = cur.fetchone()
                 return self._stored(row) if row is not None else None
 
-        return self._run(read, "read a record")
+        return self._run(read, "read a record", idempotent=True)
 
     def list(
         self,
@@ -293,7 +312,7 @@ class SqlStore(RecordStore):
             rows = rows[:limit]
             return Page(rows, str(rows[-1].seq) if more else None)
 
-        return self._run(read, "list records")
+        return self._run(read, "list records", idempotent=True)
 
     def erase(self, record_id: str) -> int:
         """Replace the bodies of that id's records by tombstones (see :meth:`RecordStore.erase`)."""
@@ -302,7 +321,7 @@ class SqlStore(RecordStore):
 
         def erase(conn: Any) -> int:
             with self._transaction(conn, write=True) as cur:
-                self._lock_chain(cur)
+                self._begin_write(cur)
                 cur.execute(
                     self._sql(f"SELECT seq, body FROM {TABLE} WHERE id = ? AND erased_at IS NULL"), (record_id,)
                 )
@@ -319,13 +338,16 @@ class SqlStore(RecordStore):
 
     def retain(self, days: float, *, now: datetime | None = None) -> int:
         """Delete the oldest records, keeping ``days`` of them (see :meth:`RecordStore.retain`)."""
-        if isinstance(days, bool) or not isinstance(days, int | float) or not days > 0:
+        if isinstance(days, bool) or not isinstance(days, int | float) or not 0 < days < math.inf:
             raise ValueError(f"retention must be a positive number of days, not {days!r}")
-        cutoff = self._time_value((now or datetime.now(UTC)) - timedelta(days=days))
+        try:
+            cutoff = self._time_value((now or datetime.now(UTC)) - timedelta(days=days))
+        except OverflowError:  # more days than the calendar has: nothing is that old
+            return 0
 
         def retain(conn: Any) -> int:
             with self._transaction(conn, write=True) as cur:
-                self._lock_chain(cur)
+                self._begin_write(cur)
                 head, anchor = self._mark(cur, "head"), self._mark(cur, "anchor")
                 cur.execute(self._sql(f"SELECT MIN(seq) FROM {TABLE} WHERE time >= ?"), (cutoff,))
                 kept = cur.fetchone()[0]
@@ -363,7 +385,7 @@ class SqlStore(RecordStore):
                 anchor, head = self._mark(cur, "anchor"), self._mark(cur, "head")
                 return verify_links(links(cur), anchor, head)
 
-        return self._run(verify, "verify its chain")
+        return self._run(verify, "verify its chain", idempotent=True)
 
 
 __all__ = ["CHAIN_TABLE", "META_TABLE", "SCHEMA_TABLE", "TABLE", "Migration", "SqlStore", "tombstone"]

@@ -203,6 +203,7 @@ def test_settings_from_the_environment_and_a_section() -> None:
         ({"store": "sqlite", "payload": "all"}, {}, "m: records.payload: payload 'all' is not one of full"),
         ({"store": "sqlite", "retention_days": -1}, {}, "retention_days must be a positive number"),
         ({"store": "sqlite", "retention_days": True}, {}, "retention_days must be a positive number"),
+        ({"store": "sqlite", "retention_days": "inf"}, {}, "retention_days must be a positive number"),
         ({"store": "sqlite", "on_store_error": "ignore"}, {}, "m: records.on_store_error: 'ignore' is not one of"),
         (None, {"EXPLAIN_RECORDS": "sqlite", "EXPLAIN_RECORDS_PAYLOAD": "x"}, "EXPLAIN_RECORDS_PAYLOAD: payload"),
         (None, {"EXPLAIN_RECORDS": "sqlite", "EXPLAIN_RECORDS_RETENTION_DAYS": "soon"}, "EXPLAIN_RECORDS_RETENTION"),

@@ -208,8 +208,10 @@ def test_retention_deletes_a_prefix_and_keeps_the_chain_verifiable(store: SqlSto
     assert result.ok and result.checked == 0 and result.anchor == result.head
     store.write([record("fresh")])
     assert store.verify().ok and store.get("fresh").seq == 7  # type: ignore[union-attr]
-    with pytest.raises(ValueError):
-        store.retain(0)
+    assert store.retain(10**9, now=now) == 0
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            store.retain(bad)
 
 
 def test_retention_cannot_hide_a_deleted_record(store: SqlStore) -> None:
@@ -297,3 +299,18 @@ def test_migrations_run_once_and_a_newer_schema_is_refused(store_url: str) -> No
     again.close()
     with pytest.raises(StoreUnavailableError, match="schema version 2, newer than this service's 1"):
         open_store(store_url)
+
+
+def test_a_connection_the_server_dropped_is_made_again(store: SqlStore) -> None:
+    """A PostgreSQL server restarted (here: the store's session terminated) while the store was idle: the next
+    write and read go through on a new connection, and nothing is written twice."""
+    store.write([record("before")])
+    if store.kind == "postgresql":
+        execute(store, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "AND datname = current_database()")  # fmt: skip
+    else:
+        store._conn.close()
+    store.write([record("after")])
+    assert store.get("after") is not None
+    result = store.verify()
+    assert result.ok and result.checked == 2
