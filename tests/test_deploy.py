@@ -20,6 +20,7 @@ import yaml
 
 from doors.torchserve.config import Ports
 from doors.torchserve.process import Server
+from records.writer import RECORD_ERRORS
 from serving_core import metrics
 from tests.ops_support import ops_server, rest_call, worker_pids
 from tests.serving_support import REPO_ROOT, owned_popen
@@ -41,10 +42,11 @@ _PROMQL_WORDS = {
 
 def service_metric_names() -> set[str]:
     """Every series name the service exports: the explanation metrics (handlers/metrics.py, with the suffixes
-    prometheus-client adds) and TorchServe's (doors/torchserve/metrics.yaml)."""
+    prometheus-client adds), the records writer's (records/writer.py) and TorchServe's
+    (doors/torchserve/metrics.yaml)."""
     names: set[str] = set()
     for metric in (metrics.EXPLANATION_SECONDS, metrics.STAGE_SECONDS, metrics.EXPLANATIONS, metrics.ERRORS,
-                   metrics.BATCH_SIZE, metrics.UNSURE_ROWS):  # fmt: skip
+                   metrics.BATCH_SIZE, metrics.UNSURE_ROWS, RECORD_ERRORS):  # fmt: skip
         for family in metric.collect():
             names.update(sample.name for sample in family.samples)
             kind = family.type

@@ -470,3 +470,11 @@ def test_the_command_line_refuses_clearly(tmp_path: Path, capsys: pytest.Capture
         pass
     assert main(["show", f"sqlite:///{tmp_path / 'r.sqlite3'}", "../x"]) == 2
     assert "is not valid" in capsys.readouterr().err
+
+
+def test_the_command_and_the_extra_are_declared() -> None:
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["explain-records"] == "records.cli:entry_point"
+    assert any(r.startswith("psycopg[binary]") for r in project["optional-dependencies"]["records"])
