@@ -3,9 +3,9 @@
 A door builds one :class:`~records.event.Record` per answered row and calls :meth:`RecordWriter.record` with the
 batch's records before it returns the answers. The writer's own thread (one per store, with the store's connection)
 commits the batch in one transaction, so the model's thread never runs database code; the call returns once the
-batch is durable. With ``retention_days`` the same thread deletes the records older than that after a batch, at most
-once an hour. :meth:`RecordWriter.submit` starts the write and returns a future, for a door that encodes its
-answers meanwhile.
+batch is durable. :meth:`RecordWriter.submit` starts the write and returns a future, for a door that encodes its
+answers meanwhile. With ``retention_days`` the same thread deletes the records older than that after a batch (the
+batch's answers do not wait for it), at most once an hour.
 
 A store that fails (or does not commit within the writer's timeout) is handled by ``on_store_error``
 (:func:`handle_store_error`): ``answer`` logs one ERROR naming the store and the model, counts
@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -96,29 +97,35 @@ class RecordWriter:
         self._retained_at: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-writer")
 
-    def submit(self, records: Sequence[Record]) -> Future[None]:
+    def submit(self, records: Sequence[Record]) -> Future[list[dict[str, Any]]]:
         """Start committing a batch's records (one transaction); the future is done when they are durable.
 
         Args:
             records: The batch's records.
 
         Returns:
-            A future whose result is None once committed, or the store's error.
+            A future whose result is the events as kept once committed, or the store's error.
         """
         batch = list(records)
-        return self._pool.submit(self._write, batch)
+        future = self._pool.submit(self.store.write, batch)
+        if self._retention_due():
+            self._pool.submit(self._retain)  # after the batch: its answers do not wait for retention
+        return future
 
-    def _write(self, batch: list[Record]) -> None:
-        self.store.write(batch)
+    def _retention_due(self) -> bool:
         if self._retention_days is None:
-            return
+            return False
         now = time.monotonic()
         if self._retained_at is not None and now - self._retained_at < self._retention_every_s:
-            return
+            return False
         self._retained_at = now
+        return True
+
+    def _retain(self) -> None:
+        assert self._retention_days is not None
         try:
             removed = self.store.retain(self._retention_days)
-        except StoreUnavailableError as error:  # the batch is committed; retention tries again next time
+        except StoreUnavailableError as error:  # tried again after the next batch
             logger.warning("records: retention of %s failed: %s", self.store.location, error)
             self._retained_at = None
         else:
@@ -133,7 +140,7 @@ class RecordWriter:
         """
         self.wait(self.submit(records))
 
-    def wait(self, future: Future[None]) -> None:
+    def wait(self, future: Future[Any]) -> None:
         """Wait for a batch :meth:`submit` started.
 
         Raises:

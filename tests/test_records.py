@@ -283,6 +283,7 @@ def test_the_writer_applies_retention_at_most_every_so_often(tmp_path: Path) -> 
         sqlite.write([record("ancient", time=old)])
         real = RecordWriter(sqlite, retention_days=30)
         real.write([record("now")])
+        real.wait(real.submit([]))  # retention runs after the batch, on the writer's thread
         assert sqlite.get("ancient") is None and sqlite.get("now") is not None and sqlite.verify().ok
         real.close()
 
