@@ -1,8 +1,8 @@
 """Records of what the service answered: one CloudEvents 1.0 event per answered row, in a tamper-evident store.
 
 Door-neutral and torch-free (no server is imported). The doors build a record per row with
-:func:`~records.event.build_record` and hand a batch's records to a :class:`~records.writer.RecordWriter`, which
-commits them in one transaction before the answers leave (or applies ``on_store_error``).
+:func:`~records.event.build_record` and hand a batch's records to their model's :class:`~records.recorder.Recorder`,
+whose writer commits them in one transaction before the answers leave (or applies ``on_store_error``).
 
 - :mod:`~records.ids`: request ids (the caller's ``X-Request-Id``, or one made) and row ids (``<id>-<index>``);
 - :mod:`~records.event`: the record (CloudEvents envelope and data), payload modes (``full``, ``hash``, ``none``);
@@ -13,6 +13,8 @@ commits them in one transaction before the answers leave (or applies ``on_store_
 - :mod:`~records.stores`: :func:`~records.stores.open_store` from a URL;
 - :mod:`~records.settings`: the ``records:`` section and the ``EXPLAIN_RECORDS*`` environment;
 - :mod:`~records.writer`: the writer, the ``on_store_error`` policy and ``explain_record_errors_total``;
+- :mod:`~records.recorder`: :class:`~records.recorder.Recorder`, a model's settings and its (shared) writer: what a
+  door holds;
 - :mod:`~records.cli`: ``explain-records verify|list|show|erase|retain``.
 """
 

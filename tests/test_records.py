@@ -323,6 +323,42 @@ def test_a_store_that_hangs_is_a_store_error_within_the_timeout() -> None:
     assert _errors("m", "http") >= 1
 
 
+def test_a_recorder_per_model_shares_its_stores_writer(tmp_path: Path) -> None:
+    from records.recorder import Recorder, close_writers
+
+    assert Recorder.open("m", None, {}) is None and Recorder.open("m", "off", {"EXPLAIN_RECORDS": "sqlite"}) is None
+    url = f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+    first = Recorder.open("sentiment", {"store": url, "payload": "full"}, {})
+    second = Recorder.open("digits", url, {"EXPLAIN_RECORDS_PAYLOAD": "full"})
+    assert first is not None and second is not None and first._writer is second._writer
+    first.record([record("s", model="sentiment")])
+    second.record([record("d", model="digits")])
+    close_writers()
+    with open_store(url, create=False) as store:
+        assert [item.model for item in store.list().records] == ["sentiment", "digits"] and store.verify().ok
+
+
+def test_a_store_that_cannot_be_opened_yet_is_tried_again_per_batch(tmp_path: Path) -> None:
+    from records.recorder import Recorder, close_writers
+
+    blocker = tmp_path / "later"
+    blocker.write_text("a file where the store's folder goes")
+    url = f"sqlite:///{blocker / 'records.sqlite3'}"
+    answering = Recorder.open("late", {"store": url, "on_store_error": "answer"}, {})
+    refusing = Recorder.open("late", {"store": url}, {})
+    assert answering is not None and refusing is not None
+    before = _errors("late", "sqlite")
+    answering.record([record("a")])
+    with pytest.raises(RowError, match="cannot make the records store"):
+        refusing.record([record("b")])
+    assert _errors("late", "sqlite") == before + 2
+    blocker.unlink()
+    refusing.record([record("c")])
+    close_writers()
+    with open_store(url, create=False) as store:
+        assert [item.id for item in store.list().records] == ["c"]
+
+
 # -- the HTTP sink ---------------------------------------------------------------------------------------------------
 
 
