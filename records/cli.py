@@ -7,11 +7,14 @@
     explain-records show STORE ID                      # the record as JSON
     explain-records erase STORE ID                     # its body becomes a tombstone; the chain still verifies
     explain-records retain STORE --days N              # delete records older than N days
+    explain-records prove STORE ID INPUT [--bytes]     # exit 0 when the record saw that input (a JSON file, or bytes)
 
 ``STORE`` is a store URL (:mod:`records.stores`: ``sqlite``, ``sqlite:///path``, ``postgresql://...``); the HTTP
 sink is write-only and cannot be read here. A SQLite store that does not exist is an error, never made. ``--since``
 and ``--until`` are ISO 8601 dates or times (UTC when no zone is given); ``--since`` is inclusive, ``--until`` not.
-Exit status: 0 done, 1 a problem found (verify) or no such record (show, erase), 2 a usage or store error.
+``prove`` checks an input someone says was sent against a ``hash`` (or ``full``) record, with the store's salt.
+Exit status: 0 done, 1 a problem found (verify), no such record (show, erase, prove) or another input (prove), 2 a
+usage or store error.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .errors import RecordsError
-from .event import parse_time
+from .event import input_matches, parse_time
 from .store import DEFAULT_LIMIT, MAX_LIMIT, RecordStore, StoredRecord
 from .stores import URL_FORMS, open_store
 
@@ -52,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     retain = commands.add_parser("retain", help="delete records older than --days")
     retain.add_argument("store", metavar="STORE", help=store_help)
     retain.add_argument("--days", type=float, required=True, help="how many days of records to keep")
+    prove = commands.add_parser("prove", help="check that a record saw an input (its hash or its kept copy)")
+    prove.add_argument("store", metavar="STORE", help=store_help)
+    prove.add_argument("id", metavar="ID")
+    prove.add_argument("input", metavar="INPUT", type=Path, help="the input: a JSON request body (or raw, --bytes)")
+    prove.add_argument("--bytes", action="store_true", help="compare the file's bytes, not its JSON document")
     return parser
 
 
@@ -98,9 +107,26 @@ def _run(args: argparse.Namespace, store: RecordStore) -> int:
             return 0
         print(f"erased {erased} record(s) {args.id}")
         return 0
+    if args.command == "prove":
+        return _prove(args, store)
     removed = store.retain(args.days)
     print(f"removed {removed} record(s) older than {args.days:g} day(s)")
     return 0
+
+
+def _prove(args: argparse.Namespace, store: RecordStore) -> int:
+    found = store.get(args.id)
+    if found is None:
+        print(f"explain-records: no record {args.id} in {store.location}", file=sys.stderr)
+        return 1
+    raw = args.input.read_bytes()
+    content = raw if args.bytes else json.loads(raw)
+    if input_matches(found.event, content, store.salt):
+        print(f"record {args.id} saw this input")
+        return 0
+    kept = ((found.event.get("data") or {}).get("input") or {}).get("payload", "erased" if found.erased else "none")
+    print(f"record {args.id} did not see this input (it kept: {kept})")
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with open_store(args.store, create=False) as store:
             return _run(args, store)
-    except (RecordsError, ValueError) as error:
+    except (RecordsError, ValueError, OSError) as error:
         print(f"explain-records: {error}", file=sys.stderr)
         return 2
 

@@ -498,6 +498,24 @@ def test_the_command_line_names_what_verify_finds(tmp_path: Path, capsys: pytest
     assert out[1].startswith("record 3 missing") and out[2].startswith("2 problem(s): 3 record(s) checked")
 
 
+def test_the_command_line_proves_what_a_record_saw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'records.sqlite3'}"
+    sent = {"text": "what a lovely day", "explain": {"method": "attnlrp"}}
+    with open_store(url, payload="hash") as store:
+        store.write([record("h", input=sent), record("raw", input=b"\x89PNG")])
+    claim = tmp_path / "claim.json"
+    claim.write_text(json.dumps({"explain": {"method": "attnlrp"}, "text": "what a lovely day"}, indent=2))
+    assert main(["prove", url, "h", str(claim)]) == 0 and "saw this input" in capsys.readouterr().out
+    claim.write_text(json.dumps({**sent, "text": "what a dreadful day"}))
+    assert main(["prove", url, "h", str(claim)]) == 1 and "kept: hash" in capsys.readouterr().out
+    image = tmp_path / "image.png"
+    image.write_bytes(b"\x89PNG")
+    assert main(["prove", url, "raw", str(image), "--bytes"]) == 0
+    assert main(["prove", url, "nope", str(image)]) == 1
+    assert main(["prove", url, "h", str(tmp_path / "absent.json")]) == 2
+    capsys.readouterr()
+
+
 def test_the_command_line_refuses_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", f"sqlite:///{tmp_path / 'none.sqlite3'}"]) == 2
     assert "no records store at" in capsys.readouterr().err and not (tmp_path / "none.sqlite3").exists()
