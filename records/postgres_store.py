@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .chain import GENESIS
 from .errors import StoreUnavailableError
@@ -48,13 +48,16 @@ MIGRATIONS = (
 
 
 def redacted(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages and logs)."""
+    """``url`` with its password (in the user part or a ``password=`` parameter) replaced by ``***``, for messages."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    if parts.password is not None:
+        host = parts.hostname or ""
+        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        parts = parts._replace(netloc=netloc)
+    if parts.query:
+        query = [(key, "***" if key == "password" else value) for key, value in parse_qsl(parts.query, True)]
+        parts = parts._replace(query=urlencode(query, safe="*"))
+    return urlunsplit(parts)
 
 
 class PostgresStore(SqlStore):

@@ -172,6 +172,12 @@ def test_a_missing_store_is_not_made_for_readers_and_an_unreachable_one_is_clear
         open_store("postgresql://explain:secret@127.0.0.1:1/x")
     with pytest.raises(SettingsError, match="not one of full, hash, none"):
         open_store("sqlite", payload="some")
+    from records.postgres_store import redacted
+
+    assert redacted("postgresql://u:pw@db:5432/r?sslmode=require&password=pw") == (
+        "postgresql://u:***@db:5432/r?sslmode=require&password=***"
+    )
+    assert redacted("postgresql://u@db/r") == "postgresql://u@db/r"
 
 
 # -- settings --------------------------------------------------------------------------------------------------------
