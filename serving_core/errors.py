@@ -102,6 +102,12 @@ ERROR_TABLE: dict[str, ErrorKind] = {
         ErrorKind("unauthenticated", 401, "UNAUTHENTICATED", "OpenAI API: a missing, wrong or expired API key (token)"),
         ErrorKind("model_not_found", 404, "NOT_FOUND", "OpenAI API: no generation model of that name is served"),
         ErrorKind("unavailable", 503, "UNAVAILABLE", "OpenAI API: the model server is busy or not reachable; retry"),
+        ErrorKind(
+            "records_unavailable",
+            503,
+            "UNAVAILABLE",
+            "the records store could not commit the batch's records and the model's on_store_error is refuse; retry",
+        ),
         ErrorKind("attribution_failed", 500, "INTERNAL", "the row's attribution came out NaN or infinite"),
         ErrorKind("internal", 500, "INTERNAL", "the batch failed on the server; see the server log"),
     )

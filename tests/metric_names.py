@@ -146,11 +146,14 @@ def recorded_names() -> set[str]:
 
 
 def service_metric_names() -> set[str]:
-    """Every series name the service exports: the explanation metrics (serving_core/metrics.py), the monitors'
-    (monitoring/), the launcher's restart counter (doors/torchserve/supervision.py) and TorchServe's
-    (doors/torchserve/metrics.yaml)."""
+    """Every series name the service exports: the explanation metrics (serving_core/metrics.py), the records
+    writer's (records/writer.py), the monitors' (monitoring/), the launcher's restart counter
+    (doors/torchserve/supervision.py) and TorchServe's (doors/torchserve/metrics.yaml)."""
+    from records import writer
+
     restarts = series_names(RESTARTS_METRIC, "counter")
-    return collector_names(metrics) | monitoring_metric_names() | restarts | torchserve_metric_names()
+    exported = collector_names(metrics) | collector_names(writer) | monitoring_metric_names()
+    return exported | restarts | torchserve_metric_names()
 
 
 def known_metric_names() -> set[str]:

@@ -415,3 +415,12 @@ def test_batch_jobs_are_door_neutral() -> None:
     its Ray runner."""
     found = offenders("batch", (*SERVERS, "doors", "handlers", "servers"))
     assert [item for item in found if item != "batch/ray_job.py: ray"] == []
+
+
+def test_the_records_store_is_door_neutral() -> None:
+    """``records`` imports no server, no door and no torch (only the error table of the serving core), so the
+    doors, the router and ``explain-records`` can all use it."""
+    forbidden = (*SERVERS, "doors", "handlers", "servers", "model_store", "torch", "transformers", "explainers")
+    assert offenders("records", forbidden) == []
+    core = {name for names in imported("records").values() for name in names if name.startswith("serving_core")}
+    assert core <= {"serving_core.errors"}

@@ -330,3 +330,11 @@ def test_ci_installs_nothing_that_make_test_does_not() -> None:
     assert ci.rstrip().splitlines()[-1] == "make test"
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme.split("## Two commands")[1].split("##")[0]
+
+
+def test_postgresql_is_among_the_test_packages() -> None:
+    """The records store's tests start a PostgreSQL server from the distribution's package (its programs are off
+    ``PATH``, in ``/usr/lib/postgresql/<version>/bin``)."""
+    (postgres,) = [req for req in setup.TEST_REQUIREMENTS if req.name == "postgresql"]
+    assert postgres.choices == (("postgresql",),) and postgres.pattern == "/usr/lib/postgresql/*/bin/initdb"
+    assert all("postgresql" in release.packages for release in setup.RELEASES.values())
