@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
+import numpy as np
 from grpc_interceptor.exceptions import GrpcException
 from kserve import Model
 from kserve.errors import InvalidInput
@@ -83,10 +84,24 @@ def to_oip_request(request: InferRequest) -> oip.OipRequest:
     return oip.OipRequest(inputs, to_http_parameters(request.parameters or {}))
 
 
+#: OIP datatype → the numpy dtype of its elements (BYTES: Python ``str``/``bytes`` objects).
+_NUMPY = {"BYTES": np.object_, "FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
+          "BOOL": np.bool_}  # fmt: skip
+
+
 def to_infer_response(name: str, request: InferRequest, outputs: Sequence[oip.Tensor]) -> InferResponse:
-    """KServe's response for the outputs, in the request's transport and binary conventions."""
+    """KServe's response for the outputs, in the request's transport and binary conventions.
+
+    A REST answer's outputs are numpy arrays of their datatype and shape, which KServe writes as JSON ``data`` or, for
+    the outputs asked for in the binary data extension (``binary_data`` on a requested output, the request parameter
+    ``binary_data_output``), as ``binary_data_size`` bytes after the JSON (``Inference-Header-Content-Length``), an
+    empty tensor included. gRPC: lists in the typed ``contents``, or numpy arrays in ``raw_output_contents`` when the
+    request sent raw inputs (as ``tritonclient.grpc`` does).
+    """
+    arrays = not request.from_grpc or request.use_binary_outputs
     infer_outputs = [
-        InferOutput(name=t.name, shape=list(t.shape), datatype=t.datatype, data=list(t.data)) for t in outputs
+        InferOutput(name=t.name, shape=list(t.shape), datatype=t.datatype, data=_array(t) if arrays else list(t.data))
+        for t in outputs
     ]
     return InferResponse(
         response_id=request.id or str(uuid.uuid4()),
@@ -96,6 +111,11 @@ def to_infer_response(name: str, request: InferRequest, outputs: Sequence[oip.Te
         use_binary_outputs=request.use_binary_outputs,
         requested_outputs=request.request_outputs,
     )
+
+
+def _array(tensor: oip.Tensor) -> np.ndarray:
+    """The tensor's elements as a numpy array of its datatype and shape."""
+    return np.array(list(tensor.data), dtype=_NUMPY[tensor.datatype]).reshape(tensor.shape)
 
 
 class ExplainModel(Model):

@@ -1,7 +1,8 @@
 """KServe's model server (``kserve.ModelServer``) as this service runs it: REST and gRPC bound to one address
 (127.0.0.1 unless ``INFERENCE_ADDRESS`` says otherwise), requests bounded in size, the error table's statuses on
-both transports, ``explain`` listed among the server's OIP extensions, and the OpenAI API for the generation models
-(:mod:`doors.kserve.openai_routes`).
+both transports, ``explain`` listed among the server's OIP extensions, an OIP REST body read as every OIP client sends
+it (JSON without a ``Content-Type``, the binary data extension, a compressed body: :mod:`doors.kserve.rest_body`), and
+the OpenAI API for the generation models (:mod:`doors.kserve.openai_routes`).
 
 KServe's own server binds REST to 0.0.0.0 and gRPC to ``[::]``, with no way to choose; this module starts the same
 REST application and gRPC servicer on the address given instead. Everything else — the routes (OIP v2, v1
@@ -28,11 +29,15 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.infer_type import InferRequest
 from kserve.protocol.rest.server import RESTServer
+
+from serving_core.errors import RowError
 
 from .kserve_model import ExplainModel, RequestError, RetryableError
 from .oip import EXTENSION
 from .openai_routes import add_openai_routes
+from .rest_body import infer_request_from_body
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +50,29 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class ExplainDataPlane(DataPlane):
-    """KServe's data plane, with ``explain`` (this service's OIP extension) in the server metadata."""
+    """KServe's data plane, with ``explain`` (this service's OIP extension) in the server metadata, and a raw REST
+    body read as every OIP client sends it (:mod:`doors.kserve.rest_body`)."""
 
     def metadata(self) -> dict[str, Any]:
         """Server metadata: KServe's, plus the ``explain`` extension."""
         document: dict[str, Any] = dict(super().metadata())
         document["extensions"] = [*document.get("extensions", []), EXTENSION]
         return document
+
+    def decode_inference_request(self, body: Any, headers: dict[str, str], model_name: str) -> InferRequest:
+        """An OIP ``infer`` request not marked as JSON (``tritonclient`` sends no ``Content-Type``; the binary data
+        extension; a compressed body) read by :func:`~doors.kserve.rest_body.infer_request_from_body`, BYTES
+        elements of binary inputs kept as bytes; a request FastAPI parsed as JSON: KServe's own reading.
+
+        Raises:
+            RequestError: ``invalid_request`` (or ``request_too_large``) for a body that is not such a request.
+        """
+        if not isinstance(body, bytes):
+            return super().decode_inference_request(body, headers, model_name)
+        try:
+            return infer_request_from_body(body, headers or {}, model_name, MAX_REQUEST_BYTES)
+        except RowError as error:
+            raise RequestError(error) from None
 
 
 class BodyLimit:
@@ -90,9 +111,7 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": response.body})
 
 
-def _too_large(limit: int) -> Any:
-    from serving_core.errors import RowError
-
+def _too_large(limit: int) -> RowError:
     return RowError("request_too_large", f"the request body exceeds {limit} bytes; send fewer or smaller rows")
 
 
