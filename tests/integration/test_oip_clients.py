@@ -2,13 +2,17 @@
 sentence pairs, multi-label and regression heads, images as PNG and JPEG files, token classification, generation),
 in every mode it has — HTTP in JSON mode (no ``Content-Type``; JSON data both ways), HTTP with the binary data
 extension (BYTES inputs as raw bytes; every output in the binary tail after ``Inference-Header-Content-Length``), the
-same gzip-compressed, and gRPC (raw contents) — each answer equal to the project's own OIP client's
-(:class:`tests.oip_client.RestOip`, REST JSON) on the same request, and errors answered with the error table's codes.
+same gzip-compressed, and gRPC (raw contents; in a process of its own: :mod:`tests.tritonclient_grpc_probe`) — each
+answer equal to the project's own OIP client's (:class:`tests.oip_client.RestOip`, REST JSON) on the same request,
+and errors answered with the error table's codes.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +26,7 @@ from tests.generation_checkpoint import PROMPTS
 from tests.integration.test_doors import HYPOTHESIS, PREMISE, TEXT
 from tests.integration.test_doors_tasks import SENTENCE
 from tests.oip_client import Input, Outputs, RestOip
-from tests.serving_support import b64, png_bytes
+from tests.serving_support import REPO_ROOT, b64, png_bytes
 
 pytestmark = [pytest.mark.slow, EXTRAS]
 
@@ -146,22 +150,35 @@ def triton_http(door: Any, case: Case, mode: str, outputs: list[str]) -> tuple[O
     return answer, described
 
 
-def triton_grpc(door: Any, case: Case) -> Outputs:
-    """The case through ``tritonclient.grpc`` (BYTES and the other inputs as raw contents)."""
-    import tritonclient.grpc as grpcclient
+def grpc_probe(request: dict[str, Any]) -> dict[str, Any]:
+    """One call of :mod:`tests.tritonclient_grpc_probe` (``tritonclient.grpc`` in a process of its own)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.tritonclient_grpc_probe"], input=json.dumps(request), capture_output=True,
+        text=True, cwd=REPO_ROOT, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
 
-    inputs = []
-    for name, datatype, values in case.inputs:
-        tensor = grpcclient.InferInput(name, [len(values)], datatype)
-        tensor.set_data_from_numpy(_array(datatype, values, json_mode=False))
-        inputs.append(tensor)
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{door.grpc_port}")
-    try:
-        result = client.infer(case.model, inputs, parameters=case.parameters or None, client_timeout=120.0)
-    finally:
-        client.close()
-    described = result.get_response().outputs
-    return {o.name: (list(o.shape), _flat(result.as_numpy(o.name), o.datatype)) for o in described}
+
+def triton_grpc(door: Any, case: Case) -> Outputs:
+    """The case through ``tritonclient.grpc`` (BYTES and the other inputs as raw contents).
+
+    Raises:
+        InferenceServerException: the door's error answer.
+    """
+    from tritonclient.utils import InferenceServerException
+
+    inputs = [
+        [name, datatype, [b64(v if isinstance(v, bytes) else v.encode()) for v in values] if datatype == "BYTES"
+         else list(values)]
+        for name, datatype, values in case.inputs
+    ]  # fmt: skip
+    answer = grpc_probe({"action": "infer", "target": f"127.0.0.1:{door.grpc_port}", "model": case.model,
+                         "inputs": inputs, "parameters": case.parameters})  # fmt: skip
+    if "error" in answer:
+        raise InferenceServerException(answer["error"], answer.get("status"))
+    return {name: (list(shape), list(data)) for name, (shape, data) in answer["outputs"].items()}
 
 
 def assert_same(actual: Outputs, expected: Outputs) -> None:
@@ -243,17 +260,15 @@ def test_errors_carry_the_error_tables_code(
 
 
 def test_health_and_metadata(door: Any) -> None:
-    import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
     http = httpclient.InferenceServerClient(f"127.0.0.1:{door.rest_port}")
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{door.grpc_port}")
     try:
         assert http.is_server_ready() and http.is_model_ready("digits")
-        assert grpc.is_server_ready() and grpc.is_model_ready("digits")
         assert http.get_model_metadata("digits")["inputs"][0]["name"] == "image"
-        assert grpc.get_model_metadata(WRITER).inputs[0].name == "prompt"
         assert "explain" in http.get_server_metadata()["extensions"]
     finally:
         http.close()
-        grpc.close()
+    metadata = grpc_probe({"action": "metadata", "target": f"127.0.0.1:{door.grpc_port}", "model": WRITER})
+    assert metadata["server_ready"] and metadata["model_ready"]
+    assert metadata["inputs"][0] == "prompt" and "generated_tokens" in metadata["outputs"]
