@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from grpc import aio
 from kserve import ModelServer
-from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING, INFERENCE_CONTENT_LENGTH_HEADER
 from kserve.model_server import app as kserve_app
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
@@ -111,6 +111,27 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": response.body})
 
 
+class RawInferBodies:
+    """ASGI middleware: an OIP ``infer`` request whose body is not plain JSON — it has the binary data extension's
+    ``Inference-Header-Content-Length`` or a ``Content-Encoding`` — reaches the data plane as raw bytes whatever its
+    ``Content-Type`` says (FastAPI would otherwise parse a body marked ``application/json`` as JSON and refuse it);
+    :meth:`ExplainDataPlane.decode_inference_request` reads it."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        """Wrap ``app``."""
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Drop the ``Content-Type`` of such a request."""
+        if scope["type"] == "http" and scope.get("method") == "POST" and str(scope.get("path", "")).endswith("/infer"):
+            headers = scope.get("headers") or []
+            names = {name.lower() for name, _ in headers}
+            if INFERENCE_CONTENT_LENGTH_HEADER.encode() in names or b"content-encoding" in names:
+                kept = [(name, value) for name, value in headers if name.lower() != b"content-type"]
+                scope = {**scope, "headers": kept}
+        await self.app(scope, receive, send)
+
+
 def _too_large(limit: int) -> RowError:
     return RowError("request_too_large", f"the request body exceeds {limit} bytes; send fewer or smaller rows")
 
@@ -165,6 +186,7 @@ class ExplainModelServer(ModelServer):
         add_openai_routes(kserve_app, {model.name: model for model in models})
         kserve_app.add_exception_handler(RequestError, _door_error)
         kserve_app.add_exception_handler(RetryableError, _door_error)
+        kserve_app.add_middleware(RawInferBodies)
         kserve_app.add_middleware(BodyLimit)
         rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension, self.http_port,
                           grace_period=5, timeout_keep_alive=self.timeout_keep_alive)  # fmt: skip

@@ -9,11 +9,11 @@ and errors answered with the error table's codes.
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
 import subprocess
 import sys
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,9 +206,10 @@ def test_tritonclient_answers_equal_the_projects_client(door: Any, case: Case, m
     assert binary == ([] if mode == "http-json" else [o["name"] for o in described])
 
 
-def test_binary_outputs_carry_the_header_and_the_tail(door: Any) -> None:
-    """One output asked for in binary, one in JSON: the JSON header's length is in ``Inference-Header-Content-Length``
-    and the binary output's bytes follow it."""
+@pytest.mark.parametrize("content_type", [None, "application/octet-stream", "application/json"])
+def test_binary_outputs_carry_the_header_and_the_tail(door: Any, content_type: str | None) -> None:
+    """A binary request, whatever its ``Content-Type``; one output asked for in binary, one in JSON: the answer's JSON
+    length is in ``Inference-Header-Content-Length`` and the binary output's bytes follow it."""
     import tritonclient.http as httpclient
 
     text = httpclient.InferInput("text", [1], "BYTES")
@@ -216,13 +217,17 @@ def test_binary_outputs_carry_the_header_and_the_tail(door: Any) -> None:
     outputs = [httpclient.InferRequestedOutput("label", binary_data=True),
                httpclient.InferRequestedOutput("probabilities", binary_data=False)]  # fmt: skip
     body, json_size = httpclient.InferenceServerClient.generate_request_body([text], outputs=outputs)
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{door.rest_port}/v2/models/sentiment/infer", data=body, method="POST",
-        headers={"Inference-Header-Content-Length": str(json_size)},
-    )  # fmt: skip
-    with urllib.request.urlopen(request, timeout=120) as response:
-        header_length = response.headers["Inference-Header-Content-Length"]
-        raw = response.read()
+    headers = {"Inference-Header-Content-Length": str(json_size)}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    connection = http.client.HTTPConnection("127.0.0.1", door.rest_port, timeout=120)
+    try:
+        connection.request("POST", "/v2/models/sentiment/infer", body, headers)
+        response = connection.getresponse()
+        header_length, raw = response.getheader("Inference-Header-Content-Length"), response.read()
+    finally:
+        connection.close()
+    assert response.status == 200, raw
     assert header_length is not None and int(header_length) < len(raw)
     result = httpclient.InferenceServerClient.parse_response_body(raw, header_length=int(header_length))
     described = {o["name"]: o for o in result.get_response()["outputs"]}
@@ -272,3 +277,26 @@ def test_health_and_metadata(door: Any) -> None:
     metadata = grpc_probe({"action": "metadata", "target": f"127.0.0.1:{door.grpc_port}", "model": WRITER})
     assert metadata["server_ready"] and metadata["model_ready"]
     assert metadata["inputs"][0] == "prompt" and "generated_tokens" in metadata["outputs"]
+
+
+def _docs_examples() -> list[str]:
+    """The Python examples of docs/SERVING.md's "OIP clients" section."""
+    text = (REPO_ROOT / "docs" / "SERVING.md").read_text()
+    section = text[text.index("### OIP clients\n") :]
+    section = section[: section.index("\n### ", 1)]
+    return [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+
+
+def test_the_docs_examples_run_as_written(door: Any, tmp_path: Any) -> None:
+    """Each example of docs/SERVING.md's "OIP clients" on the door's ports (its models have the default models'
+    names and the demo writer's), in a process of its own (one of them imports ``tritonclient.grpc``)."""
+    examples = _docs_examples()
+    assert len(examples) == 3
+    (tmp_path / "digit.png").write_bytes(png_bytes(seed=2))
+    for example in examples:
+        code = example.replace("127.0.0.1:8080", f"127.0.0.1:{door.rest_port}")
+        code = code.replace("127.0.0.1:7070", f"127.0.0.1:{door.grpc_port}")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=300, check=False)  # fmt: skip
+        assert done.returncode == 0, f"{example}\n{done.stderr}"
+        assert done.stdout.strip()
