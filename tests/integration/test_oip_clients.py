@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.doors_support import EXTRAS, WRITER, door_models, start_door
+from tests.doors_support import EXTRAS, WRITER, start_door
 from tests.generation_checkpoint import PROMPTS
 from tests.integration.test_doors import HYPOTHESIS, PREMISE, TEXT
 from tests.integration.test_doors_tasks import SENTENCE
@@ -88,7 +88,6 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def door(request: pytest.FixtureRequest) -> Any:
-    door_models(request)
     return start_door(request, "kserve")
 
 
