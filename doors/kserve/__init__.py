@@ -8,6 +8,8 @@ extension, KServe v1 ``:predict``/``:explain``) and Ray Serve replicas behind it
 - :mod:`doors.kserve.batching`: the in-process door's dynamic batcher;
 - :mod:`doors.kserve.backends`: where rows are served (in-process, or :mod:`doors.kserve.ray_deployment`);
 - :mod:`doors.kserve.kserve_model`, :mod:`doors.kserve.kserve_server`: the ``kserve.Model`` and the server around it;
+- :mod:`doors.kserve.rest_body`: an OIP REST body read as every OIP client sends it (JSON with or without a
+  ``Content-Type``, the binary data extension, a compressed body);
 - :mod:`doors.kserve.process`, :mod:`doors.kserve.launch`: the server process and how the launcher
   (:mod:`doors.launch`) starts, supervises and stops it (the process mechanics: :mod:`supervise`);
 - :mod:`doors.kserve.openai_routes`: the OpenAI API routes of causal LMs on the same server.

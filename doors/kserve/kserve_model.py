@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
+import numpy as np
 from grpc_interceptor.exceptions import GrpcException
 from kserve import Model
 from kserve.errors import InvalidInput
@@ -83,19 +84,45 @@ def to_oip_request(request: InferRequest) -> oip.OipRequest:
     return oip.OipRequest(inputs, to_http_parameters(request.parameters or {}))
 
 
+#: OIP datatype → the numpy dtype of its elements (BYTES: Python ``str``/``bytes`` objects).
+_NUMPY = {"BYTES": np.object_, "FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
+          "BOOL": np.bool_}  # fmt: skip
+
+
 def to_infer_response(name: str, request: InferRequest, outputs: Sequence[oip.Tensor]) -> InferResponse:
-    """KServe's response for the outputs, in the request's transport and binary conventions."""
-    infer_outputs = [
-        InferOutput(name=t.name, shape=list(t.shape), datatype=t.datatype, data=list(t.data)) for t in outputs
-    ]
+    """KServe's response for the outputs, in the request's transport and binary conventions (:func:`infer_output`)."""
     return InferResponse(
         response_id=request.id or str(uuid.uuid4()),
         model_name=name,
-        infer_outputs=infer_outputs,
+        infer_outputs=[infer_output(tensor, request) for tensor in outputs],
         from_grpc=request.from_grpc,
         use_binary_outputs=request.use_binary_outputs,
         requested_outputs=request.request_outputs,
     )
+
+
+def infer_output(tensor: oip.Tensor, request: InferRequest) -> InferOutput:
+    """One output as KServe writes it for ``request``.
+
+    REST: a numpy array of the tensor's datatype and shape, which KServe writes as JSON ``data`` or, for an output
+    asked for in the binary data extension (``binary_data`` on a requested output, the request parameter
+    ``binary_data_output``), as ``binary_data_size`` bytes after the JSON (``Inference-Header-Content-Length``), an
+    empty tensor included. gRPC: a list in the typed ``contents``, or, when the request sent raw inputs (as
+    ``tritonclient.grpc`` does), the tensor's bytes in ``raw_output_contents`` (an empty tensor included: one entry
+    per output).
+    """
+    shape = list(tensor.shape)
+    if not request.from_grpc:
+        return InferOutput(name=tensor.name, shape=shape, datatype=tensor.datatype, data=_array(tensor))
+    output = InferOutput(name=tensor.name, shape=shape, datatype=tensor.datatype, data=list(tensor.data))
+    if request.use_binary_outputs:
+        output.set_data_from_numpy(_array(tensor), binary_data=True)
+    return output
+
+
+def _array(tensor: oip.Tensor) -> np.ndarray:
+    """The tensor's elements as a numpy array of its datatype and shape."""
+    return np.array(list(tensor.data), dtype=_NUMPY[tensor.datatype]).reshape(tensor.shape)
 
 
 class ExplainModel(Model):

@@ -1,7 +1,8 @@
 """KServe's model server (``kserve.ModelServer``) as this service runs it: REST and gRPC bound to one address
 (127.0.0.1 unless ``INFERENCE_ADDRESS`` says otherwise), requests bounded in size, the error table's statuses on
-both transports, ``explain`` listed among the server's OIP extensions, and the OpenAI API for the generation models
-(:mod:`doors.kserve.openai_routes`).
+both transports, ``explain`` listed among the server's OIP extensions, an OIP REST body read as every OIP client sends
+it (JSON without a ``Content-Type``, the binary data extension, a compressed body: :mod:`doors.kserve.rest_body`), and
+the OpenAI API for the generation models (:mod:`doors.kserve.openai_routes`).
 
 KServe's own server binds REST to 0.0.0.0 and gRPC to ``[::]``, with no way to choose; this module starts the same
 REST application and gRPC servicer on the address given instead. Everything else — the routes (OIP v2, v1
@@ -28,20 +29,23 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from grpc import aio
 from kserve import ModelServer
-from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING, INFERENCE_CONTENT_LENGTH_HEADER
 from kserve.model_server import app as kserve_app
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.server import GRPCServer
 from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.infer_type import InferRequest
 from kserve.protocol.rest.server import RESTServer
 
 from serving_core import tracing
+from serving_core.errors import RowError
 
 from .kserve_model import ExplainModel, RequestError, RetryableError
 from .oip import EXTENSION
 from .openai_routes import add_openai_routes
+from .rest_body import infer_request_from_body
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +58,29 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class ExplainDataPlane(DataPlane):
-    """KServe's data plane, with ``explain`` (this service's OIP extension) in the server metadata."""
+    """KServe's data plane, with ``explain`` (this service's OIP extension) in the server metadata, and a raw REST
+    body read as every OIP client sends it (:mod:`doors.kserve.rest_body`)."""
 
     def metadata(self) -> dict[str, Any]:
         """Server metadata: KServe's, plus the ``explain`` extension."""
         document: dict[str, Any] = dict(super().metadata())
         document["extensions"] = [*document.get("extensions", []), EXTENSION]
         return document
+
+    def decode_inference_request(self, body: Any, headers: dict[str, str], model_name: str) -> InferRequest:
+        """An OIP ``infer`` request not marked as JSON (``tritonclient`` sends no ``Content-Type``; the binary data
+        extension; a compressed body) read by :func:`~doors.kserve.rest_body.infer_request_from_body`, BYTES
+        elements of binary inputs kept as bytes; a request FastAPI parsed as JSON: KServe's own reading.
+
+        Raises:
+            RequestError: ``invalid_request`` (or ``request_too_large``) for a body that is not such a request.
+        """
+        if not isinstance(body, bytes):
+            return super().decode_inference_request(body, headers, model_name)
+        try:
+            return infer_request_from_body(body, headers or {}, model_name, MAX_REQUEST_BYTES)
+        except RowError as error:
+            raise RequestError(error) from None
 
 
 class BodyLimit:
@@ -163,9 +183,28 @@ class TraceCalls(aio.ServerInterceptor):
         )
 
 
-def _too_large(limit: int) -> Any:
-    from serving_core.errors import RowError
+class RawInferBodies:
+    """ASGI middleware: an OIP ``infer`` request whose body is not plain JSON — it has the binary data extension's
+    ``Inference-Header-Content-Length`` or a ``Content-Encoding`` — reaches the data plane as raw bytes whatever its
+    ``Content-Type`` says (FastAPI would otherwise parse a body marked ``application/json`` as JSON and refuse it);
+    :meth:`ExplainDataPlane.decode_inference_request` reads it."""
 
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        """Wrap ``app``."""
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Drop the ``Content-Type`` of such a request."""
+        if scope["type"] == "http" and scope.get("method") == "POST" and str(scope.get("path", "")).endswith("/infer"):
+            headers = scope.get("headers") or []
+            names = {name.lower() for name, _ in headers}
+            if INFERENCE_CONTENT_LENGTH_HEADER.encode() in names or b"content-encoding" in names:
+                kept = [(name, value) for name, value in headers if name.lower() != b"content-type"]
+                scope = {**scope, "headers": kept}
+        await self.app(scope, receive, send)
+
+
+def _too_large(limit: int) -> RowError:
     return RowError("request_too_large", f"the request body exceeds {limit} bytes; send fewer or smaller rows")
 
 
@@ -219,6 +258,7 @@ class ExplainModelServer(ModelServer):
         add_openai_routes(kserve_app, {model.name: model for model in models})
         kserve_app.add_exception_handler(RequestError, _door_error)
         kserve_app.add_exception_handler(RetryableError, _door_error)
+        kserve_app.add_middleware(RawInferBodies)
         kserve_app.add_middleware(BodyLimit)
         kserve_app.add_middleware(TraceRequests)  # outermost: the span covers the body limit's refusals too
         rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension, self.http_port,
