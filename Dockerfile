@@ -84,6 +84,9 @@ COPY forwarding ./forwarding
 COPY proto ./proto
 COPY explain_client ./explain_client
 COPY explain_eval ./explain_eval
+# explain-batch (batch/) and explain-records (records/): the console scripts of offline jobs and of the audit store.
+COPY batch ./batch
+COPY records ./records
 COPY bench ./bench
 # The per-pod authenticating proxy (Kubernetes sidecar; deploy/kubernetes/deployment.yaml).
 COPY deploy/__init__.py deploy/auth_proxy.py ./deploy/
