@@ -1,0 +1,144 @@
+"""A checkpoint folder served in this process by the serving core itself — the batched path of the library that the
+doors run (:func:`serving_core.task.get_task`, ``Task.load``, ``service.run``) — for ``explain-monitor``'s baselines
+and canaries, for the benchmark, and as the canary runner's ``explain`` on a loaded service.
+
+The task is read from the checkpoint's ``config.json`` (a ``…ForSequenceClassification`` is ``text``, a
+``…ForTokenClassification`` ``token_classification``, a ``…ForCausalLM`` ``generation``), its labels from
+``id2label``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serving_core.config import HandlerConfig
+from serving_core.task import Task, get_task
+from serving_core.wire import Encoding
+
+from .canaries import Explain, Probe, ProbeAnswer
+from .readers import ClassificationReader, GenerationReader, Reader, TokenReader
+
+_TASKS = (("ForSequenceClassification", "text"), ("ForTokenClassification", "token_classification"),
+          ("ForCausalLM", "generation"))  # fmt: skip
+
+
+def checkpoint_config(folder: Path, device: str = "cpu", max_length: int = 128) -> HandlerConfig:
+    """The handler config of a checkpoint folder (task and labels from its ``config.json``).
+
+    Raises:
+        ValueError: if the folder has no ``config.json`` or its architecture is none of the monitored tasks.
+    """
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a checkpoint folder (no config.json)")
+    document = json.loads(path.read_text(encoding="utf-8"))
+    architectures = document.get("architectures") or []
+    task = next((name for suffix, name in _TASKS for arch in architectures if arch.endswith(suffix)), None)
+    if task is None:
+        raise ValueError(f"{folder}: architecture {architectures} is not a text, token or causal LM model")
+    id2label = document.get("id2label") or {}
+    labels = () if task == "generation" else tuple(id2label[key] for key in sorted(id2label, key=int))
+    return HandlerConfig(task=task, labels=labels, device=device, max_length=max_length)  # type: ignore[arg-type]
+
+
+def reader_for(config: HandlerConfig, service: Any) -> Reader:
+    """The reader of a loaded service's task (a text classifier's gets a copy of its tokenizer)."""
+    if config.task in ("text", "image"):
+        tokenizer = getattr(service, "tokenizer", None)
+        own = copy.deepcopy(tokenizer) if tokenizer is not None and getattr(tokenizer, "is_fast", False) else None
+        return ClassificationReader(config.labels, own, config.max_length)
+    if config.task == "token_classification":
+        return TokenReader(config.labels)
+    return GenerationReader()
+
+
+def probe_answer(outcome: Any) -> ProbeAnswer:
+    """A served outcome as a canary answer: its prediction and its explanation's scores, flattened.
+
+    Classifiers: the label index (multi-label: the predicted indices) and the scores; token classifiers: the
+    entities' ``(label, start, end)`` and their scores one after the other; generation: the text and the explained
+    steps' scores one after the other.
+    """
+    if outcome.error is not None:
+        return ProbeAnswer(f"error: {outcome.error.code}", [])
+    if hasattr(outcome, "entities"):
+        prediction: Any = [[entity.tag, entity.start, entity.end] for entity in outcome.entities]
+        scores = [value for entity in outcome.entities for value in (entity.scores or [])]
+    elif hasattr(outcome, "steps"):
+        prediction = outcome.text
+        scores = [value for step in outcome.steps if step.scores for value in step.scores]
+    else:
+        prediction = list(outcome.predicted) if outcome.head_type == "multi_label" else int(outcome.label_id)
+        scores = list(outcome.scores or [])
+    return ProbeAnswer(prediction, [float(value) for value in scores])
+
+
+def decode_documents(
+    task: Task[Any, Any], config: HandlerConfig, documents: Sequence[Mapping[str, Any]], method: str | None
+) -> list[Any]:
+    """Each request document (``{"text": ...}``) decoded as its door would, asking for ``method`` (``None``: no
+    explanation), token granularity."""
+    rows = []
+    for document in documents:
+        body = dict(document)
+        body["explain"] = {"method": method} if method is not None else False
+        rows.append(task.decode({"body": body}, False, config))
+    return rows
+
+
+def service_explainer(task: Task[Any, Any], config: HandlerConfig, service: Any) -> Explain:
+    """The canary runner's ``explain`` on a loaded service: the probes as one batch, each with its method.
+
+    The caller serializes it with the service's serving (one batch at a time on one model object)."""
+
+    def explain(probes: Sequence[Probe]) -> list[ProbeAnswer]:
+        rows = [decode_documents(task, config, [probe.document], probe.method)[0] for probe in probes]
+        outcomes, _ = service.run(rows, [Encoding.JSON] * len(rows))
+        return [probe_answer(outcome) for outcome in outcomes]
+
+    return explain
+
+
+class InProcessModel:
+    """A checkpoint folder loaded by its task, on a device, in this process."""
+
+    def __init__(self, name: str, folder: Path, device: str = "cpu", max_length: int = 128) -> None:
+        """Load ``folder`` (local safetensors only, eval mode).
+
+        Raises:
+            ValueError: for a folder that is not a supported checkpoint.
+        """
+        self.name = name
+        self.config = checkpoint_config(folder, device, max_length)
+        self.task = get_task(self.config.task)
+        torch_device = torch.device("cuda" if device == "cuda" else "cpu")
+        self.service = self.task.load(self.config, Path(folder), torch_device)
+        self.reader = reader_for(self.config, self.service)
+
+    def run(
+        self, documents: Sequence[Mapping[str, Any]], method: str | None, batch_size: int = 16
+    ) -> list[tuple[Any, Any]]:
+        """Serve ``documents`` in batches: each decoded row with its outcome."""
+        served: list[tuple[Any, Any]] = []
+        for start in range(0, len(documents), batch_size):
+            rows = decode_documents(self.task, self.config, documents[start : start + batch_size], method)
+            outcomes, _ = self.service.run(rows, [Encoding.JSON] * len(rows))
+            served.extend(zip(rows, outcomes, strict=True))
+        return served
+
+    def explainer(self) -> Explain:
+        """The canary runner's ``explain`` on this model."""
+        return service_explainer(self.task, self.config, self.service)
+
+
+def as_device(device: str) -> str:
+    """``auto`` → ``cuda`` when available, else the device given."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
