@@ -5,7 +5,9 @@ cosine of two mass maps. Pure functions of two ``{key: mean share}`` maps (numpy
   share, normalised by the baseline's own ranking — what ``sklearn.metrics.ndcg_score(y_true=baseline,
   y_score=window, k=k)`` computes (ties in the window's shares averaged, as sklearn does by default), the measure
   AWS Clarify and Azure ML's feature attribution drift use (an alert below 0.9). The keys compared are the union of
-  both top-k lists (a key outside both cannot change nDCG@k), a key absent from one map having share 0 there.
+  both top-k lists (a key outside both cannot change nDCG@k), a key absent from one map having share 0 there. A
+  window of fewer than k keys ranks the baseline's keys it lacks tied at 0 after its own, and they share the
+  remaining positions' discounts (sklearn's tie averaging); a window of 500 rows has far more than k words.
 - :func:`rank_correlation`: Spearman's ρ of the two maps over the union of both top-k lists (absent keys 0; ties
   get their average rank), as ``scipy.stats.spearmanr``; ``nan`` when either side is constant there.
 - :func:`mass_cosine`: images: the cosine of the two maps as vectors over all their keys (patch positions).
