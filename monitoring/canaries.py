@@ -9,8 +9,9 @@ library version, device or numeric setting, even when inputs and predictions loo
 where ``d = Σ max(0, |aᵢ - rᵢ| - tolᵢ)`` and ``tolᵢ = rtol·|rᵢ| + atol·max|r|`` (``rtol`` 1e-4, ``atol`` 1e-5):
 an L1 distance normalised by both masses, so it lies in [0, 1] (triangle inequality), is 1.0 when the scores are
 equal up to float noise (differences within the tolerance count as none: another thread count or a batch of other
-rows reorders sums), 0 (less the tolerance) for scores of opposite sign or disjoint support, and — unlike a cosine — it sees a change of
-scale (an explanation twice as large agrees 2/3). Scores of another length (the tokenizer changed) agree 0.
+rows reorders sums), 0 (less the tolerance) for scores of opposite sign or disjoint support, and — unlike a
+cosine — it sees a change of scale (an explanation twice as large agrees 2/3). Scores of another length (the
+tokenizer changed) agree 0.
 ``explain_canary_agreement{model,method}`` is the worst probe's agreement;
 ``explain_canary_prediction_agreement`` the share of probes with their reference prediction.
 
@@ -187,8 +188,15 @@ def parse_canaries(document: Any) -> list[Canary]:
 
 
 def record(probes: Sequence[Probe], explain: Explain) -> list[Canary]:
-    """The probes with their reference answers, explained now by ``explain``."""
+    """The probes with their reference answers, explained now by ``explain``.
+
+    Raises:
+        ValueError: naming the first probe that was not explained (an error answer, or no scores).
+    """
     answers = explain(probes)
+    for position, (probe, answer) in enumerate(zip(probes, answers, strict=True)):
+        if not answer.scores:
+            raise ValueError(f"probe {position} ({probe.method}) was not explained: {answer.prediction!r}")
     return [
         Canary(probe, ProbeAnswer(answer.prediction, list(answer.scores)))
         for probe, answer in zip(probes, answers, strict=True)

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from explainers import DEFAULT_METHOD
+from explainers import DEFAULT_METHOD, available_methods
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .reference import build_baseline, read_inputs, record_canaries
 
     methods = arguments.method or [DEFAULT_METHOD]
+    unknown = [method for method in methods if method not in available_methods()]
+    if unknown:
+        print(
+            f"explain-monitor: unknown method(s) {unknown}; methods: {', '.join(available_methods())}", file=sys.stderr
+        )
+        return 2
     try:
         documents = read_inputs(arguments.input)
         model = InProcessModel(name, Path(folder), as_device(arguments.device), arguments.max_length)
@@ -64,13 +70,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if arguments.command == "baseline":
         baseline = build_baseline(model, documents, methods, arguments.capacity)
+        if not baseline.entries:
+            print("explain-monitor: no input was explained over words or patches", file=sys.stderr)
+            return 2
         write_baseline(baseline, arguments.output)
         summary = ", ".join(f"{m}/{label}: {e.rows} rows" for (m, label), e in baseline.entries.items())
         print(f"wrote {arguments.output}: {summary}")
-    else:
+        return 0
+    try:
         canaries = record_canaries(model, documents, methods)
-        write_canaries(name, canaries, arguments.output)
-        print(f"wrote {arguments.output}: {len(canaries)} probes")
+    except ValueError as error:
+        print(f"explain-monitor: {error}", file=sys.stderr)
+        return 2
+    write_canaries(name, canaries, arguments.output)
+    print(f"wrote {arguments.output}: {len(canaries)} probes")
     return 0
 
 

@@ -4,7 +4,7 @@ and canaries, for the benchmark, and as the canary runner's ``explain`` on a loa
 
 The task is read from the checkpoint's ``config.json`` (a ``…ForSequenceClassification`` is ``text``, a
 ``…ForTokenClassification`` ``token_classification``, a ``…ForCausalLM`` ``generation``), its labels from
-``id2label``.
+``id2label`` (transformers' default names when it has none).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
 from serving_core.config import HandlerConfig
 from serving_core.task import Task, get_task
@@ -42,8 +43,8 @@ def checkpoint_config(folder: Path, device: str = "cpu", max_length: int = 128) 
     task = next((name for suffix, name in _TASKS for arch in architectures if arch.endswith(suffix)), None)
     if task is None:
         raise ValueError(f"{folder}: architecture {architectures} is not a text, token or causal LM model")
-    id2label = document.get("id2label") or {}
-    labels = () if task == "generation" else tuple(id2label[key] for key in sorted(id2label, key=int))
+    id2label = AutoConfig.from_pretrained(str(folder), local_files_only=True).id2label
+    labels = () if task == "generation" else tuple(str(id2label[key]) for key in sorted(id2label, key=int))
     return HandlerConfig(task=task, labels=labels, device=device, max_length=max_length)  # type: ignore[arg-type]
 
 

@@ -17,26 +17,28 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable, Mapping
+from typing import TypeVar
 
 import numpy as np
 
 #: Default k of nDCG@k and of the top-k lists.
 DEFAULT_K = 20
 
+#: A key: a word, a patch position.
+K = TypeVar("K", bound=Hashable)
 
-def top_k(shares: Mapping[Hashable, float], k: int) -> list[Hashable]:
+
+def top_k(shares: Mapping[K, float], k: int) -> list[K]:
     """The ``k`` keys of the largest shares, largest first (ties: in the map's order)."""
     return [key for key, _ in sorted(shares.items(), key=lambda item: -item[1])[:k]]
 
 
-def compared_keys(window: Mapping[Hashable, float], baseline: Mapping[Hashable, float], k: int) -> list[Hashable]:
+def compared_keys(window: Mapping[K, float], baseline: Mapping[K, float], k: int) -> list[K]:
     """The union of the window's and the baseline's top-k keys (window's first)."""
     return list(dict.fromkeys([*top_k(window, k), *top_k(baseline, k)]))
 
 
-def _vectors(
-    window: Mapping[Hashable, float], baseline: Mapping[Hashable, float], keys: list[Hashable]
-) -> tuple[np.ndarray, np.ndarray]:
+def _vectors(window: Mapping[K, float], baseline: Mapping[K, float], keys: list[K]) -> tuple[np.ndarray, np.ndarray]:
     return (
         np.array([window.get(key, 0.0) for key in keys], dtype=np.float64),
         np.array([baseline.get(key, 0.0) for key in keys], dtype=np.float64),
@@ -61,7 +63,7 @@ def dcg(gains: np.ndarray, scores: np.ndarray, k: int) -> float:
     return float((ranked * sums).sum())
 
 
-def ndcg_at_k(window: Mapping[Hashable, float], baseline: Mapping[Hashable, float], k: int = DEFAULT_K) -> float:
+def ndcg_at_k(window: Mapping[K, float], baseline: Mapping[K, float], k: int = DEFAULT_K) -> float:
     """nDCG@k of the window's ranking scored by the baseline's shares (see the module docstring).
 
     Returns:
@@ -116,14 +118,14 @@ def spearman(first: np.ndarray, second: np.ndarray) -> float:
     return float(np.clip((a * b).sum() / norm, -1.0, 1.0))
 
 
-def rank_correlation(window: Mapping[Hashable, float], baseline: Mapping[Hashable, float], k: int = DEFAULT_K) -> float:
+def rank_correlation(window: Mapping[K, float], baseline: Mapping[K, float], k: int = DEFAULT_K) -> float:
     """Spearman's ρ of the window's and the baseline's shares over the union of both top-k lists."""
     keys = compared_keys(window, baseline, k)
     scores, gains = _vectors(window, baseline, keys)
     return spearman(scores, gains)
 
 
-def mass_cosine(window: Mapping[Hashable, float], baseline: Mapping[Hashable, float]) -> float:
+def mass_cosine(window: Mapping[K, float], baseline: Mapping[K, float]) -> float:
     """The cosine of the two maps as vectors over all their keys (0 if either is all zero)."""
     keys = list(dict.fromkeys([*window, *baseline]))
     first, second = _vectors(window, baseline, keys)

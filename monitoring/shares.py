@@ -14,8 +14,11 @@ included); ``entropy`` of the shares in bits (0: one unit carries everything; ``
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,11 @@ def row_shares(units: Sequence[ScoredUnit]) -> RowShares:
     )
 
 
-def mean_shares(rows: Sequence[dict[Hashable, float]]) -> dict[Hashable, float]:
+def mean_shares(rows: Sequence[Mapping[K, float]]) -> dict[K, float]:
     """The exact mean share per key over ``rows`` (a key absent from a row has share 0 there)."""
     if not rows:
         return {}
-    sums: dict[Hashable, float] = {}
+    sums: dict[K, float] = {}
     for shares in rows:
         for key, share in shares.items():
             sums[key] = sums.get(key, 0.0) + share

@@ -18,6 +18,7 @@ import math
 from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .sketch import DEFAULT_CAPACITY, SpaceSaving
 
@@ -70,7 +71,7 @@ class SlidingWindow:
         """The rows in the window."""
         return sum(pane.rows for pane in self._panes)
 
-    def add(self, shares: Mapping[Hashable, float], now: float) -> bool:
+    def add(self, shares: Mapping[Any, float], now: float) -> bool:
         """Add one row's shares (non-negative, summing to at most 1) at time ``now`` (seconds, monotonic).
 
         Returns:
