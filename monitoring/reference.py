@@ -15,6 +15,7 @@ from typing import Any
 from .baseline import Baseline, entries_from_windows
 from .canaries import Canary, Probe, record
 from .inprocess import InProcessModel
+from .readers import Reader
 
 
 def read_inputs(path: Path) -> list[dict[str, Any]]:
@@ -51,14 +52,20 @@ def build_baseline(
     batch_size: int = 16,
 ) -> Baseline:  # fmt: skip
     """Each (method, label)'s exact mean shares over ``documents``, explained by each of ``methods``."""
+    served = [pair for method in methods for pair in model.run(documents, method, batch_size)]
+    return baseline_from_served(model.name, model.reader, served, capacity)
+
+
+def baseline_from_served(
+    name: str, reader: Reader, served: Sequence[tuple[Any, Any]], capacity: int = 1000
+) -> Baseline:
+    """The baseline of rows already served: each ``(row, outcome)`` read by the model's reader."""
     rows: dict[tuple[str, str], list[dict[Hashable, float]]] = {}
-    for method in methods:
-        for row, outcome in model.run(documents, method, batch_size):
-            reading = model.reader(row, outcome)
-            for observation in reading.explained:
-                if observation.drift and observation.shares.shares:
-                    rows.setdefault((observation.method, observation.label), []).append(observation.shares.shares)
-    return Baseline(model.name, entries_from_windows(rows), capacity)
+    for row, outcome in served:
+        for observation in reader(row, outcome).explained:
+            if observation.drift and observation.shares.shares:
+                rows.setdefault((observation.method, observation.label), []).append(observation.shares.shares)
+    return Baseline(name, entries_from_windows(rows), capacity)
 
 
 def record_canaries(
