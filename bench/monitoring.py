@@ -88,7 +88,8 @@ def canary_agreements(model: InProcessModel, texts: Sequence[str], method: str, 
     probes = [canary.probe for canary in canaries]
     again = compare(canaries, model.explainer()(probes))[method]
     print(f"| same model | {again.agreement:.6f} | {again.prediction_agreement:.3f} |")
-    parameters = dict(model.service.model.named_parameters())  # the loaded classifier
+    service: Any = model.service
+    parameters = dict(service.model.named_parameters())  # the loaded classifier
     name = next(key for key in parameters if re.search(r"layer\.\d+\.attention\.self\.query\.weight$", key))
     original = parameters[name].detach().clone()
     generator = torch.Generator().manual_seed(0)
