@@ -1,6 +1,6 @@
 """A checkpoint folder served in this process by the serving core itself — the batched path of the library that the
 doors run (:func:`serving_core.task.get_task`, ``Task.load``, ``service.run``) — for ``explain-monitor``'s baselines
-and canaries, for the benchmark, and as the canary runner's ``explain`` on a loaded service.
+and canaries, and for the benchmark.
 
 The task is read from the checkpoint's ``config.json`` (a ``…ForSequenceClassification`` is ``text``, a
 ``…ForTokenClassification`` ``token_classification``, a ``…ForCausalLM`` ``generation``), its labels from
@@ -9,7 +9,6 @@ The task is read from the checkpoint's ``config.json`` (a ``…ForSequenceClassi
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,11 +18,11 @@ import torch
 from transformers import AutoConfig
 
 from serving_core.config import HandlerConfig
-from serving_core.task import Task, get_task
+from serving_core.task import get_task
 from serving_core.wire import Encoding
 
-from .canaries import Explain, Probe, ProbeAnswer
-from .readers import ClassificationReader, GenerationReader, Reader, TokenReader
+from .canaries import Explain
+from .serving import decode_documents, reader_for, service_explainer
 
 _TASKS = (("ForSequenceClassification", "text"), ("ForTokenClassification", "token_classification"),
           ("ForCausalLM", "generation"))  # fmt: skip
@@ -46,64 +45,6 @@ def checkpoint_config(folder: Path, device: str = "cpu", max_length: int = 128) 
     id2label = AutoConfig.from_pretrained(str(folder), local_files_only=True).id2label
     labels = () if task == "generation" else tuple(str(id2label[key]) for key in sorted(id2label, key=int))
     return HandlerConfig(task=task, labels=labels, device=device, max_length=max_length)  # type: ignore[arg-type]
-
-
-def reader_for(config: HandlerConfig, service: Any) -> Reader:
-    """The reader of a loaded service's task (a text classifier's gets a copy of its tokenizer)."""
-    if config.task in ("text", "image"):
-        tokenizer = getattr(service, "tokenizer", None)
-        own = copy.deepcopy(tokenizer) if tokenizer is not None and getattr(tokenizer, "is_fast", False) else None
-        return ClassificationReader(config.labels, own, config.max_length)
-    if config.task == "token_classification":
-        return TokenReader(config.labels)
-    return GenerationReader()
-
-
-def probe_answer(outcome: Any) -> ProbeAnswer:
-    """A served outcome as a canary answer: its prediction and its explanation's scores, flattened.
-
-    Classifiers: the label index (multi-label: the predicted indices) and the scores; token classifiers: the
-    entities' ``(label, start, end)`` and their scores one after the other; generation: the text and the explained
-    steps' scores one after the other.
-    """
-    if outcome.error is not None:
-        return ProbeAnswer(f"error: {outcome.error.code}", [])
-    if hasattr(outcome, "entities"):
-        prediction: Any = [[entity.tag, entity.start, entity.end] for entity in outcome.entities]
-        scores = [value for entity in outcome.entities for value in (entity.scores or [])]
-    elif hasattr(outcome, "steps"):
-        prediction = outcome.text
-        scores = [value for step in outcome.steps if step.scores for value in step.scores]
-    else:
-        prediction = list(outcome.predicted) if outcome.head_type == "multi_label" else int(outcome.label_id)
-        scores = list(outcome.scores or [])
-    return ProbeAnswer(prediction, [float(value) for value in scores])
-
-
-def decode_documents(
-    task: Task[Any, Any], config: HandlerConfig, documents: Sequence[Mapping[str, Any]], method: str | None
-) -> list[Any]:
-    """Each request document (``{"text": ...}``) decoded as its door would, asking for ``method`` (``None``: no
-    explanation), token granularity."""
-    rows = []
-    for document in documents:
-        body = dict(document)
-        body["explain"] = {"method": method} if method is not None else False
-        rows.append(task.decode({"body": body}, False, config))
-    return rows
-
-
-def service_explainer(task: Task[Any, Any], config: HandlerConfig, service: Any) -> Explain:
-    """The canary runner's ``explain`` on a loaded service: the probes as one batch, each with its method.
-
-    The caller serializes it with the service's serving (one batch at a time on one model object)."""
-
-    def explain(probes: Sequence[Probe]) -> list[ProbeAnswer]:
-        rows = [decode_documents(task, config, [probe.document], probe.method)[0] for probe in probes]
-        outcomes, _ = service.run(rows, [Encoding.JSON] * len(rows))
-        return [probe_answer(outcome) for outcome in outcomes]
-
-    return explain
 
 
 class InProcessModel:

@@ -22,6 +22,7 @@ from monitoring.cli import main
 from monitoring.config import MonitorConfig
 from monitoring.inprocess import InProcessModel
 from monitoring.monitor import load_monitor
+from monitoring.serving import start_monitor
 from tests import checkpoints
 
 TEXTS = [
@@ -170,3 +171,38 @@ def test_token_classifiers_are_monitored_per_entity_type(tmp_path: Path) -> None
     for observation in observations:
         assert observation.label in types and observation.drift
         assert all(isinstance(key, str) for key in observation.shares.shares)
+
+
+def test_start_monitor_on_a_loaded_service(model: InProcessModel, folder: Path, inputs: Path, tmp_path: Path) -> None:
+    """The door's seam: the monitor of a loaded service runs its canaries (holding the door's lock) and monitors
+    the rows handed to it; ``monitor: false`` is no monitor; a bad file is refused with one message."""
+    import threading
+    import time
+
+    from prometheus_client import REGISTRY
+
+    canary_file = tmp_path / "canaries.json"
+    assert main(["canaries", "record", str(inputs), "-o", str(canary_file), "--model", f"seam={folder}"]) == 0
+    lock = threading.Lock()
+    setting = {"window": 5, "canaries": canary_file.name, "interval_s": 3600}
+    monitor = start_monitor("seam", model.task, model.config, model.service, setting, base=tmp_path, lock=lock)
+    assert monitor is not None and monitor.canary_runner is not None
+    try:
+        deadline = time.monotonic() + 120
+        while monitor.canary_runner.runs == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        labels = {"model": "seam", "method": "attnlrp"}
+        assert REGISTRY.get_sample_value("explain_canary_agreement", labels) == 1.0
+        assert REGISTRY.get_sample_value("explain_canary_prediction_agreement", labels) == 1.0
+        with lock:  # the door's serving holds the same lock
+            served = model.run([{"text": text} for text in TEXTS], "attnlrp")
+        for row, outcome in served:
+            monitor.observe(row, outcome)
+        monitor.flush()
+        assert monitor.coverage() == {"attnlrp": 1.0}
+    finally:
+        monitor.close()
+    assert start_monitor("seam", model.task, model.config, model.service, False) is None
+    (tmp_path / "bad.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"model seam: monitor: bad canary file .*bad\.json: not an"):
+        start_monitor("seam", model.task, model.config, model.service, {"canaries": str(tmp_path / "bad.json")})
