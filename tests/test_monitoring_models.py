@@ -206,3 +206,24 @@ def test_start_monitor_on_a_loaded_service(model: InProcessModel, folder: Path, 
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(ValueError, match=r"model seam: monitor: bad canary file .*bad\.json: not an"):
         start_monitor("seam", model.task, model.config, model.service, {"canaries": str(tmp_path / "bad.json")})
+
+
+def test_generation_is_monitored_over_the_prompts_words(tmp_path: Path) -> None:
+    from serving_core.wire import Encoding
+    from tests.generation_checkpoint import causal_lm
+
+    model = InProcessModel("writer", causal_lm(tmp_path / "writer"))
+    prompt = "the service was quick and the staff were lovely"
+    readings = {}
+    for granularity in ("word", "token"):
+        body = {"prompt": prompt, "max_new_tokens": 3, "explain": {"method": "attnlrp", "granularity": granularity}}
+        row = model.task.decode({"body": body}, False, model.config)
+        outcomes, _ = model.service.run([row], [Encoding.JSON])
+        readings[granularity] = model.reader(row, outcomes[0]).explained[0]
+    words = readings["word"]
+    assert words.label == "all" and words.drift
+    assert set(words.shares.shares) == set(prompt.split())  # the prompt's words, none of the answer's
+    assert sum(words.shares.shares.values()) == pytest.approx(1.0)
+    tokens = readings["token"]
+    assert not tokens.drift  # tokens: health only
+    assert tokens.shares.negative_share == pytest.approx(words.shares.negative_share)
