@@ -16,6 +16,9 @@ Every worker monitors the rows it served itself, so each gauge says how the expo
   workers, as every histogram);
 - ``explain_monitor_dropped_rows{model}``: rows the monitor dropped because its queue was full (a counter).
 
+``explain_coverage`` is a worker's own ratio; where an explanation pool serves the explanations and other workers the
+predictions, the deployment's coverage is the ratio of ``explain_explanations_total`` rates (docs/MONITORING.md).
+
 Label values: ``model`` the served model's name, ``method`` a registered method, ``label`` one of the model's labels
 (entity types for token classifiers, ``all`` for generation) or ``other`` — never request text.
 """
