@@ -1,7 +1,7 @@
 """Attribution drift of one (model, method, label): a sliding window of its rows' shares against its baseline.
 
 Each explained row's shares join the window (:class:`~monitoring.window.SlidingWindow`). Each time the window
-slides (a pane closes), it is read against the baseline: :func:`~monitoring.ranking.ndcg_at_k`,
+slides (a pane closes) once it has been full, it is read against the baseline: :func:`~monitoring.ranking.ndcg_at_k`,
 :func:`~monitoring.ranking.rank_correlation` and, for patches, :func:`~monitoring.ranking.mass_cosine`. Without a
 baseline file, the first full window becomes the baseline (and the readings start with the next slide).
 """
@@ -70,13 +70,15 @@ class DriftTracker:
         self.last: DriftReading | None = None
 
     def add(self, shares: Mapping[Hashable, float], now: float) -> DriftReading | None:
-        """Add one row's shares; a new reading when the window slid and there is a baseline to read it against."""
+        """Add one row's shares; a new reading when the window slid, has been full once, and there is a baseline to
+        read it against."""
         if not self.window.add(shares, now):
             return None
+        if not self.window.completed:
+            return None  # a partial window is too noisy to read
         if self.baseline is None:
-            if self.window.completed:
-                self.baseline = self.window.mean_shares()
-                self.baseline_rows = self.window.rows
+            self.baseline = self.window.mean_shares()
+            self.baseline_rows = self.window.rows
             return None
         self.last = self.read()
         return self.last

@@ -243,13 +243,15 @@ def test_no_false_alarm_on_a_shuffled_stream() -> None:
     assert min(reading.ndcg for reading in readings) > 0.9
 
 
-def test_a_baseline_file_is_used_from_the_first_slide() -> None:
+def test_a_baseline_file_is_read_from_the_first_full_window() -> None:
     rng = np.random.default_rng(4)
     baseline = mean_shares(_rows(rng, _topic("car"), 300))
     tracker = DriftTracker(baseline, 300, size=100)
-    readings = [tracker.add(row, 0.0) for row in _rows(rng, _topic("air"), 20)]
-    reading = next(reading for reading in readings if reading is not None)
-    assert reading.baseline_rows == 300 and reading.window_rows == 20 and reading.ndcg < 0.5
+    readings = [tracker.add(row, 0.0) for row in _rows(rng, _topic("air"), 120)]
+    first = next(position for position, reading in enumerate(readings, start=1) if reading is not None)
+    reading = readings[first - 1]
+    assert first == 100  # no reading of a partial window
+    assert reading is not None and reading.baseline_rows == 300 and reading.window_rows == 100 and reading.ndcg < 0.5
 
 
 # --- settings and files ------------------------------------------------------------------------------------------
