@@ -510,3 +510,52 @@ def test_images_are_monitored_per_patch_position() -> None:
     assert reading.mass_cosine is not None and reading.mass_cosine < 0.9
     labels = {"model": "image-test", "method": "attnlrp", "label": "dog"}
     assert REGISTRY.get_sample_value("explain_attribution_mass_cosine", labels) == pytest.approx(reading.mass_cosine)
+
+
+# --- the exporter's view of several workers ----------------------------------------------------------------------
+
+_WORKER = """
+import sys
+from monitoring import metrics
+value = float(sys.argv[1])
+metrics.NDCG.labels("m", "attnlrp", "pos").set(value)
+metrics.CANARY_AGREEMENT.labels("m", "attnlrp").set(value)
+metrics.WINDOW_ROWS.labels("m", "attnlrp", "pos").set(100)
+metrics.BASELINE_ROWS.labels("m", "attnlrp", "pos").set(300)
+metrics.ENTROPY.labels("m", "attnlrp").observe(value)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_exporter_shows_the_worst_live_worker(tmp_path: Path) -> None:
+    """Two worker processes write to one multiprocess directory: the exporter shows the lowest nDCG and canary
+    agreement, the sum of window rows, the baseline's rows once, and every histogram observation."""
+    import os
+    import subprocess
+    import sys
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    root = Path(__file__).resolve().parents[1]
+    environment = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    workers = []
+    for value in ("0.95", "0.7"):
+        command = [sys.executable, "-c", _WORKER, value]
+        pipe = subprocess.PIPE
+        workers.append(subprocess.Popen(command, stdin=pipe, stdout=pipe, env=environment, text=True))
+    try:
+        for worker in workers:
+            assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, str(tmp_path))
+        drift = {"model": "m", "method": "attnlrp", "label": "pos"}
+        assert registry.get_sample_value("explain_attribution_ndcg", drift) == 0.7
+        assert registry.get_sample_value("explain_canary_agreement", {"model": "m", "method": "attnlrp"}) == 0.7
+        assert registry.get_sample_value("explain_attribution_window_rows", drift) == 200
+        assert registry.get_sample_value("explain_attribution_baseline_rows", drift) == 300
+        assert registry.get_sample_value("explain_attribution_entropy_count", {"model": "m", "method": "attnlrp"}) == 2
+    finally:
+        for worker in workers:
+            worker.communicate("", timeout=30)
