@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         before = [r.ndcg for p, lab, r in readings if lab == label and p <= stream]
         low = next((p for p, lab, r in readings if lab == label and p > stream and r.ndcg < 0.9), None)
         took = f"{low - stream} rows ({(low - stream) / arguments.window:.2f} windows)" if low else "no drop"
-        print(f"- {label}: nDCG before the switch min {min(before, default=math.nan):.3f}; below 0.9 after {took}")
+        since = f"min {min(before):.3f}" if before else "no reading (its window first filled after the switch)"
+        print(f"- {label}: nDCG before the switch {since}; first reading below 0.9 after {took}")
 
     print("\n## False alarms (the same tweets shuffled; baseline: reference tweets of the same mixture)\n")
     mixture = air_stream + car_stream
