@@ -23,7 +23,9 @@ from explainers import DEFAULT_METHOD, available_methods
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(prog="explain-monitor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="explain-monitor", description="A model's drift baseline and canary set, built in this process."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     baseline = commands.add_parser("baseline", help="build a drift baseline from a reference file")
     _common(baseline)
