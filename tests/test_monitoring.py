@@ -559,3 +559,18 @@ def test_the_exporter_shows_the_worst_live_worker(tmp_path: Path) -> None:
     finally:
         for worker in workers:
             worker.communicate("", timeout=30)
+
+
+def test_a_monitor_with_a_window_in_time() -> None:
+    """``window_s``: the window holds the rows of the last seconds; the first full span becomes the baseline and a
+    new topic then reads low."""
+    now = {"t": 0.0}
+    config = parse_monitor({"window_s": 10})
+    assert config is not None
+    monitor = Monitor("time-test", config, ClassificationReader(("neg", "pos")), clock=lambda: now["t"], start=False)
+    for step in range(60):  # two rows a second; the topic changes at 15 s
+        now["t"] = step * 0.5
+        monitor.process(_Row(), _outcome(["good", "food", "staff"] if step < 30 else ["slow", "rude", "cold"]))
+    reading = monitor.readings["attnlrp", "neg"]
+    assert monitor.trackers["attnlrp", "neg"].baseline is not None
+    assert reading.ndcg < 0.5 and reading.window_rows <= 21
