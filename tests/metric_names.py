@@ -30,23 +30,6 @@ PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 #: Metrics that come from outside the service: the worker-memory exporter (compose) and the kubelet (Kubernetes).
 EXTERNAL_METRICS = frozenset({"namedprocess_namegroup_memory_bytes", "container_memory_working_set_bytes", "up"})
 
-#: The monitors' metrics (issue 37, points 1-3), used only while the ``monitoring`` package is not importable on this
-#: branch: the names and kinds its exporter is specified to export. The one list to delete once ``monitoring`` lands
-#: (monitoring_metric_names() then reads its collectors, as it does for serving_core.metrics).
-MONITORING_METRICS: dict[str, str] = {
-    "explain_attribution_ndcg": "gauge",
-    "explain_attribution_rank_correlation": "gauge",
-    "explain_attribution_window_rows": "gauge",
-    "explain_attribution_baseline_rows": "gauge",
-    "explain_attribution_mass_cosine": "gauge",
-    "explain_canary_agreement": "gauge",
-    "explain_canary_prediction_agreement": "gauge",
-    "explain_attribution_special_share": "gauge",
-    "explain_attribution_entropy": "gauge",
-    "explain_attribution_negative_share": "gauge",
-    "explain_coverage": "gauge",
-}
-
 #: Monitor metrics that have no series right after a little traffic, by design: drift needs a baseline and a full
 #: window of explained rows; canaries need the model's canary set. A panel or rule of only these may be empty.
 NEED_A_WINDOW_OR_CANARIES = frozenset(
@@ -92,23 +75,12 @@ def collector_names(module: ModuleType) -> set[str]:
     return names
 
 
-def monitoring_modules() -> list[ModuleType] | None:
-    """Every module of the ``monitoring`` package, or None while it is not importable."""
-    try:
-        package = importlib.import_module("monitoring")
-    except ImportError:
-        return None
-    modules = [package]
-    for info in pkgutil.walk_packages(getattr(package, "__path__", []), prefix="monitoring."):
-        modules.append(importlib.import_module(info.name))
-    return modules
-
-
 def monitoring_metric_names() -> set[str]:
-    """The monitors' series names: from ``monitoring``'s collectors, else from :data:`MONITORING_METRICS`."""
-    modules = monitoring_modules()
-    if modules is None:
-        return {name for family, kind in MONITORING_METRICS.items() for name in series_names(family, kind)}
+    """The monitors' series names, from the collectors of every module of the ``monitoring`` package."""
+    package = importlib.import_module("monitoring")
+    modules = [package]
+    for info in pkgutil.walk_packages(package.__path__, prefix="monitoring."):
+        modules.append(importlib.import_module(info.name))
     return set().union(*(collector_names(module) for module in modules))
 
 
@@ -179,8 +151,5 @@ def dashboard_expressions() -> list[str]:
 
 def may_be_empty_after_traffic(expression: str) -> bool:
     """Whether a query may rightly have no data after a little traffic: it names a drift or canary metric (a full
-    window, a baseline or a canary set first), or a monitor metric while ``monitoring`` is not installed."""
-    names = expression_metrics(expression)
-    if names & NEED_A_WINDOW_OR_CANARIES:
-        return True
-    return monitoring_modules() is None and bool(names & set(MONITORING_METRICS))
+    window, a baseline or a canary set first)."""
+    return bool(expression_metrics(expression) & NEED_A_WINDOW_OR_CANARIES)

@@ -95,7 +95,7 @@ def test_the_launcher_has_one_home() -> None:
     for package in ("doors", "model_store", "supervise", "forwarding", "serving_core", "explainers"):
         for path in (ROOT / package).rglob("*.py"):
             assert "os.exec" not in path.read_text(encoding="utf-8"), f"{path.relative_to(ROOT)} re-executes"
-    for package in ("model_store", "supervise", "forwarding", "explainers", "explain_client"):
+    for package in ("model_store", "supervise", "forwarding", "explainers", "explain_client", "monitoring"):
         found = [
             item for item in offenders(package, ("doors", "handlers", "servers")) if "model_store/serving" not in item
         ]
