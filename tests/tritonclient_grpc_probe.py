@@ -1,6 +1,6 @@
 """``tritonclient.grpc`` calls in a process of their own, for tests/integration/test_oip_clients.py.
 
-NVIDIA's gRPC stubs and KServe's (which the project's own OIP client, :class:`tests.oip_client.GrpcOip`, uses) both
+NVIDIA's gRPC stubs and KServe's (which the project's own OIP client, :class:`bench.oip_client.GrpcOip`, uses) both
 register the OIP's ``inference.*`` protobuf messages in protobuf's default pool, and one process cannot hold both: the
 second import fails with "duplicate symbol". The tests therefore run ``python -m tests.tritonclient_grpc_probe`` with
 one JSON request on stdin and read one JSON answer on stdout:

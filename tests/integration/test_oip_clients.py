@@ -3,7 +3,7 @@ sentence pairs, multi-label and regression heads, images as PNG and JPEG files, 
 in every mode it has — HTTP in JSON mode (no ``Content-Type``; JSON data both ways), HTTP with the binary data
 extension (BYTES inputs as raw bytes; every output in the binary tail after ``Inference-Header-Content-Length``), the
 same gzip-compressed, and gRPC (raw contents; in a process of its own: :mod:`tests.tritonclient_grpc_probe`) — each
-answer equal to the project's own OIP client's (:class:`tests.oip_client.RestOip`, REST JSON) on the same request,
+answer equal to the project's own OIP client's (:class:`bench.oip_client.RestOip`, REST JSON) on the same request,
 and errors answered with the error table's codes.
 """
 
@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bench.oip_client import Input, Outputs, RestOip
 from tests.doors_support import EXTRAS, WRITER, start_door
 from tests.generation_checkpoint import PROMPTS
 from tests.integration.test_doors import HYPOTHESIS, PREMISE, TEXT
 from tests.integration.test_doors_tasks import SENTENCE
-from tests.oip_client import Input, Outputs, RestOip
 from tests.serving_support import REPO_ROOT, b64, png_bytes
 
 pytestmark = [pytest.mark.slow, EXTRAS]
