@@ -360,6 +360,71 @@ def check_generation_budget(
     )
 
 
+def check_explanation_budget(
+    speed: ModelSpeed,
+    method: Method,
+    length: int,
+    options: Mapping[str, OptionValue],
+    budget_s: float,
+    spent_s: float,
+    targets: int,
+    what: str = "",
+    alternatives: Iterable[str] = (),
+) -> float:
+    """Admit the explanation of an answer already written (a generation row's actual sentences or steps) into what
+    ``spent_s`` seconds (the writing's actual time, the explanations admitted before it) left of ``budget_s``.
+
+    Args:
+        speed: the model's speed.
+        method: the method asked for.
+        length: the tokens of prompt and answer.
+        options: the method's options (defaults filled in).
+        budget_s: the batch's time budget in seconds.
+        spent_s: the seconds of it already spent or admitted.
+        targets: the answer's targets (at least 1).
+        what: the targets in words (``3 sentences``; default: ``{targets} targets``).
+        alternatives: methods the row may use instead (named when they fit at their defaults).
+
+    Returns:
+        The estimate in seconds.
+
+    Raises:
+        TimeBudgetError: naming the estimate, what was left and what fits: fewer targets, a smaller value of the
+            option that decides the cost, or the ``alternatives`` that fit.
+    """
+    targets = max(int(targets), 1)
+    needed = estimate_seconds(speed, method, length, options, targets=targets)
+    left = budget_s - spent_s
+    if needed <= left:
+        return needed
+    what = what or f"{targets} targets"
+    choices: list[str] = []
+    if left > 0:
+        fewer = 0
+        for count in range(targets - 1, 0, -1):
+            if estimate_seconds(speed, method, length, options, targets=count) <= left:
+                fewer = count
+                break
+        if fewer:
+            choices.append(f"explaining at most {fewer} of them fits")
+
+        def estimate(chosen: str | Method, chosen_options: Mapping[str, OptionValue]) -> float:
+            return estimate_seconds(speed, chosen, length, chosen_options, targets=targets)
+
+        hints = [f"{name} <= {value}" for name, value in _largest_fitting(estimate, method, options, left).items()]
+        if hints:
+            choices.append(f"{', '.join(hints)} fits")
+        fitting = sorted(name for name in alternatives if name != method.name and estimate(name, {}) <= left)
+        if fitting:
+            choices.append(f"methods that fit: {', '.join(fitting)}")
+    choices.append("or ask for a shorter answer (max_new_tokens)")
+    raise TimeBudgetError(
+        f"the answer is written, but explaining its {what} with method {method.name!r} ({_shown(options)}) needs "
+        f"about {needed:.1f} s for {length} tokens, and {max(left, 0.0):.1f} s of the time budget of {budget_s:.1f} s "
+        f"are left after writing ({spent_s:.1f} s spent); {'; '.join(choices)}"
+    )
+
+
 def _fits_beside(what: str, needed: float, admitted_s: float, budget_s: float | None) -> bool:
     """Whether ``needed`` seconds fit the budget beside ``admitted_s`` (``False``: over the budget alone).
 

@@ -26,6 +26,7 @@ from explainers import (
     ModelSpeed,
     RowExplanation,
     RowSkipped,
+    ServedSpeed,
     describe,
     explain_batch,
     head_type,
@@ -73,14 +74,24 @@ class ExplanationService:
             )
         else:
             self.processor = AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True)
-        self.speed: ModelSpeed | None = None
-        if config.time_budget_s is not None:  # measured once, on the loaded model and its device
+        self.served: ServedSpeed | None = None
+        if config.time_budget_s is not None:  # probed once, on the loaded model and its device; then served batches
             with autocast(config, device):
-                self.speed = ModelSpeed.measure(self.model, describe(self.model), config.max_length)
+                self.served = ServedSpeed(ModelSpeed.measure(self.model, describe(self.model), config.max_length))
         logger.info(
             "loaded %s model (%s head) from %s on %s; time budget %s s, speed %s",
             config.task, self.head_type, model_dir, device, config.time_budget_s, self.speed,
         )  # fmt: skip
+
+    @property
+    def speed(self) -> ModelSpeed | None:
+        """The speed probed at load (``None``: no time budget); :attr:`served` corrects it by the batches served."""
+        return None if self.served is None else self.served.probe
+
+    @speed.setter
+    def speed(self, value: ModelSpeed | None) -> None:
+        """Set a speed by hand: estimates then use it as given, not corrected by served batches."""
+        self.served = None if value is None else ServedSpeed(value, learns=False)
 
     def _text_inputs(
         self, texts: Sequence[str], pairs: Sequence[str | None]
@@ -197,7 +208,7 @@ class ExplanationService:
                     requests,
                     memory_budget_mib=self.config.memory_budget_mib,
                     time_budget_s=self.config.time_budget_s,
-                    speed=self.speed,
+                    speed=self.served,
                 )
         except Exception:
             logger.exception("batch of %d rows failed", len(valid))

@@ -15,7 +15,10 @@ service object. Loading and devices are :mod:`serving_core.loading`'s.
 
 Time (docs/SERVING.md, "Time budgets and deadlines"): with a ``time_budget_s``, each row is estimated before anything
 is generated; a row over the budget, alone or beside the rows admitted before it, is refused with
-``over_time_budget``. A row with a deadline stops generating once it passes (``deadline_exceeded``; the batch's other
+``over_time_budget``; once its answer is written its explanation is admitted for the answer's actual sentences or
+steps, and one that does not fit leaves the answer served with an ``explanation_error``
+(:mod:`~serving_core.tasks.generation_admission`). The model's speed is probed at load and corrected by the batches
+it serves (:class:`explainers.ServedSpeed`). A row with a deadline stops generating once it passes (``deadline_exceeded``; the batch's other
 rows go on), and its explanation group (rows are grouped by deadline) is abandoned between chunks of steps.
 """
 
@@ -33,6 +36,7 @@ from transformers import AutoModelForCausalLM
 from explainers import (
     Continuation,
     ModelSpeed,
+    ServedSpeed,
     describe,
     evaluating,
     generate_continuation,
@@ -85,13 +89,24 @@ class GenerationService:
         self.arch = describe(self.model)
         self.alternatives = supported_methods(self.arch.model_type, self.arch.task)
         self.explanations = Explanations(self.model, self.tokenizer)
-        self.speed: ModelSpeed | None = None
-        if config.time_budget_s is not None:  # measured once, at the longest prompt and answer served
-            self.speed = ModelSpeed.measure(self.model, self.arch, config.max_length + config.max_new_tokens)
+        self.served: ServedSpeed | None = None
+        if config.time_budget_s is not None:  # probed once, at the longest prompt and answer; then served batches
+            longest = config.max_length + config.max_new_tokens
+            self.served = ServedSpeed(ModelSpeed.measure(self.model, self.arch, longest))
         logger.info(
             "loaded causal LM from %s on %s; time budget %s s, speed %s", model_dir, device, config.time_budget_s,
             self.speed,
         )  # fmt: skip
+
+    @property
+    def speed(self) -> ModelSpeed | None:
+        """The speed probed at load (``None``: no time budget); :attr:`served` corrects it by the batches served."""
+        return None if self.served is None else self.served.probe
+
+    @speed.setter
+    def speed(self, value: ModelSpeed | None) -> None:
+        """Set a speed by hand: estimates then use it as given, not corrected by served batches."""
+        self.served = None if value is None else ServedSpeed(value, learns=False)
 
     def run(
         self, rows: Sequence[GenerationRow | RowError], encodings: Sequence[Encoding]
@@ -108,7 +123,7 @@ class GenerationService:
                 prepared.append(prompts.prepare(index, row))
             except RowError as error:
                 outcomes[index].error = error
-        admission = Admission(self.config.time_budget_s, self.speed, self.arch, self.alternatives)
+        admission = Admission(self.config.time_budget_s, self.served, self.arch, self.alternatives)
         prepared = admission.admitted(prepared, outcomes)
         if not prepared:
             return outcomes, BatchTimings()
@@ -128,7 +143,10 @@ class GenerationService:
                 )
                 continue
             self._fill(outcomes[item.index], item, made, position, logprobs[position])
-        forward, backward = self.explanations.explain(prepared, made, outcomes)
+        admission.written(prepared, made, generate_seconds)
+        started = time.perf_counter()
+        forward, backward = self.explanations.explain(prepared, made, outcomes, admit=admission.explanation)
+        admission.explained(time.perf_counter() - started)
         tokens = int(made.token_mask[[not item.row.given for item in prepared]].sum())
         return outcomes, BatchTimings(forward=forward, backward=backward, generate=generate_seconds, tokens=tokens)
 

@@ -1,0 +1,172 @@
+"""A model's speed kept up to date from the batches it serves: the probe measured at load
+(:meth:`~explainers.timing.ModelSpeed.measure`) corrected by the ratio of each served batch's actual seconds to its
+estimate.
+
+A probe is a few forwards at one moment: measured while other models load, it can be many times too slow, and on a
+quiet moment before the machine fills up, too fast. Every estimate the cost model makes is linear in the speed's
+times (:func:`~explainers.timing.estimate_seconds`, :func:`~explainers.timing.generation_seconds`), so a correction
+is one factor: a :class:`ServedSpeed` keeps, per *kind* of work (a method's name, ``predict``, ``generate``), the
+ratios ``actual / estimate`` of the last :data:`WINDOW` batches (each estimated at the probe's speed, the sum of its
+rows' estimates, as the batch ran, beside whatever else shared the machine), and scales the probe by :data:`HEADROOM`
+times their upper quartile (:data:`QUANTILE`). A kind not served yet takes the ratios of every kind; before any batch
+the probe is used as measured (its :data:`~explainers.timing.SAFETY` factor included). A batch's work is recorded in a
+:class:`BatchLedger`: the speed each kind was admitted at, and its estimated seconds; :meth:`BatchLedger.settle` hands
+the batch's actual seconds to the served speed.
+
+The estimates after correction are about :data:`HEADROOM` times the recent actual time of the same kind of work
+(``bench/timing_tasks.py`` measures ``actual / estimate`` before and after a slow probe is corrected). A refusal still
+rests on them, so a request that cannot fit is refused at once; the deadlines stay the hard guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+from collections import defaultdict, deque
+from collections.abc import Mapping
+
+from .timing import ModelSpeed
+
+#: The corrected estimate is this many times the recent ``actual / estimate`` ratio (its upper quartile): the margin
+#: left for a batch slower than the recent ones.
+HEADROOM = 2.0
+#: Batches whose ratio is kept per kind of work (the older ones are forgotten: the machine's load changes).
+WINDOW = 16
+#: The quantile of the kept ratios the correction follows (above the median: the estimate errs high).
+QUANTILE = 0.75
+#: The kind that collects every batch's ratio (the correction of a kind not served yet).
+ANY_KIND = "*"
+#: The kind of a row that asks for its prediction only.
+PREDICT = "predict"
+#: The kind of a causal LM's writing of its answer.
+GENERATE = "generate"
+
+
+class ServedSpeed:
+    """A model's probe speed and the corrections its served batches made to it (module docstring).
+
+    Attributes:
+        probe: the speed measured at load (safety factor included).
+        learns: whether served batches correct it (``False``: a speed given as is, e.g. by a test or a benchmark).
+        headroom: :data:`HEADROOM`.
+    """
+
+    #: The kind of a row that asks for its prediction only (:data:`PREDICT`).
+    PREDICT = PREDICT
+    #: The kind of a causal LM's writing (:data:`GENERATE`).
+    GENERATE = GENERATE
+
+    def __init__(
+        self, probe: ModelSpeed, *, learns: bool = True, headroom: float = HEADROOM, window: int = WINDOW
+    ) -> None:
+        """Start from ``probe``; ``learns=False`` keeps it as given whatever is observed.
+
+        Args:
+            probe: the measured speed.
+            learns: whether :meth:`observe` corrects it.
+            headroom: the factor the corrected estimates keep above the recent actual times.
+            window: the batches kept per kind.
+        """
+        self.probe = probe
+        self.learns = learns
+        self.headroom = headroom
+        self._window = window
+        self._ratios: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def batches(self) -> int:
+        """How many served batches the corrections rest on (the last :data:`WINDOW` at most)."""
+        with self._lock:
+            return len(self._ratios.get(ANY_KIND, ()))
+
+    def factor(self, kind: str) -> float:
+        """The factor the probe's estimates of ``kind`` of work are multiplied by (1: nothing observed yet).
+
+        Args:
+            kind: a method's name, :data:`PREDICT` or :data:`GENERATE`.
+        """
+        with self._lock:
+            ratios = self._ratios.get(kind) or self._ratios.get(ANY_KIND)
+            if not ratios:
+                return 1.0
+            return self.headroom * _quantile(list(ratios), QUANTILE)
+
+    def speed(self, kind: str) -> ModelSpeed:
+        """The probe, corrected for ``kind`` of work (:meth:`factor`)."""
+        return scaled(self.probe, self.factor(kind))
+
+    def ledger(self) -> BatchLedger:
+        """A new batch's ledger (the speeds its rows are admitted at, and their estimates)."""
+        return BatchLedger(self)
+
+    def observe(self, work: Mapping[str, float], actual_s: float) -> None:
+        """Record one served batch: its estimate at the probe's speed, by kind of work, and its actual seconds.
+
+        Every batch's ratio is kept for :data:`ANY_KIND`; it is kept for a kind too when that kind is at least half of
+        the batch's estimate (a mixed batch's time cannot be split between its kinds).
+
+        Args:
+            work: seconds estimated at :attr:`probe` per kind (the sum of the batch's rows of that kind).
+            actual_s: the seconds the batch took.
+        """
+        total = sum(work.values())
+        if not self.learns or total <= 0 or actual_s <= 0:
+            return
+        ratio = actual_s / total
+        with self._lock:
+            kinds = [ANY_KIND, *(kind for kind, seconds in work.items() if seconds >= total / 2)]
+            for kind in kinds:
+                self._ratios.setdefault(kind, deque(maxlen=self._window)).append(ratio)
+
+    def __repr__(self) -> str:
+        return f"ServedSpeed(probe={self.probe}, batches={self.batches}, factor={self.factor(ANY_KIND):.3g})"
+
+
+class BatchLedger:
+    """One batch's admission: the corrected speed each kind of work was admitted at (read once, so that a row's
+    estimate and its record agree) and the batch's estimated seconds per kind, in the probe's terms."""
+
+    def __init__(self, served: ServedSpeed) -> None:
+        """Record for ``served``."""
+        self.served = served
+        self._factors: dict[str, float] = {}
+        self._work: dict[str, float] = defaultdict(float)
+
+    def speed(self, kind: str) -> ModelSpeed:
+        """The speed ``kind`` of work is admitted at in this batch."""
+        if kind not in self._factors:
+            self._factors[kind] = self.served.factor(kind)
+        return scaled(self.served.probe, self._factors[kind])
+
+    def add(self, kind: str, seconds: float) -> None:
+        """Count ``seconds`` (estimated at :meth:`speed` of ``kind``) of admitted work."""
+        factor = self._factors.get(kind) or self.served.factor(kind)
+        self._work[kind] += seconds / factor
+
+    @property
+    def estimated(self) -> float:
+        """The batch's admitted work in seconds at the probe's speed."""
+        return sum(self._work.values())
+
+    def settle(self, actual_s: float) -> None:
+        """The batch ran in ``actual_s`` seconds: hand it to the served speed (:meth:`ServedSpeed.observe`)."""
+        self.served.observe(dict(self._work), actual_s)
+
+
+def scaled(speed: ModelSpeed, factor: float) -> ModelSpeed:
+    """``speed`` with every time multiplied by ``factor`` (every estimate scales with it)."""
+    if factor == 1.0:
+        return speed
+    return dataclasses.replace(
+        speed, call=speed.call * factor, token=speed.token * factor, python=speed.python * factor,
+        step=speed.step * factor,
+    )  # fmt: skip
+
+
+def _quantile(values: list[float], quantile: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return cuts[min(max(int(round(quantile * 100)) - 1, 0), len(cuts) - 1)]
