@@ -80,6 +80,7 @@ from .errors import (
 from .memory import MemoryBudgetError, estimate_bytes
 from .methods.registry import Method, available_methods, get_method
 from .plan import GroupKey, RowGroup, group_rows
+from .served_speed import BatchLedger, ServedSpeed
 from .tasks.citations import (
     Citations,
     Sentence,
@@ -111,11 +112,11 @@ from .tasks.generation import (
     resolve_steps,
     step_probabilities,
 )
-from .served_speed import BatchLedger, ServedSpeed
 from .tasks.tagging import LabelScheme, Span, label_scheme
 from .tasks.targets import TargetExplanation, Targets, explain_targets
 from .tasks.token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
 from .timing import (
+    BatchFullError,
     ModelSpeed,
     TimeBudgetError,
     check_explanation_budget,
@@ -156,6 +157,7 @@ __all__ = [
     "AttentionObserver",
     "Attribution",
     "BatchExplanation",
+    "BatchFullError",
     "BatchLedger",
     "ChatTemplateError",
     "Citations",

@@ -9,9 +9,10 @@ is one factor: a :class:`ServedSpeed` keeps, per *kind* of work (a method's name
 ratios ``actual / estimate`` of the last :data:`WINDOW` batches (each estimated at the probe's speed, the sum of its
 rows' estimates, as the batch ran, beside whatever else shared the machine), and scales the probe by :data:`HEADROOM`
 times their upper quartile (:data:`QUANTILE`). A kind not served yet takes the ratios of every kind; before any batch
-the probe is used as measured (its :data:`~explainers.timing.SAFETY` factor included). A batch's work is recorded in a
-:class:`BatchLedger`: the speed each kind was admitted at, and its estimated seconds; :meth:`BatchLedger.settle` hands
-the batch's actual seconds to the served speed.
+the probe is used as measured (its :data:`~explainers.timing.SAFETY` factor included), and a row refused over the
+budget alone has the model probed again (:meth:`ServedSpeed.recheck`, at most every :data:`REPROBE_S`). A batch's
+work is recorded in a :class:`BatchLedger`: the speed each kind was admitted at, and its estimated seconds;
+:meth:`BatchLedger.settle` hands the batch's actual seconds to the served speed.
 
 The estimates after correction are about :data:`HEADROOM` times the recent actual time of the same kind of work
 (``bench/timing_tasks.py`` measures ``actual / estimate`` before and after a slow probe is corrected). A refusal still
@@ -23,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
+import time
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .timing import ModelSpeed
 
@@ -41,6 +43,10 @@ ANY_KIND = "*"
 PREDICT = "predict"
 #: The kind of a causal LM's writing of its answer.
 GENERATE = "generate"
+#: Seconds between two probes of a model no batch has corrected yet (:meth:`ServedSpeed.recheck`).
+REPROBE_S = 30.0
+#: The length two probes are compared at (the faster is kept).
+COMPARED_LENGTH = 64
 
 
 class ServedSpeed:
@@ -58,22 +64,54 @@ class ServedSpeed:
     GENERATE = GENERATE
 
     def __init__(
-        self, probe: ModelSpeed, *, learns: bool = True, headroom: float = HEADROOM, window: int = WINDOW
+        self,
+        probe: ModelSpeed,
+        *,
+        learns: bool = True,
+        measure: Callable[[], ModelSpeed] | None = None,
+        reprobe_s: float = REPROBE_S,
+        headroom: float = HEADROOM,
+        window: int = WINDOW,
     ) -> None:
         """Start from ``probe``; ``learns=False`` keeps it as given whatever is observed.
 
         Args:
             probe: the measured speed.
             learns: whether :meth:`observe` corrects it.
+            measure: probes the model again (:meth:`recheck`; ``None``: never).
+            reprobe_s: the seconds between two probes.
             headroom: the factor the corrected estimates keep above the recent actual times.
             window: the batches kept per kind.
         """
         self.probe = probe
         self.learns = learns
         self.headroom = headroom
+        self._measure = measure
+        self._reprobe_s = reprobe_s
+        self._probed = time.monotonic()
         self._window = window
         self._ratios: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
+
+    def recheck(self) -> bool:
+        """Probe the model again when a row was refused over the budget alone and no served batch has corrected the
+        probe yet (a probe measured while the machine was busy would else refuse such rows for the model's life),
+        at most once per ``reprobe_s``; the faster of the two probes is kept.
+
+        Returns:
+            Whether the probe changed (the refused row may be estimated again).
+        """
+        if self._measure is None or not self.learns or self.batches:
+            return False
+        now = time.monotonic()
+        if now - self._probed < self._reprobe_s:
+            return False
+        self._probed = now
+        fresh = self._measure()
+        if fresh.forward_seconds(COMPARED_LENGTH) >= self.probe.forward_seconds(COMPARED_LENGTH):
+            return False
+        self.probe = fresh
+        return True
 
     @property
     def batches(self) -> int:
@@ -135,7 +173,8 @@ class BatchLedger:
         self._work: dict[str, float] = defaultdict(float)
 
     def speed(self, kind: str) -> ModelSpeed:
-        """The speed ``kind`` of work is admitted at in this batch."""
+        """The speed ``kind`` of work is admitted at in this batch (the served speed's current probe, at the kind's
+        factor as first read)."""
         if kind not in self._factors:
             self._factors[kind] = self.served.factor(kind)
         return scaled(self.served.probe, self._factors[kind])
@@ -169,4 +208,4 @@ def _quantile(values: list[float], quantile: float) -> float:
     if len(values) == 1:
         return values[0]
     cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return cuts[min(max(int(round(quantile * 100)) - 1, 0), len(cuts) - 1)]
+    return cuts[min(max(round(quantile * 100) - 1, 0), len(cuts) - 1)]

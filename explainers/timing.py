@@ -51,6 +51,11 @@ class TimeBudgetError(ExplainError):
     """The explanation is estimated to take longer than the per-request time budget allows (refused before it ran)."""
 
 
+class BatchFullError(TimeBudgetError):
+    """The row fits the time budget alone, but not beside the rows already admitted to its batch ("alone it fits:
+    retry")."""
+
+
 #: Rows of the batched forward whose time gives the per-token time (:meth:`ModelSpeed.measure`).
 BATCH_ROWS = 8
 #: Iterations of the pure-Python reference job (:func:`reference_job`).
@@ -429,12 +434,12 @@ def _fits_beside(what: str, needed: float, admitted_s: float, budget_s: float | 
     """Whether ``needed`` seconds fit the budget beside ``admitted_s`` (``False``: over the budget alone).
 
     Raises:
-        TimeBudgetError: "alone it fits: retry", when only the rows already admitted to the batch leave no room.
+        BatchFullError: "alone it fits: retry", when only the rows already admitted to the batch leave no room.
     """
     if budget_s is None or admitted_s + needed <= budget_s:
         return True
     if needed <= budget_s:
-        raise TimeBudgetError(
+        raise BatchFullError(
             f"{what} needs about {needed:.1f} s, and the batch it joined already needs {admitted_s:.1f} s of the "
             f"per-batch time budget of {budget_s:.1f} s; alone it fits: retry"
         )

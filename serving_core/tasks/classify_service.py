@@ -75,13 +75,17 @@ class ExplanationService:
         else:
             self.processor = AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True)
         self.served: ServedSpeed | None = None
-        if config.time_budget_s is not None:  # probed once, on the loaded model and its device; then served batches
-            with autocast(config, device):
-                self.served = ServedSpeed(ModelSpeed.measure(self.model, describe(self.model), config.max_length))
+        if config.time_budget_s is not None:  # probed on the loaded model and its device; then served batches
+            self.served = ServedSpeed(self._probe(), measure=self._probe)
         logger.info(
             "loaded %s model (%s head) from %s on %s; time budget %s s, speed %s",
             config.task, self.head_type, model_dir, device, config.time_budget_s, self.speed,
         )  # fmt: skip
+
+    def _probe(self) -> ModelSpeed:
+        """The model's speed, measured now (:meth:`explainers.ModelSpeed.measure`, at ``max_length``)."""
+        with autocast(self.config, self.device):
+            return ModelSpeed.measure(self.model, describe(self.model), self.config.max_length)
 
     @property
     def speed(self) -> ModelSpeed | None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from explainers import (
     Architecture,
+    BatchFullError,
     BatchLedger,
     Continuation,
     ExplainError,
@@ -84,7 +85,7 @@ class Admission:
                 outcomes[item.index].error = from_explain_error(deadline.exceeded("any work"))
                 continue
             try:
-                seconds += self.estimate(item, seconds)
+                seconds += self.rechecked(item, seconds)
             except ExplainError as error:
                 outcomes[item.index].error = from_explain_error(error)
                 if item.row.ask is not None:
@@ -92,6 +93,18 @@ class Admission:
                 continue
             admitted.append(item)
         return sorted(admitted, key=lambda item: item.index)
+
+    def rechecked(self, item: Prepared, admitted_s: float) -> float:
+        """:meth:`estimate`, once more after the model is probed again when the row is over the budget alone
+        (:meth:`explainers.ServedSpeed.recheck`: only while no served batch has corrected the probe)."""
+        try:
+            return self.estimate(item, admitted_s)
+        except BatchFullError:
+            raise
+        except TimeBudgetError:
+            if self.served is None or not self.served.recheck():
+                raise
+            return self.estimate(item, admitted_s)
 
     def estimate(self, item: Prepared, admitted_s: float) -> float:
         """A row's estimated seconds (0 without a budget): writing its tokens, then explaining its targets (at their

@@ -18,8 +18,9 @@ is generated; a row over the budget, alone or beside the rows admitted before it
 ``over_time_budget``; once its answer is written its explanation is admitted for the answer's actual sentences or
 steps, and one that does not fit leaves the answer served with an ``explanation_error``
 (:mod:`~serving_core.tasks.generation_admission`). The model's speed is probed at load and corrected by the batches
-it serves (:class:`explainers.ServedSpeed`). A row with a deadline stops generating once it passes (``deadline_exceeded``; the batch's other
-rows go on), and its explanation group (rows are grouped by deadline) is abandoned between chunks of steps.
+it serves (:class:`explainers.ServedSpeed`). A row with a deadline stops generating once it passes
+(``deadline_exceeded``; the batch's other rows go on), and its explanation group (rows are grouped by deadline) is
+abandoned between chunks of steps.
 """
 
 from __future__ import annotations
@@ -90,13 +91,16 @@ class GenerationService:
         self.alternatives = supported_methods(self.arch.model_type, self.arch.task)
         self.explanations = Explanations(self.model, self.tokenizer)
         self.served: ServedSpeed | None = None
-        if config.time_budget_s is not None:  # probed once, at the longest prompt and answer; then served batches
-            longest = config.max_length + config.max_new_tokens
-            self.served = ServedSpeed(ModelSpeed.measure(self.model, self.arch, longest))
+        if config.time_budget_s is not None:  # probed at load; then corrected by the batches served
+            self.served = ServedSpeed(self._probe(), measure=self._probe)
         logger.info(
             "loaded causal LM from %s on %s; time budget %s s, speed %s", model_dir, device, config.time_budget_s,
             self.speed,
         )  # fmt: skip
+
+    def _probe(self) -> ModelSpeed:
+        """The model's speed, measured now at the longest prompt and answer served (with its cached step)."""
+        return ModelSpeed.measure(self.model, self.arch, self.config.max_length + self.config.max_new_tokens)
 
     @property
     def speed(self) -> ModelSpeed | None:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from explainers import (
+    BatchFullError,
     ExplainError,
     GroupKey,
     ModelSpeed,
@@ -101,14 +102,18 @@ class TokenClassificationService:
         self.scheme = label_scheme(config.labels)
         self.arch = describe(self.model)
         self.served: ServedSpeed | None = None
-        if config.time_budget_s is not None:  # probed once, on the loaded model and its device; then served batches
-            with autocast(config, device):
-                self.served = ServedSpeed(ModelSpeed.measure(self.model, self.arch, config.max_length))
+        if config.time_budget_s is not None:  # probed on the loaded model and its device; then served batches
+            self.served = ServedSpeed(self._probe(), measure=self._probe)
         self.alternatives = supported_methods(self.arch.model_type, self.arch.task)
         logger.info(
             "loaded token classifier from %s on %s; time budget %s s, speed %s",
             model_dir, device, config.time_budget_s, self.speed,
         )  # fmt: skip
+
+    def _probe(self) -> ModelSpeed:
+        """The model's speed, measured now (:meth:`explainers.ModelSpeed.measure`, at ``max_length``)."""
+        with autocast(self.config, self.device):
+            return ModelSpeed.measure(self.model, self.arch, self.config.max_length)
 
     @property
     def speed(self) -> ModelSpeed | None:
@@ -363,11 +368,17 @@ class _Admission:
         counted = dict(zip(indices, self.service.predicted_spans([self.encoded[i] for i in indices]), strict=True))
         for index in unsure:
             item = self.encoded[index]
+            arguments = (method, len(item.offsets), options, budget, service.alternatives, self.seconds)
+            targets = max(len(counted[index]), 1)
             try:
-                seconds = check_time_budget(
-                    speed, method, len(item.offsets), options, budget, service.alternatives, self.seconds,
-                    targets=max(len(counted[index]), 1),
-                )  # fmt: skip
+                try:
+                    seconds = check_time_budget(ledger.speed(method.name), *arguments, targets=targets)
+                except BatchFullError:
+                    raise
+                except TimeBudgetError:  # over the budget alone: a probe no batch corrected yet may be stale
+                    if service.served is None or not service.served.recheck():
+                        raise
+                    seconds = check_time_budget(ledger.speed(method.name), *arguments, targets=targets)
             except TimeBudgetError as error:
                 outcomes[index].error = from_explain_error(error)
                 outcomes[index].method = method.name
