@@ -116,7 +116,6 @@ from .tasks.tagging import LabelScheme, Span, label_scheme
 from .tasks.targets import TargetExplanation, Targets, explain_targets
 from .tasks.token_classification import TokenExplanation, TokenPrediction, explain_tokens, predict_tokens
 from .timing import (
-    BatchFullError,
     ModelSpeed,
     TimeBudgetError,
     check_explanation_budget,
@@ -157,7 +156,6 @@ __all__ = [
     "AttentionObserver",
     "Attribution",
     "BatchExplanation",
-    "BatchFullError",
     "BatchLedger",
     "ChatTemplateError",
     "Citations",

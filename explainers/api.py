@@ -37,7 +37,7 @@ from .memory import ModelSize, check_budget
 from .methods.registry import Method, MethodInputs, OptionValue, available_methods, get_method
 from .plan import Ask, plan_batch
 from .served_speed import PREDICT, BatchLedger, ServedSpeed
-from .timing import BatchFullError, ModelSpeed, TimeBudgetError, check_time_budget, prediction_seconds
+from .timing import ModelSpeed, TimeBudgetError, check_time_budget, prediction_seconds
 
 
 @dataclass(frozen=True)
@@ -424,10 +424,8 @@ def explain_batch(
                 arguments = (ask.method, padded, ask.options, budget_s, alternatives, admitted)
                 try:
                     seconds = check_time_budget(speed_of(ask.method.name), *arguments)
-                except BatchFullError:
-                    raise
-                except TimeBudgetError:  # over the budget alone: a probe no batch corrected yet may be stale
-                    if not isinstance(speed, ServedSpeed) or not speed.recheck():
+                except TimeBudgetError as error:  # over the budget alone: a probe no batch corrected may be stale
+                    if error.beside or not isinstance(speed, ServedSpeed) or not speed.recheck():
                         raise
                     seconds = check_time_budget(speed_of(ask.method.name), *arguments)
                 admitted += seconds

@@ -167,7 +167,11 @@ class BatchLedger:
     estimate and its record agree) and the batch's estimated seconds per kind, in the probe's terms."""
 
     def __init__(self, served: ServedSpeed) -> None:
-        """Record for ``served``."""
+        """Record a batch for ``served``.
+
+        Args:
+            served: the model's served speed.
+        """
         self.served = served
         self._factors: dict[str, float] = {}
         self._work: dict[str, float] = defaultdict(float)
@@ -180,7 +184,12 @@ class BatchLedger:
         return scaled(self.served.probe, self._factors[kind])
 
     def add(self, kind: str, seconds: float) -> None:
-        """Count ``seconds`` (estimated at :meth:`speed` of ``kind``) of admitted work."""
+        """Count admitted work.
+
+        Args:
+            kind: its kind (a method's name, :data:`PREDICT`, :data:`GENERATE`).
+            seconds: its estimate at this ledger's :meth:`speed` of ``kind``.
+        """
         factor = self._factors.get(kind) or self.served.factor(kind)
         self._work[kind] += seconds / factor
 

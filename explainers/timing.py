@@ -48,12 +48,14 @@ SHORT_LENGTH = 8
 
 
 class TimeBudgetError(ExplainError):
-    """The explanation is estimated to take longer than the per-request time budget allows (refused before it ran)."""
+    """The explanation is estimated to take longer than the per-request time budget allows (refused before it ran).
 
+    Attributes:
+        beside: whether the row fits the budget alone and is refused only beside the rows already admitted to its
+            batch ("alone it fits: retry").
+    """
 
-class BatchFullError(TimeBudgetError):
-    """The row fits the time budget alone, but not beside the rows already admitted to its batch ("alone it fits:
-    retry")."""
+    beside: bool = False
 
 
 #: Rows of the batched forward whose time gives the per-token time (:meth:`ModelSpeed.measure`).
@@ -434,15 +436,18 @@ def _fits_beside(what: str, needed: float, admitted_s: float, budget_s: float | 
     """Whether ``needed`` seconds fit the budget beside ``admitted_s`` (``False``: over the budget alone).
 
     Raises:
-        BatchFullError: "alone it fits: retry", when only the rows already admitted to the batch leave no room.
+        TimeBudgetError: "alone it fits: retry" (its ``beside`` set), when only the rows already admitted to the
+            batch leave no room.
     """
     if budget_s is None or admitted_s + needed <= budget_s:
         return True
     if needed <= budget_s:
-        raise BatchFullError(
+        error = TimeBudgetError(
             f"{what} needs about {needed:.1f} s, and the batch it joined already needs {admitted_s:.1f} s of the "
             f"per-batch time budget of {budget_s:.1f} s; alone it fits: retry"
         )
+        error.beside = True
+        raise error
     return False
 
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from explain_client.protos import explain_messages
-from explainers import BatchFullError, ModelSpeed, ServedSpeed, estimate_seconds, generation_seconds, get_method
+from explainers import ModelSpeed, ServedSpeed, TimeBudgetError, estimate_seconds, generation_seconds, get_method
 from explainers.served_speed import ANY_KIND, HEADROOM, WINDOW, scaled
+from explainers.timing import check_time_budget
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from serving_core.tasks.classify_schema import DecodedRow, RowOutcome, decode_row
@@ -230,7 +231,9 @@ def test_an_answer_whose_explanation_does_not_fit_is_served_with_its_text(writer
 
 
 def test_a_refusal_beside_the_batch_says_alone_it_fits() -> None:
-    from explainers.timing import check_time_budget
-
-    with pytest.raises(BatchFullError, match="alone it fits: retry"):
+    with pytest.raises(TimeBudgetError, match="alone it fits: retry") as caught:
         check_time_budget(SPEED, get_method("attnlrp"), 100, {}, 5.0, admitted_s=4.9)
+    assert caught.value.beside
+    with pytest.raises(TimeBudgetError, match="over the time budget") as caught:
+        check_time_budget(SPEED, get_method("attnlrp"), 100, {}, 0.01)
+    assert not caught.value.beside

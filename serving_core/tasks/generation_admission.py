@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from explainers import (
     Architecture,
-    BatchFullError,
     BatchLedger,
     Continuation,
     ExplainError,
@@ -99,10 +98,8 @@ class Admission:
         (:meth:`explainers.ServedSpeed.recheck`: only while no served batch has corrected the probe)."""
         try:
             return self.estimate(item, admitted_s)
-        except BatchFullError:
-            raise
-        except TimeBudgetError:
-            if self.served is None or not self.served.recheck():
+        except TimeBudgetError as error:
+            if error.beside or self.served is None or not self.served.recheck():
                 raise
             return self.estimate(item, admitted_s)
 

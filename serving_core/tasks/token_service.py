@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from explainers import (
-    BatchFullError,
     ExplainError,
     GroupKey,
     ModelSpeed,
@@ -373,10 +372,8 @@ class _Admission:
             try:
                 try:
                     seconds = check_time_budget(ledger.speed(method.name), *arguments, targets=targets)
-                except BatchFullError:
-                    raise
-                except TimeBudgetError:  # over the budget alone: a probe no batch corrected yet may be stale
-                    if service.served is None or not service.served.recheck():
+                except TimeBudgetError as error:  # over the budget alone: a probe no batch corrected may be stale
+                    if error.beside or service.served is None or not service.served.recheck():
                         raise
                     seconds = check_time_budget(ledger.speed(method.name), *arguments, targets=targets)
             except TimeBudgetError as error:
