@@ -45,6 +45,10 @@ SAFETY = 3.0
 REPEATS = 3
 #: The short length a text model's speed is measured at (besides the longest), to separate the per-call time.
 SHORT_LENGTH = 8
+#: The longest length a speed is measured at: a causal LM served at thousands of positions is probed here (a batch
+#: of its longest rows would take minutes and gigabytes at load); longer rows are estimated on the per-token line,
+#: and the batches served correct it (:class:`~explainers.served_speed.ServedSpeed`).
+LONGEST_PROBE = 512
 
 
 class TimeBudgetError(ExplainError):
@@ -113,7 +117,8 @@ class ModelSpeed:
         Args:
             model: the loaded model.
             arch: its description (:func:`~explainers.describe`).
-            longest: the longest input served, in tokens (a text model's ``max_length``; ignored for images).
+            longest: the longest input served, in tokens (a text model's ``max_length``; at most
+                :data:`LONGEST_PROBE` is measured; ignored for images).
             safety: the factor the measured times are multiplied by.
         """
         python = reference_job() * safety
@@ -126,7 +131,7 @@ class ModelSpeed:
             batched = _median_forward(model, {key: value.repeat(BATCH_ROWS, 1, 1, 1) for key, value in one.items()})
             token = max(batched - seconds, 0.0) / ((BATCH_ROWS - 1) * patches)
             return cls(seconds * safety, token * safety, python, arch.num_layers)
-        longest = max(int(longest), SHORT_LENGTH + 1)
+        longest = min(max(int(longest), SHORT_LENGTH + 1), LONGEST_PROBE)
         short = _median_forward(model, _probe_inputs(model, arch, SHORT_LENGTH))
         long = _probe_inputs(model, arch, longest)
         single = _median_forward(model, long)
