@@ -403,13 +403,13 @@ def explain_batch(
         alternatives = working_methods(arch.model_type, available_methods())
 
     def speed_of(kind: str) -> ModelSpeed:
-        return ledger.speed(kind) if ledger is not None else measured[0]
+        return ledger.speed(kind, padded) if ledger is not None else measured[0]
 
     admitted = 0.0
     if ledger is not None or measured:
         admitted = sum(prediction_seconds(speed_of(PREDICT), padded) for row in rows if row.method is None)
         if ledger is not None:
-            ledger.add(PREDICT, admitted)
+            ledger.add(PREDICT, admitted, padded)
     num_labels = int(model_config(model).num_labels)
     for index, row in enumerate(rows):
         if row.method is None:
@@ -430,7 +430,7 @@ def explain_batch(
                     seconds = check_time_budget(speed_of(ask.method.name), *arguments)
                 admitted += seconds
                 if ledger is not None:
-                    ledger.add(ask.method.name, seconds)
+                    ledger.add(ask.method.name, seconds, padded)
         except ExplainError as error:
             results[index] = error
             continue

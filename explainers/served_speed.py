@@ -7,9 +7,12 @@ quiet moment before the machine fills up, too fast. Every estimate the cost mode
 times (:func:`~explainers.timing.estimate_seconds`, :func:`~explainers.timing.generation_seconds`), so a correction
 is one factor: a :class:`ServedSpeed` keeps, per *kind* of work (a method's name, ``predict``, ``generate``), the
 ratios ``actual / estimate`` of the last :data:`WINDOW` batches (each estimated at the probe's speed, the sum of its
-rows' estimates, as the batch ran, beside whatever else shared the machine), and scales the probe by :data:`HEADROOM`
-times their upper quartile (:data:`QUANTILE`). A kind not served yet takes the ratios of every kind; before any batch
-the probe is used as measured (its :data:`~explainers.timing.SAFETY` factor included), and a row refused over the
+rows' estimates, as the batch ran, beside whatever else shared the machine) with the length of their longest row, and
+scales the probe by :data:`HEADROOM` times the upper quartile (:data:`QUANTILE`) of the ratios of batches of a
+similar length (within a factor :data:`LENGTH_BAND`): the cost model's fixed costs make the ratio grow with the
+length, so a row longer than every batch served takes the longest batches' ratio grown in proportion to its length,
+and a shorter one the ratio of the longer batches. A kind not served yet takes the ratios of every kind; before any
+batch the probe is used as measured (its :data:`~explainers.timing.SAFETY` factor included), and a row refused over the
 budget alone has the model probed again (:meth:`ServedSpeed.recheck`, at most every :data:`REPROBE_S`). A batch's
 work is recorded in a :class:`BatchLedger`: the speed each kind was admitted at, and its estimated seconds;
 :meth:`BatchLedger.settle` hands the batch's actual seconds to the served speed.
@@ -32,11 +35,13 @@ from .timing import ModelSpeed
 
 #: The corrected estimate is this many times the recent ``actual / estimate`` ratio (its upper quartile): the margin
 #: left for a batch slower than the recent ones.
-HEADROOM = 2.0
+HEADROOM = 2.5
 #: Batches whose ratio is kept per kind of work (the older ones are forgotten: the machine's load changes).
 WINDOW = 16
 #: The quantile of the kept ratios the correction follows (above the median: the estimate errs high).
 QUANTILE = 0.75
+#: Batches whose longest row is within this factor of a row's length count as of its length.
+LENGTH_BAND = 2.0
 #: The kind that collects every batch's ratio (the correction of a kind not served yet).
 ANY_KIND = "*"
 #: The kind of a row that asks for its prediction only.
@@ -90,7 +95,7 @@ class ServedSpeed:
         self._reprobe_s = reprobe_s
         self._probed = time.monotonic()
         self._window = window
-        self._ratios: dict[str, deque[float]] = {}
+        self._ratios: dict[str, deque[tuple[float, int]]] = {}
         self._lock = threading.Lock()
 
     def recheck(self) -> bool:
@@ -119,27 +124,29 @@ class ServedSpeed:
         with self._lock:
             return len(self._ratios.get(ANY_KIND, ()))
 
-    def factor(self, kind: str) -> float:
-        """The factor the probe's estimates of ``kind`` of work are multiplied by (1: nothing observed yet).
+    def factor(self, kind: str, length: int = 0) -> float:
+        """The factor the probe's estimates of ``kind`` of work on rows of ``length`` tokens are multiplied by (1:
+        nothing observed yet; module docstring).
 
         Args:
             kind: a method's name, :data:`PREDICT` or :data:`GENERATE`.
+            length: the row's tokens (0: any length, every kept batch counts).
         """
         with self._lock:
-            ratios = self._ratios.get(kind) or self._ratios.get(ANY_KIND)
-            if not ratios:
+            seen = self._ratios.get(kind) or self._ratios.get(ANY_KIND)
+            if not seen:
                 return 1.0
-            return self.headroom * _quantile(list(ratios), QUANTILE)
+            return self.headroom * _ratio_at(list(seen), length)
 
-    def speed(self, kind: str) -> ModelSpeed:
-        """The probe, corrected for ``kind`` of work (:meth:`factor`)."""
-        return scaled(self.probe, self.factor(kind))
+    def speed(self, kind: str, length: int = 0) -> ModelSpeed:
+        """The probe, corrected for ``kind`` of work at ``length`` tokens (:meth:`factor`)."""
+        return scaled(self.probe, self.factor(kind, length))
 
     def ledger(self) -> BatchLedger:
         """A new batch's ledger (the speeds its rows are admitted at, and their estimates)."""
         return BatchLedger(self)
 
-    def observe(self, work: Mapping[str, float], actual_s: float) -> None:
+    def observe(self, work: Mapping[str, float], actual_s: float, lengths: Mapping[str, int] | None = None) -> None:
         """Record one served batch: its estimate at the probe's speed, by kind of work, and its actual seconds.
 
         Every batch's ratio is kept for :data:`ANY_KIND`; it is kept for a kind too when that kind is at least half of
@@ -148,15 +155,18 @@ class ServedSpeed:
         Args:
             work: seconds estimated at :attr:`probe` per kind (the sum of the batch's rows of that kind).
             actual_s: the seconds the batch took.
+            lengths: the tokens of each kind's longest row (absent: 0, of any length).
         """
         total = sum(work.values())
         if not self.learns or total <= 0 or actual_s <= 0:
             return
         ratio = actual_s / total
+        longest = dict(lengths or {})
         with self._lock:
-            kinds = [ANY_KIND, *(kind for kind, seconds in work.items() if seconds >= total / 2)]
-            for kind in kinds:
-                self._ratios.setdefault(kind, deque(maxlen=self._window)).append(ratio)
+            kept = [kind for kind, seconds in work.items() if seconds >= total / 2]
+            for kind in (ANY_KIND, *kept):
+                length = max(longest.values(), default=0) if kind == ANY_KIND else longest.get(kind, 0)
+                self._ratios.setdefault(kind, deque(maxlen=self._window)).append((ratio, length))
 
     def __repr__(self) -> str:
         return f"ServedSpeed(probe={self.probe}, batches={self.batches}, factor={self.factor(ANY_KIND):.3g})"
@@ -173,25 +183,30 @@ class BatchLedger:
             served: the model's served speed.
         """
         self.served = served
-        self._factors: dict[str, float] = {}
+        self._factors: dict[tuple[str, int], float] = {}
         self._work: dict[str, float] = defaultdict(float)
+        self._lengths: dict[str, int] = defaultdict(int)
 
-    def speed(self, kind: str) -> ModelSpeed:
-        """The speed ``kind`` of work is admitted at in this batch (the served speed's current probe, at the kind's
-        factor as first read)."""
-        if kind not in self._factors:
-            self._factors[kind] = self.served.factor(kind)
-        return scaled(self.served.probe, self._factors[kind])
+    def _factor(self, kind: str, length: int) -> float:
+        if (kind, length) not in self._factors:
+            self._factors[kind, length] = self.served.factor(kind, length)
+        return self._factors[kind, length]
 
-    def add(self, kind: str, seconds: float) -> None:
+    def speed(self, kind: str, length: int = 0) -> ModelSpeed:
+        """The speed ``kind`` of work on rows of ``length`` tokens is admitted at in this batch (the served speed's
+        current probe, at the factor as first read)."""
+        return scaled(self.served.probe, self._factor(kind, length))
+
+    def add(self, kind: str, seconds: float, length: int = 0) -> None:
         """Count admitted work.
 
         Args:
             kind: its kind (a method's name, :data:`PREDICT`, :data:`GENERATE`).
-            seconds: its estimate at this ledger's :meth:`speed` of ``kind``.
+            seconds: its estimate at this ledger's :meth:`speed` of ``kind`` and ``length``.
+            length: its row's tokens (as given to :meth:`speed`).
         """
-        factor = self._factors.get(kind) or self.served.factor(kind)
-        self._work[kind] += seconds / factor
+        self._work[kind] += seconds / self._factor(kind, length)
+        self._lengths[kind] = max(self._lengths[kind], length)
 
     @property
     def estimated(self) -> float:
@@ -200,7 +215,7 @@ class BatchLedger:
 
     def settle(self, actual_s: float) -> None:
         """The batch ran in ``actual_s`` seconds: hand it to the served speed (:meth:`ServedSpeed.observe`)."""
-        self.served.observe(dict(self._work), actual_s)
+        self.served.observe(dict(self._work), actual_s, dict(self._lengths))
 
 
 def scaled(speed: ModelSpeed, factor: float) -> ModelSpeed:
@@ -211,6 +226,22 @@ def scaled(speed: ModelSpeed, factor: float) -> ModelSpeed:
         speed, call=speed.call * factor, token=speed.token * factor, python=speed.python * factor,
         step=speed.step * factor,
     )  # fmt: skip
+
+
+def _ratio_at(seen: list[tuple[float, int]], length: int) -> float:
+    """The ratio ``actual / estimate`` for a row of ``length`` tokens from the kept ``(ratio, longest row)`` of
+    served batches (module docstring)."""
+    if length <= 0:
+        return _quantile([ratio for ratio, _ in seen], QUANTILE)
+    near = [ratio for ratio, longest in seen if longest <= 0 or length / LENGTH_BAND <= longest <= length * LENGTH_BAND]
+    if near:
+        return _quantile(near, QUANTILE)
+    longer = [ratio for ratio, longest in seen if longest > length]
+    if longer:  # the longer batches' ratio errs high for a shorter row
+        return _quantile(longer, QUANTILE)
+    top = max(longest for _, longest in seen)
+    nearest = [ratio for ratio, longest in seen if longest * LENGTH_BAND >= top]
+    return _quantile(nearest, QUANTILE) * length / top  # longer than every batch: its ratio grown with its length
 
 
 def _quantile(values: list[float], quantile: float) -> float:

@@ -39,10 +39,10 @@ def test_the_probe_is_scaled_by_the_recent_ratio_of_actual_to_estimated_seconds(
     served.observe({"attnlrp": 10.0}, 0.5)  # the probe said 10 s, the batch took 0.5 s
     assert served.factor("attnlrp") == pytest.approx(HEADROOM * 0.05)
     assert served.factor("rollout") == pytest.approx(HEADROOM * 0.05)  # a kind not served yet: every kind's ratio
-    corrected = served.speed("attnlrp")
-    assert corrected.call == pytest.approx(SPEED.call * 0.1) and corrected.step == pytest.approx(SPEED.step * 0.1)
+    corrected, factor = served.speed("attnlrp"), HEADROOM * 0.05
+    assert corrected.call == pytest.approx(SPEED.call * factor) and corrected.step == pytest.approx(SPEED.step * factor)
     assert estimate_seconds(corrected, "attnlrp", 20, {}) == pytest.approx(
-        0.1 * estimate_seconds(SPEED, "attnlrp", 20, {})
+        factor * estimate_seconds(SPEED, "attnlrp", 20, {})
     )
     # a mixed batch's ratio is kept for every kind, and for the kind that is at least half of it
     served.observe({"predict": 1.0, "rollout": 3.0}, 3.0)
@@ -56,6 +56,17 @@ def test_the_probe_is_scaled_by_the_recent_ratio_of_actual_to_estimated_seconds(
     given = ServedSpeed(SPEED, learns=False)
     given.observe({"attnlrp": 10.0}, 0.5)
     assert given.factor("attnlrp") == 1.0 and given.batches == 0
+
+
+def test_the_ratio_follows_batches_of_the_rows_length() -> None:
+    served = ServedSpeed(SPEED)
+    served.observe({"attnlrp": 1.0}, 0.1, {"attnlrp": 20})
+    served.observe({"attnlrp": 1.0}, 0.4, {"attnlrp": 200})
+    assert served.factor("attnlrp", 25) == pytest.approx(HEADROOM * 0.1)  # the batch of 20 tokens
+    assert served.factor("attnlrp", 150) == pytest.approx(HEADROOM * 0.4)  # the batch of 200 tokens
+    assert served.factor("attnlrp", 5) == pytest.approx(HEADROOM * (0.1 + 0.75 * 0.3))  # longer ones: err high
+    assert served.factor("attnlrp", 800) == pytest.approx(HEADROOM * 0.4 * 4)  # grown with the length beyond
+    assert served.factor("attnlrp") == pytest.approx(HEADROOM * (0.1 + 0.75 * 0.3))  # any length: every batch
 
 
 def test_a_ledger_records_the_batch_in_the_probes_terms() -> None:

@@ -120,18 +120,18 @@ class Admission:
             return 0.0
         row = item.row
         prompt = len(item.prompt_ids)
-        speed = writing_ledger.speed(ServedSpeed.GENERATE)
+        new_tokens = len(item.continuation_ids) if item.continuation_ids is not None else row.max_new_tokens
+        length = prompt + new_tokens
+        speed = writing_ledger.speed(ServedSpeed.GENERATE, length)
         if item.continuation_ids is not None:
-            new_tokens = len(item.continuation_ids)
-            writing = prediction_seconds(speed, prompt + new_tokens)
+            writing = prediction_seconds(speed, length)
         else:
-            new_tokens = row.max_new_tokens
             writing = generation_seconds(speed, prompt, new_tokens)
         ask = row.ask
         if ask is None:
             if item.continuation_ids is None:
                 writing = check_generation_budget(speed, prompt, new_tokens, budget, admitted_s)
-            writing_ledger.add(ServedSpeed.GENERATE, writing)
+            writing_ledger.add(ServedSpeed.GENERATE, writing, length)
             return writing
         method = get_method(ask.method)
         options = method.resolve_options(ask.options, self.arch)
@@ -144,7 +144,7 @@ class Admission:
 
         def check(targets: int) -> float:
             return check_time_budget(
-                explaining.speed(method.name), method, prompt + new_tokens, options, budget, self.alternatives,
+                explaining.speed(method.name, length), method, length, options, budget, self.alternatives,
                 admitted_s, targets=targets, generate_s=writing,
             )  # fmt: skip
 
@@ -158,10 +158,10 @@ class Admission:
             except TimeBudgetError:
                 pass
             else:
-                writing_ledger.add(ServedSpeed.GENERATE, writing)
+                writing_ledger.add(ServedSpeed.GENERATE, writing, length)
                 return seconds
             raise
-        writing_ledger.add(ServedSpeed.GENERATE, writing)
+        writing_ledger.add(ServedSpeed.GENERATE, writing, length)
         return seconds
 
     def written(self, prepared: Sequence[Prepared], made: Continuation, seconds: float) -> None:
@@ -177,11 +177,11 @@ class Admission:
         if self.served is None or seconds <= 0:
             return
         measured = self.served.ledger()
-        speed = measured.speed(ServedSpeed.GENERATE)
         for position, item in enumerate(prepared):
             if not item.row.given:
-                steps = int(made.token_mask[position].sum())
-                measured.add(ServedSpeed.GENERATE, generation_seconds(speed, len(item.prompt_ids), steps))
+                prompt, steps = len(item.prompt_ids), int(made.token_mask[position].sum())
+                speed = measured.speed(ServedSpeed.GENERATE, prompt + steps)
+                measured.add(ServedSpeed.GENERATE, generation_seconds(speed, prompt, steps), prompt + steps)
         measured.settle(seconds)
 
     def explanation(self, item: Prepared, targets: int, what: str, length: int) -> None:
@@ -202,11 +202,11 @@ class Admission:
             return
         chosen = get_method(ask.method)
         resolved = chosen.resolve_options(ask.options, self.arch)
-        speed = explaining.speed(chosen.name)
+        speed = explaining.speed(chosen.name, length)
         seconds = check_explanation_budget(
             speed, chosen, length, resolved, budget, self.spent, targets, what, self.alternatives
         )
-        explaining.add(chosen.name, seconds)
+        explaining.add(chosen.name, seconds, length)
         self.spent += seconds
 
     def explained(self, seconds: float) -> None:

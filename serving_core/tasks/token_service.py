@@ -326,10 +326,11 @@ class _Admission:
     def predictions(self, indices: Sequence[int]) -> None:
         """Count the prediction-only rows."""
         if self.ledger is not None:
-            speed = self.ledger.speed(ServedSpeed.PREDICT)
-            seconds = sum(prediction_seconds(speed, len(self.encoded[i].offsets)) for i in indices)
-            self.ledger.add(ServedSpeed.PREDICT, seconds)
-            self.seconds += seconds
+            for index in indices:
+                length = len(self.encoded[index].offsets)
+                seconds = prediction_seconds(self.ledger.speed(ServedSpeed.PREDICT, length), length)
+                self.ledger.add(ServedSpeed.PREDICT, seconds, length)
+                self.seconds += seconds
 
     def explained(
         self, key: GroupKey, indices: Sequence[int], outcomes: Sequence[TokenOutcome]
@@ -344,22 +345,22 @@ class _Admission:
             return None
         assert key.method is not None
         method = get_method(key.method)
-        speed = ledger.speed(method.name)
         options = dict(key.options)
         deadline = key.deadline
         unsure: list[int] = []
         for index in indices:
             item = self.encoded[index]
             bound = max(sum(not flag for flag in item.special), 1)
+            length = len(item.offsets)
             try:
                 seconds = check_time_budget(
-                    speed, method, len(item.offsets), options, budget, (), self.seconds, targets=bound
+                    ledger.speed(method.name, length), method, length, options, budget, (), self.seconds, targets=bound
                 )
             except TimeBudgetError:
                 unsure.append(index)
                 continue
             self.seconds += seconds
-            ledger.add(method.name, seconds)
+            ledger.add(method.name, seconds, length)
         if not unsure:
             return None
         if deadline is not None and deadline.passed:
@@ -367,19 +368,20 @@ class _Admission:
         counted = dict(zip(indices, self.service.predicted_spans([self.encoded[i] for i in indices]), strict=True))
         for index in unsure:
             item = self.encoded[index]
-            arguments = (method, len(item.offsets), options, budget, service.alternatives, self.seconds)
+            length = len(item.offsets)
+            arguments = (method, length, options, budget, service.alternatives, self.seconds)
             targets = max(len(counted[index]), 1)
             try:
                 try:
-                    seconds = check_time_budget(ledger.speed(method.name), *arguments, targets=targets)
+                    seconds = check_time_budget(ledger.speed(method.name, length), *arguments, targets=targets)
                 except TimeBudgetError as error:  # over the budget alone: a probe no batch corrected may be stale
                     if error.beside or service.served is None or not service.served.recheck():
                         raise
-                    seconds = check_time_budget(ledger.speed(method.name), *arguments, targets=targets)
+                    seconds = check_time_budget(ledger.speed(method.name, length), *arguments, targets=targets)
             except TimeBudgetError as error:
                 outcomes[index].error = from_explain_error(error)
                 outcomes[index].method = method.name
                 continue
             self.seconds += seconds
-            ledger.add(method.name, seconds)
+            ledger.add(method.name, seconds, length)
         return counted
