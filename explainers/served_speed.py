@@ -139,7 +139,12 @@ class ServedSpeed:
             return self.headroom * _ratio_at(list(seen), length)
 
     def speed(self, kind: str, length: int = 0) -> ModelSpeed:
-        """The probe, corrected for ``kind`` of work at ``length`` tokens (:meth:`factor`)."""
+        """The probe, corrected for ``kind`` of work at ``length`` tokens (:meth:`factor`).
+
+        Args:
+            kind: a method's name, :data:`PREDICT` or :data:`GENERATE`.
+            length: the row's tokens (0: any length).
+        """
         return scaled(self.probe, self.factor(kind, length))
 
     def ledger(self) -> BatchLedger:
@@ -194,7 +199,12 @@ class BatchLedger:
 
     def speed(self, kind: str, length: int = 0) -> ModelSpeed:
         """The speed ``kind`` of work on rows of ``length`` tokens is admitted at in this batch (the served speed's
-        current probe, at the factor as first read)."""
+        current probe, at the factor as first read).
+
+        Args:
+            kind: a method's name, :data:`PREDICT` or :data:`GENERATE`.
+            length: the row's tokens (0: any length).
+        """
         return scaled(self.served.probe, self._factor(kind, length))
 
     def add(self, kind: str, seconds: float, length: int = 0) -> None:
