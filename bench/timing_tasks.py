@@ -59,7 +59,7 @@ from explainers import (
     predict_tokens,
     supported_methods,
 )
-from explainers.served_speed import scaled
+from explainers.served_speed import scaled, work_kind
 from explainers.timing import generation_seconds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +148,10 @@ def entities_cases(model: Any, tokenizer: Any, words: list[int], repeats: int) -
             times, ratios = [], []
             for _ in range(repeats):
                 seconds, ratio = _served_run(
-                    served, {method: estimate}, length, partial(explain_tokens, model, inputs, method=method, **options)
+                    served,
+                    {work_kind(method, resolved): estimate},
+                    length,
+                    partial(explain_tokens, model, inputs, method=method, **options),
                 )
                 times.append(seconds)
                 ratios += [] if ratio is None else [ratio]
@@ -174,7 +177,7 @@ def writer_cases(model: Any, tokenizer: Any, new_tokens: list[int], repeats: int
             for _ in range(repeats):
                 seconds, ratio = _served_run(
                     served,
-                    {ServedSpeed.GENERATE: writing, method: explaining},
+                    {ServedSpeed.GENERATE: writing, work_kind(method, resolved): explaining},
                     prompt + new,
                     partial(explain_generation, model, inputs, method=method, max_new_tokens=new, **options),
                 )
@@ -192,6 +195,7 @@ def slow_probe_cases(
     arch = describe(model)
     method = "attnlrp"
     resolved = get_method(method).resolve_options({}, arch)
+    kind = work_kind(method, resolved)
     longest = 64 + 8 if kind == "writer" else 128
     served = ServedSpeed(scaled(ModelSpeed.measure(model, arch, longest), slowdown))
     cases = []
@@ -200,7 +204,7 @@ def slow_probe_cases(
         if kind == "sentiment":
             inputs = dict(tokenizer([_text(15)] * rows, return_tensors="pt", padding=True))
             length = int(inputs["input_ids"].shape[1])
-            estimate = rows * estimate_seconds(ledger.speed(method, length), method, length, resolved)
+            estimate = rows * estimate_seconds(ledger.speed(kind, length), method, length, resolved)
             requests = [RowRequest(method)] * rows
             started = time.perf_counter()
             explain_batch(model, inputs, requests, time_budget_s=1e9, speed=served)  # settles its own ledger
@@ -209,9 +213,9 @@ def slow_probe_cases(
             inputs = dict(tokenizer([_text(40)] * rows, return_tensors="pt", return_special_tokens_mask=True))
             length = int(inputs["input_ids"].shape[1])
             targets = [max(len(spans), 1) for spans in predict_tokens(model, inputs).spans]
-            speed = ledger.speed(method, length)
+            speed = ledger.speed(kind, length)
             estimate = sum(estimate_seconds(speed, method, length, resolved, targets=t) for t in targets)
-            ledger.add(method, estimate, length)
+            ledger.add(kind, estimate, length)
             started = time.perf_counter()
             explain_tokens(model, inputs, method=method)
             actual = time.perf_counter() - started
@@ -222,9 +226,9 @@ def slow_probe_cases(
             prompt = int(inputs["input_ids"].shape[1])
             length = prompt + new
             writing = rows * generation_seconds(ledger.speed(ServedSpeed.GENERATE, length), prompt, new)
-            explaining = rows * estimate_seconds(ledger.speed(method, length), method, length, resolved, targets=new)
+            explaining = rows * estimate_seconds(ledger.speed(kind, length), method, length, resolved, targets=new)
             ledger.add(ServedSpeed.GENERATE, writing, length)
-            ledger.add(method, explaining, length)
+            ledger.add(kind, explaining, length)
             estimate = writing + explaining
             started = time.perf_counter()
             explain_generation(model, inputs, method=method, max_new_tokens=new)

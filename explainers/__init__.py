@@ -80,7 +80,7 @@ from .errors import (
 from .memory import MemoryBudgetError, estimate_bytes
 from .methods.registry import Method, available_methods, get_method
 from .plan import GroupKey, RowGroup, group_rows
-from .served_speed import BatchLedger, ServedSpeed
+from .served_speed import BatchLedger, ServedSpeed, work_kind
 from .tasks.citations import (
     Citations,
     Sentence,
@@ -257,4 +257,5 @@ __all__ = [
     "token_units",
     "unit_scores",
     "vocabulary_size",
+    "work_kind",
 ]

@@ -36,7 +36,7 @@ from .inputs import batch_size, full_precision, token_mask, validate_inputs
 from .memory import ModelSize, check_budget
 from .methods.registry import Method, MethodInputs, OptionValue, available_methods, get_method
 from .plan import Ask, plan_batch
-from .served_speed import PREDICT, BatchLedger, ServedSpeed
+from .served_speed import PREDICT, BatchLedger, ServedSpeed, work_kind
 from .timing import ModelSpeed, TimeBudgetError, check_time_budget, prediction_seconds
 
 
@@ -422,15 +422,16 @@ def explain_batch(
                 ask.deadline.check("any work")
             if ledger is not None or measured:
                 arguments = (ask.method, padded, ask.options, budget_s, alternatives, admitted)
+                kind = work_kind(ask.method.name, ask.options)
                 try:
-                    seconds = check_time_budget(speed_of(ask.method.name), *arguments)
+                    seconds = check_time_budget(speed_of(kind), *arguments)
                 except TimeBudgetError as error:  # over the budget alone: a probe no batch corrected may be stale
-                    if error.beside or not isinstance(speed, ServedSpeed) or not speed.recheck():
+                    if error.beside or not isinstance(speed, ServedSpeed) or not speed.recheck(kind):
                         raise
-                    seconds = check_time_budget(speed_of(ask.method.name), *arguments)
+                    seconds = check_time_budget(speed_of(kind), *arguments)
                 admitted += seconds
                 if ledger is not None:
-                    ledger.add(ask.method.name, seconds, padded)
+                    ledger.add(kind, seconds, padded)
         except ExplainError as error:
             results[index] = error
             continue

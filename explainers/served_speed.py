@@ -5,14 +5,17 @@ estimate.
 A probe is a few forwards at one moment: measured while other models load, it can be many times too slow, and on a
 quiet moment before the machine fills up, too fast. Every estimate the cost model makes is linear in the speed's
 times (:func:`~explainers.timing.estimate_seconds`, :func:`~explainers.timing.generation_seconds`), so a correction
-is one factor: a :class:`ServedSpeed` keeps, per *kind* of work (a method's name, ``predict``, ``generate``), the
-ratios ``actual / estimate`` of the last :data:`WINDOW` batches (each estimated at the probe's speed, the sum of its
+is one factor: a :class:`ServedSpeed` keeps, per *kind* of work (a method with its options, ``predict``,
+``generate``), the ratios ``actual / estimate`` of the last :data:`WINDOW` batches (each estimated at the probe's speed, the sum of its
 rows' estimates, as the batch ran, beside whatever else shared the machine) with the length of their longest row, and
 scales the probe by :data:`HEADROOM` times the upper quartile (:data:`QUANTILE`) of the ratios of batches of a
 similar length (within a factor :data:`LENGTH_BAND`): the cost model's fixed costs make the ratio grow with the
 length, so a row longer than every batch served takes the longest batches' ratio grown in proportion to its length,
-and a shorter one the ratio of the longer batches. A kind not served yet takes the ratios of every kind; before any
-batch the probe is used as measured (its :data:`~explainers.timing.SAFETY` factor included), and a row refused over the
+and a shorter one the ratio of the longer batches. A kind is a method with its options (:func:`work_kind`), so that
+``integrated_gradients`` at 1,024 steps is not estimated from batches at 16. A kind not served yet is estimated at the
+probe, raised (never lowered) by the ratios of every kind: batches of cheap work do not make an expensive request
+look cheap, a machine slower than its probe slows every estimate; before any batch the probe is used as measured
+(its :data:`~explainers.timing.SAFETY` factor included). A row of a kind no batch corrected that is refused over the
 budget alone has the model probed again (:meth:`ServedSpeed.recheck`, at most every :data:`REPROBE_S`). A batch's
 work is recorded in a :class:`BatchLedger`: the speed each kind was admitted at, and its estimated seconds;
 :meth:`BatchLedger.settle` hands the batch's actual seconds to the served speed.
@@ -98,24 +101,37 @@ class ServedSpeed:
         self._ratios: dict[str, deque[tuple[float, int]]] = {}
         self._lock = threading.Lock()
 
-    def recheck(self) -> bool:
-        """Probe the model again when a row was refused over the budget alone and no served batch has corrected the
-        probe yet (a probe measured while the machine was busy would else refuse such rows for the model's life),
-        at most once per ``reprobe_s``; the faster of the two probes is kept.
+    def recheck(self, kind: str = ANY_KIND) -> bool:
+        """Probe the model again when a row of ``kind`` was refused over the budget alone and no served batch of that
+        kind corrected the probe (a probe measured while the machine was busy would else refuse such rows for the
+        model's life), at most once per ``reprobe_s``; the faster of the two probes is kept, and the kept ratios are
+        restated against it.
+
+        Args:
+            kind: the refused row's kind of work.
 
         Returns:
             Whether the probe changed (the refused row may be estimated again).
         """
-        if self._measure is None or not self.learns or self.batches:
+        if self._measure is None or not self.learns:
             return False
+        with self._lock:
+            if self._ratios.get(kind):
+                return False
         now = time.monotonic()
         if now - self._probed < self._reprobe_s:
             return False
         self._probed = now
         fresh = self._measure()
-        if fresh.forward_seconds(COMPARED_LENGTH) >= self.probe.forward_seconds(COMPARED_LENGTH):
+        change = fresh.forward_seconds(COMPARED_LENGTH) / self.probe.forward_seconds(COMPARED_LENGTH)
+        if change >= 1.0:
             return False
-        self.probe = fresh
+        with self._lock:
+            self.probe = fresh
+            for seen in self._ratios.values():  # a ratio is actual / estimate: the estimates shrank by ``change``
+                restated = [(ratio / change, length) for ratio, length in seen]
+                seen.clear()
+                seen.extend(restated)
         return True
 
     @property
@@ -133,10 +149,12 @@ class ServedSpeed:
             length: the row's tokens (0: any length, every kept batch counts).
         """
         with self._lock:
-            seen = self._ratios.get(kind) or self._ratios.get(ANY_KIND)
-            if not seen:
+            own, every = self._ratios.get(kind), self._ratios.get(ANY_KIND)
+            if own:
+                return self.headroom * _ratio_at(list(own), length)
+            if not every:
                 return 1.0
-            return self.headroom * _ratio_at(list(seen), length)
+            return max(1.0, self.headroom * _ratio_at(list(every), length))
 
     def speed(self, kind: str, length: int = 0) -> ModelSpeed:
         """The probe, corrected for ``kind`` of work at ``length`` tokens (:meth:`factor`).
@@ -226,6 +244,18 @@ class BatchLedger:
     def settle(self, actual_s: float) -> None:
         """The batch ran in ``actual_s`` seconds: hand it to the served speed (:meth:`ServedSpeed.observe`)."""
         self.served.observe(dict(self._work), actual_s, dict(self._lengths))
+
+
+def work_kind(method: str, options: Mapping[str, object]) -> str:
+    """The kind of work of a row explained with ``method`` at ``options``, e.g.
+    ``integrated_gradients internal_batch_size=64 n_steps=50``.
+
+    Args:
+        method: the method's name.
+        options: its options as resolved (defaults filled in), so that a request naming the defaults is of the same
+            kind as one that leaves them out.
+    """
+    return " ".join([method, *(f"{name}={value}" for name, value in sorted(options.items()))])
 
 
 def scaled(speed: ModelSpeed, factor: float) -> ModelSpeed:

@@ -13,7 +13,16 @@ import pytest
 import torch
 
 from explain_client.protos import explain_messages
-from explainers import ModelSpeed, ServedSpeed, TimeBudgetError, estimate_seconds, generation_seconds, get_method
+from explainers import (
+    ModelSpeed,
+    ServedSpeed,
+    TimeBudgetError,
+    describe,
+    estimate_seconds,
+    generation_seconds,
+    get_method,
+    work_kind,
+)
 from explainers.served_speed import ANY_KIND, HEADROOM, WINDOW, scaled
 from explainers.timing import check_time_budget
 from serving_core.config import HandlerConfig
@@ -38,7 +47,7 @@ def test_the_probe_is_scaled_by_the_recent_ratio_of_actual_to_estimated_seconds(
     assert served.factor("attnlrp") == 1.0 and served.speed("attnlrp") is SPEED and served.batches == 0
     served.observe({"attnlrp": 10.0}, 0.5)  # the probe said 10 s, the batch took 0.5 s
     assert served.factor("attnlrp") == pytest.approx(HEADROOM * 0.05)
-    assert served.factor("rollout") == pytest.approx(HEADROOM * 0.05)  # a kind not served yet: every kind's ratio
+    assert served.factor("rollout") == 1.0  # a kind not served yet: the probe, which faster batches do not lower
     corrected, factor = served.speed("attnlrp"), HEADROOM * 0.05
     assert corrected.call == pytest.approx(SPEED.call * factor) and corrected.step == pytest.approx(SPEED.step * factor)
     assert estimate_seconds(corrected, "attnlrp", 20, {}) == pytest.approx(
@@ -48,7 +57,7 @@ def test_the_probe_is_scaled_by_the_recent_ratio_of_actual_to_estimated_seconds(
     served.observe({"predict": 1.0, "rollout": 3.0}, 3.0)
     assert served.factor("rollout") == pytest.approx(HEADROOM * 0.75)
     assert served.factor("attnlrp") == pytest.approx(HEADROOM * 0.05)
-    assert served.factor("predict") == served.factor(ANY_KIND) > served.factor("attnlrp")
+    assert served.factor("predict") == served.factor(ANY_KIND) > 1.0  # slower batches raise it
     # the older batches are forgotten: a machine that became slow is followed
     for _ in range(WINDOW):
         served.observe({"attnlrp": 1.0}, 2.0)
@@ -99,6 +108,9 @@ def test_a_probe_no_batch_corrected_is_measured_again_and_the_faster_kept() -> N
     corrected = ServedSpeed(SPEED, measure=measure, reprobe_s=0.0)
     corrected.observe({"attnlrp": 1.0}, 0.1)
     assert not corrected.recheck()  # served batches correct it: no probe needed
+    assert not corrected.recheck("attnlrp")
+    assert corrected.recheck("rollout") and corrected.probe is fast  # a kind no batch corrected: probed again
+    assert corrected.factor("attnlrp") == pytest.approx(HEADROOM * 1.0)  # 0.1 of the old probe is 1.0 of the new
 
 
 # ---- a classifier ---------------------------------------------------------------------------------------------------
@@ -140,7 +152,8 @@ def test_a_slow_start_up_probe_is_corrected_by_the_batches_a_classifier_serves(c
             assert all("the batch it joined already needs" in message for message in messages)
     assert refused[0] == 4  # the probe's 6.3 s a row: four rows fill the 30 s budget
     assert refused[1:] == [0] * 5  # once a batch is served, its actual time corrects the estimate
-    assert classifier.served.batches >= 5 and classifier.served.factor("attnlrp") < 0.5
+    kind = work_kind("attnlrp", get_method("attnlrp").resolve_options({}, describe(classifier.model)))
+    assert classifier.served.batches >= 5 and classifier.served.factor(kind) < 0.5
 
 
 def test_a_row_over_the_budget_alone_has_a_stale_probe_measured_again(classifier: ExplanationService) -> None:
@@ -185,7 +198,8 @@ def test_a_slow_start_up_probe_is_corrected_by_the_batches_a_causal_lm_serves(wr
         refused.append(codes.count("over_time_budget"))
         assert all(answer["explanation"]["steps"] == [0] for answer in answers if "error" not in answer)
     assert refused[0] == 3 and refused[1:] == [0] * 4
-    assert writer.served.factor("generate") < 0.5 and writer.served.factor("attnlrp") < 0.5
+    kind = work_kind("attnlrp", get_method("attnlrp").resolve_options({}, writer.arch))
+    assert writer.served.factor("generate") < 0.5 and writer.served.factor(kind) < 0.5
 
 
 def test_a_plain_answer_over_the_budget_alone_has_a_stale_probe_measured_again(writer: GenerationService) -> None:

@@ -39,6 +39,7 @@ from explainers import (
     generation_seconds,
     get_method,
     prediction_seconds,
+    work_kind,
 )
 
 from ..errors import from_explain_error
@@ -99,9 +100,17 @@ class Admission:
         try:
             return self.estimate(item, admitted_s)
         except TimeBudgetError as error:
-            if error.beside or self.served is None or not self.served.recheck():
+            if error.beside or self.served is None or not self.served.recheck(self.kind(item)):
                 raise
             return self.estimate(item, admitted_s)
+
+    def kind(self, item: Prepared) -> str:
+        """The kind of work that decides a row's admission: its method with its options, or the writing."""
+        ask = item.row.ask
+        if ask is None:
+            return ServedSpeed.GENERATE
+        method = get_method(ask.method)
+        return work_kind(method.name, method.resolve_options(ask.options, self.arch))
 
     def estimate(self, item: Prepared, admitted_s: float) -> float:
         """A row's estimated seconds (0 without a budget): writing its tokens, then explaining its targets (at their
@@ -144,8 +153,8 @@ class Admission:
 
         def check(targets: int) -> float:
             return check_time_budget(
-                explaining.speed(method.name, length), method, length, options, budget, self.alternatives,
-                admitted_s, targets=targets, generate_s=writing,
+                explaining.speed(work_kind(method.name, options), length), method, length, options, budget,
+                self.alternatives, admitted_s, targets=targets, generate_s=writing,
             )  # fmt: skip
 
         try:
@@ -202,11 +211,12 @@ class Admission:
             return
         chosen = get_method(ask.method)
         resolved = chosen.resolve_options(ask.options, self.arch)
-        speed = explaining.speed(chosen.name, length)
+        kind = work_kind(chosen.name, resolved)
+        speed = explaining.speed(kind, length)
         seconds = check_explanation_budget(
             speed, chosen, length, resolved, budget, self.spent, targets, what, self.alternatives
         )
-        explaining.add(chosen.name, seconds, length)
+        explaining.add(kind, seconds, length)
         self.spent += seconds
 
     def explained(self, seconds: float) -> None:

@@ -51,6 +51,7 @@ from explainers import (
     prediction_seconds,
     supported_methods,
     unit_scores,
+    work_kind,
 )
 
 from ..config import HandlerConfig
@@ -346,6 +347,7 @@ class _Admission:
         assert key.method is not None
         method = get_method(key.method)
         options = dict(key.options)
+        kind = work_kind(method.name, options)
         deadline = key.deadline
         unsure: list[int] = []
         for index in indices:
@@ -354,13 +356,13 @@ class _Admission:
             length = len(item.offsets)
             try:
                 seconds = check_time_budget(
-                    ledger.speed(method.name, length), method, length, options, budget, (), self.seconds, targets=bound
+                    ledger.speed(kind, length), method, length, options, budget, (), self.seconds, targets=bound
                 )
             except TimeBudgetError:
                 unsure.append(index)
                 continue
             self.seconds += seconds
-            ledger.add(method.name, seconds, length)
+            ledger.add(kind, seconds, length)
         if not unsure:
             return None
         if deadline is not None and deadline.passed:
@@ -373,15 +375,15 @@ class _Admission:
             targets = max(len(counted[index]), 1)
             try:
                 try:
-                    seconds = check_time_budget(ledger.speed(method.name, length), *arguments, targets=targets)
+                    seconds = check_time_budget(ledger.speed(kind, length), *arguments, targets=targets)
                 except TimeBudgetError as error:  # over the budget alone: a probe no batch corrected may be stale
-                    if error.beside or service.served is None or not service.served.recheck():
+                    if error.beside or service.served is None or not service.served.recheck(kind):
                         raise
-                    seconds = check_time_budget(ledger.speed(method.name, length), *arguments, targets=targets)
+                    seconds = check_time_budget(ledger.speed(kind, length), *arguments, targets=targets)
             except TimeBudgetError as error:
                 outcomes[index].error = from_explain_error(error)
                 outcomes[index].method = method.name
                 continue
             self.seconds += seconds
-            ledger.add(method.name, seconds, length)
+            ledger.add(kind, seconds, length)
         return counted
