@@ -2,22 +2,22 @@
 (:meth:`~explainers.timing.ModelSpeed.measure`) corrected by the ratio of each served batch's actual seconds to its
 estimate.
 
-A probe is a few forwards at one moment: measured while other models load, it can be many times too slow, and on a
-quiet moment before the machine fills up, too fast. Every estimate the cost model makes is linear in the speed's
-times (:func:`~explainers.timing.estimate_seconds`, :func:`~explainers.timing.generation_seconds`), so a correction
-is one factor: a :class:`ServedSpeed` keeps, per *kind* of work (a method with its options, ``predict``,
-``generate``), the ratios ``actual / estimate`` of the last :data:`WINDOW` batches (each estimated at the probe's speed, the sum of its
+A probe is a few forwards at one moment: measured while other models load, it can be many times too slow, and on a quiet
+moment before the machine fills up, too fast. Every estimate the cost model makes is linear in the speed's times
+(:func:`~explainers.timing.estimate_seconds`, :func:`~explainers.timing.generation_seconds`), so a correction is one
+factor: a :class:`ServedSpeed` keeps, per *kind* of work (a method with its options, ``predict``, ``generate``), the
+ratios ``actual / estimate`` of the last :data:`WINDOW` batches (each estimated at the probe's speed, the sum of its
 rows' estimates, as the batch ran, beside whatever else shared the machine) with the length of their longest row, and
-scales the probe by :data:`HEADROOM` times the upper quartile (:data:`QUANTILE`) of the ratios of batches of a
-similar length (within a factor :data:`LENGTH_BAND`): the cost model's fixed costs make the ratio grow with the
-length, so a row longer than every batch served takes the longest batches' ratio grown in proportion to its length,
-and a shorter one the ratio of the longer batches. A kind is a method with its options (:func:`work_kind`), so that
-``integrated_gradients`` at 1,024 steps is not estimated from batches at 16. A kind not served yet is estimated at the
-probe, raised (never lowered) by the ratios of every kind: batches of cheap work do not make an expensive request
-look cheap, a machine slower than its probe slows every estimate; before any batch the probe is used as measured
-(its :data:`~explainers.timing.SAFETY` factor included). A row of a kind no batch corrected that is refused over the
-budget alone has the model probed again (:meth:`ServedSpeed.recheck`, at most every :data:`REPROBE_S`). A batch's
-work is recorded in a :class:`BatchLedger`: the speed each kind was admitted at, and its estimated seconds;
+scales the probe by :data:`HEADROOM` times the upper quartile (:data:`QUANTILE`) of the ratios of batches of a similar
+length (within a factor :data:`LENGTH_BAND`): the cost model's fixed costs make the ratio grow with the length, so a row
+longer than every batch served takes the longest batches' ratio grown in proportion to its length, and a shorter one the
+ratio of the longer batches. A kind is a method with its options (:func:`work_kind`), so that ``integrated_gradients``
+at 1,024 steps is not estimated from batches at 16. A kind not served yet is estimated at the probe, raised (never
+lowered) by the ratios of every kind: batches of cheap work do not make an expensive request look cheap, a machine
+slower than its probe slows every estimate; before any batch the probe is used as measured (its
+:data:`~explainers.timing.SAFETY` factor included). A row of a kind no batch corrected that is refused over the budget
+alone has the model probed again (:meth:`ServedSpeed.recheck`, at most every :data:`REPROBE_S`). A batch's work is
+recorded in a :class:`BatchLedger`: the speed each kind was admitted at, and its estimated seconds;
 :meth:`BatchLedger.settle` hands the batch's actual seconds to the served speed.
 
 The estimates after correction are about :data:`HEADROOM` times the recent actual time of the same kind of work
