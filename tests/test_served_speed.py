@@ -170,6 +170,40 @@ def test_a_row_over_the_budget_alone_has_a_stale_probe_measured_again(classifier
     assert classifier.served.probe.call < slow.call and classifier.served.batches == 1
 
 
+# ---- a token classifier --------------------------------------------------------------------------------------------
+
+ENTITIES_TEXT = "a slow rude waiter served cold food to john smith in london and paris"
+
+
+def test_a_slow_start_up_probe_is_corrected_by_the_batches_a_token_classifier_serves(
+    tmp_path: Path,
+) -> None:
+    from serving_core.tasks.token_service import TokenClassificationService
+
+    folder = checkpoints.token_classifier(tmp_path / "ner")
+    config = HandlerConfig(
+        task="token_classification", labels=tuple(checkpoints.ENTITY_TAGS), max_length=32, time_budget_s=30.0
+    )
+    service = TokenClassificationService(config, folder, torch.device("cpu"))
+    probe = service.speed
+    assert probe is not None
+    encoded = service._encode(ENTITIES_TEXT)
+    bound = sum(not flag for flag in encoded.special)  # one entity per real token, at most
+    each = estimate_seconds(probe, "attnlrp", len(encoded.offsets), {}, targets=bound)
+    service.served = ServedSpeed(scaled(probe, 14.0 / each))  # each row "needs about 14 s" at its bound
+    body = {"text": ENTITIES_TEXT, "explain": {"method": "attnlrp"}}
+    refused = []
+    for _ in range(4):
+        rows: list[DecodedRow | RowError] = [
+            decode_row({"body": json.dumps(body).encode()}, False, config) for _ in range(6)
+        ]
+        outcomes = service.run(rows, [Encoding.JSON] * 6)[0]
+        codes = [outcome.error.code if outcome.error else None for outcome in outcomes]
+        assert set(codes) <= {None, "over_time_budget"}
+        refused.append(codes.count("over_time_budget"))
+    assert refused[0] > 0 and refused[1:] == [0, 0, 0]
+
+
 # ---- a causal LM ----------------------------------------------------------------------------------------------------
 
 
