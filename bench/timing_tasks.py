@@ -15,13 +15,14 @@ The report gives ``actual / estimate`` per case, and per model its median and ma
 batches it serves (``served_ratio``: each case's repeats estimated at a :class:`explainers.ServedSpeed` that every
 run before it, of every case of the model, corrected; a case's worst repeat).
 
-**Slow probe** (``--slow-probe 8``, the default; 0 leaves it out): the speed a server corrects by the batches it
-serves (:class:`explainers.ServedSpeed`) starting from a probe made that many times too slow on purpose (as a probe
-measured while other models load is), for a sentiment classifier (``explain_batch`` of ``--rows`` 17-token rows, as
-the issue's concurrency run), the token classifier and the causal LM (``--rows`` rows each): ``--batches`` batches
-served one after the other, each estimated at the served speed of that moment (the sum of its rows' estimates) and
-then handed its actual time. The report gives each batch's ``actual / estimate``: the first at the slow probe, the
-following ones corrected; the summary's median and maximum leave out the first ``--settle`` batches.
+**Slow probe** (``--slow-probe 8``, the default; 0 leaves it out): the speed a server corrects by the batches it serves
+(:class:`explainers.ServedSpeed`) starting from a probe made that many times too slow on purpose (as a probe measured
+while other models load is), for a sentiment classifier (``explain_batch`` of ``--rows`` 17-token rows, as the issue's
+concurrency run), the token classifier and the causal LM (``--rows`` rows each): ``--batches`` batches served one after
+the other, each estimated at the served speed of that moment (the sum of its rows' estimates) and then handed its actual
+time (a causal LM's writing and its explanation each, as the service hands them). The report gives each batch's
+``actual / estimate``: the first at the slow probe, the following ones corrected; the summary's median and maximum leave
+out the first ``--settle`` batches.
 
 ``--models default`` uses ``model_store/build/sentiment``, ``model_store/build/entities`` and
 ``model_store/build/writer`` (``make models``, ``make writer``); ``tiny`` builds tiny ones from configs.
@@ -53,8 +54,10 @@ from explainers import (
     describe,
     estimate_seconds,
     explain_batch,
+    explain_continuation,
     explain_generation,
     explain_tokens,
+    generate_continuation,
     get_method,
     predict_tokens,
     supported_methods,
@@ -195,7 +198,7 @@ def slow_probe_cases(
     arch = describe(model)
     method = "attnlrp"
     resolved = get_method(method).resolve_options({}, arch)
-    kind = work_kind(method, resolved)
+    work = work_kind(method, resolved)
     longest = 64 + 8 if kind == "writer" else 128
     served = ServedSpeed(scaled(ModelSpeed.measure(model, arch, longest), slowdown))
     cases = []
@@ -204,7 +207,7 @@ def slow_probe_cases(
         if kind == "sentiment":
             inputs = dict(tokenizer([_text(15)] * rows, return_tensors="pt", padding=True))
             length = int(inputs["input_ids"].shape[1])
-            estimate = rows * estimate_seconds(ledger.speed(kind, length), method, length, resolved)
+            estimate = rows * estimate_seconds(ledger.speed(work, length), method, length, resolved)
             requests = [RowRequest(method)] * rows
             started = time.perf_counter()
             explain_batch(model, inputs, requests, time_budget_s=1e9, speed=served)  # settles its own ledger
@@ -213,27 +216,33 @@ def slow_probe_cases(
             inputs = dict(tokenizer([_text(40)] * rows, return_tensors="pt", return_special_tokens_mask=True))
             length = int(inputs["input_ids"].shape[1])
             targets = [max(len(spans), 1) for spans in predict_tokens(model, inputs).spans]
-            speed = ledger.speed(kind, length)
+            speed = ledger.speed(work, length)
             estimate = sum(estimate_seconds(speed, method, length, resolved, targets=t) for t in targets)
-            ledger.add(kind, estimate, length)
+            ledger.add(work, estimate, length)
             started = time.perf_counter()
             explain_tokens(model, inputs, method=method)
             actual = time.perf_counter() - started
             ledger.settle(actual)
-        else:
+        else:  # as the service does: the writing, then the explanation of what was written, each settled
             new = 8
             inputs = dict(tokenizer([_text(16)] * rows, return_tensors="pt"))
             prompt = int(inputs["input_ids"].shape[1])
             length = prompt + new
             writing = rows * generation_seconds(ledger.speed(ServedSpeed.GENERATE, length), prompt, new)
-            explaining = rows * estimate_seconds(ledger.speed(kind, length), method, length, resolved, targets=new)
             ledger.add(ServedSpeed.GENERATE, writing, length)
-            ledger.add(kind, explaining, length)
-            estimate = writing + explaining
             started = time.perf_counter()
-            explain_generation(model, inputs, method=method, max_new_tokens=new)
-            actual = time.perf_counter() - started
-            ledger.settle(actual)
+            made = generate_continuation(model, inputs, new)
+            written = time.perf_counter() - started
+            ledger.settle(written)
+            explaining_ledger = served.ledger()
+            speed = explaining_ledger.speed(work, length)
+            explaining = rows * estimate_seconds(speed, method, length, resolved, targets=new)
+            explaining_ledger.add(work, explaining, length)
+            started = time.perf_counter()
+            explain_continuation(model, made, method=method)
+            explained = time.perf_counter() - started
+            explaining_ledger.settle(explained)
+            estimate, actual = writing + explaining, written + explained
         cases.append({"batch": number, "rows": rows, "estimate_s": round(estimate, 4), "actual_s": round(actual, 4),
                       "ratio": round(actual / estimate, 3)})  # fmt: skip
     return cases
