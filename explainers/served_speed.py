@@ -10,8 +10,9 @@ ratios ``actual / estimate`` of the last :data:`WINDOW` batches (each estimated 
 rows' estimates, as the batch ran, beside whatever else shared the machine) with the length of their longest row, and
 scales the probe by :data:`HEADROOM` times the upper quartile (:data:`QUANTILE`) of the ratios of batches of a similar
 length (within a factor :data:`LENGTH_BAND`): the cost model's fixed costs make the ratio grow with the length, so a row
-longer than every batch served takes the longest batches' ratio grown in proportion to its length, and a shorter one the
-ratio of the longer batches. A kind is a method with its options (:func:`work_kind`), so that ``integrated_gradients``
+longer than every batch served takes the longest batches' ratio grown with the square of its length (attention's cost),
+up to the probe's own estimate unless those batches found the probe too fast, and a shorter one the ratio of the longer
+batches. A kind is a method with its options (:func:`work_kind`), so that ``integrated_gradients``
 at 1,024 steps is not estimated from batches at 16. A kind not served yet is estimated at the probe, raised (never
 lowered) by the ratios of every kind: batches of cheap work do not make an expensive request look cheap, a machine
 slower than its probe slows every estimate; before any batch the probe is used as measured (its
@@ -151,10 +152,10 @@ class ServedSpeed:
         with self._lock:
             own, every = self._ratios.get(kind), self._ratios.get(ANY_KIND)
             if own:
-                return self.headroom * _ratio_at(list(own), length)
+                return self.headroom * _ratio_at(list(own), length, self.headroom)
             if not every:
                 return 1.0
-            return max(1.0, self.headroom * _ratio_at(list(every), length))
+            return max(1.0, self.headroom * _ratio_at(list(every), length, self.headroom))
 
     def speed(self, kind: str, length: int = 0) -> ModelSpeed:
         """The probe, corrected for ``kind`` of work at ``length`` tokens (:meth:`factor`).
@@ -268,9 +269,10 @@ def scaled(speed: ModelSpeed, factor: float) -> ModelSpeed:
     )  # fmt: skip
 
 
-def _ratio_at(seen: list[tuple[float, int]], length: int) -> float:
+def _ratio_at(seen: list[tuple[float, int]], length: int, headroom: float) -> float:
     """The ratio ``actual / estimate`` for a row of ``length`` tokens from the kept ``(ratio, longest row)`` of
-    served batches (module docstring)."""
+    served batches (module docstring); beyond the longest batch, grown with the square of the length (attention's
+    cost), up to the probe's own estimate unless the batches found the probe too fast."""
     if length <= 0:
         return _quantile([ratio for ratio, _ in seen], QUANTILE)
     near = [ratio for ratio, longest in seen if longest <= 0 or length / LENGTH_BAND <= longest <= length * LENGTH_BAND]
@@ -280,8 +282,8 @@ def _ratio_at(seen: list[tuple[float, int]], length: int) -> float:
     if longer:  # the longer batches' ratio errs high for a shorter row
         return _quantile(longer, QUANTILE)
     top = max(longest for _, longest in seen)
-    nearest = [ratio for ratio, longest in seen if longest * LENGTH_BAND >= top]
-    return _quantile(nearest, QUANTILE) * length / top  # longer than every batch: its ratio grown with its length
+    nearest = _quantile([ratio for ratio, longest in seen if longest * LENGTH_BAND >= top], QUANTILE)
+    return min(nearest * (length / top) ** 2, max(nearest, 1.0 / headroom))
 
 
 def _quantile(values: list[float], quantile: float) -> float:

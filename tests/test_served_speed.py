@@ -70,12 +70,13 @@ def test_the_probe_is_scaled_by_the_recent_ratio_of_actual_to_estimated_seconds(
 def test_the_ratio_follows_batches_of_the_rows_length() -> None:
     served = ServedSpeed(SPEED)
     served.observe({"attnlrp": 1.0}, 0.1, {"attnlrp": 20})
-    served.observe({"attnlrp": 1.0}, 0.4, {"attnlrp": 200})
+    served.observe({"attnlrp": 1.0}, 0.04, {"attnlrp": 200})
     assert served.factor("attnlrp", 25) == pytest.approx(HEADROOM * 0.1)  # the batch of 20 tokens
-    assert served.factor("attnlrp", 150) == pytest.approx(HEADROOM * 0.4)  # the batch of 200 tokens
-    assert served.factor("attnlrp", 5) == pytest.approx(HEADROOM * (0.1 + 0.75 * 0.3))  # longer ones: err high
-    assert served.factor("attnlrp", 800) == pytest.approx(HEADROOM * 0.4 * 4)  # grown with the length beyond
-    assert served.factor("attnlrp") == pytest.approx(HEADROOM * (0.1 + 0.75 * 0.3))  # any length: every batch
+    assert served.factor("attnlrp", 150) == pytest.approx(HEADROOM * 0.04)  # the batch of 200 tokens
+    assert served.factor("attnlrp", 5) == pytest.approx(HEADROOM * (0.04 + 0.75 * 0.06))  # longer ones
+    assert served.factor("attnlrp", 600) == pytest.approx(HEADROOM * 0.04 * 9)  # grown with the length beyond...
+    assert served.factor("attnlrp", 4000) == pytest.approx(1.0)  # ... up to the probe's own estimate
+    assert served.factor("attnlrp") == pytest.approx(HEADROOM * (0.04 + 0.75 * 0.06))  # any length: every batch
 
 
 def test_a_ledger_records_the_batch_in_the_probes_terms() -> None:
