@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from explain_client.generation import Generation
 from explain_client.protos import explain_messages
 from explainers import (
     ModelSpeed,
@@ -272,6 +273,9 @@ def test_an_answer_whose_explanation_does_not_fit_is_served_with_its_text(writer
     assert error["http_status"] == 413 and "the answer is written, but explaining its 8 steps" in error["message"]
     assert "explaining at most " in error["message"] and "of them fits" in error["message"]
     assert not any(step.get("scores") for step in answer["steps"])
+    parsed = Generation.from_dict(answer)  # the client reads the answer and why it has no explanation
+    assert parsed.text == answer["text"] and parsed.method == "attnlrp" and parsed.explanation_error is not None
+    assert parsed.explanation_error.code == "over_time_budget" and parsed.to_dict()["explanation"]["error"] == error
     # the steps asked for that do fit are explained as they would be alone
     fitting = {**plain, "explain": {"method": "attnlrp", "steps": [0, 1]}}
     served = serve_rows(writer, writer.config, [fitting])[0]
@@ -284,6 +288,8 @@ def test_an_answer_whose_explanation_does_not_fit_is_served_with_its_text(writer
     proto = serve_rows(writer, writer.config, [message.SerializeToString()])[0]["protobuf"]
     assert not proto.error.code and proto.generation.text == answers[1]["text"]
     assert proto.generation.explanation_error.code == "over_time_budget" and proto.generation.method == "attnlrp"
+    from_proto = Generation.from_protobuf(proto)
+    assert from_proto.explanation_error is not None and from_proto.explanation_error.http_status == 413
     # over the budget even for one target: refused at once, before anything is written
     writer.config = HandlerConfig(**{**writer.config.__dict__, "time_budget_s": writing + one * 0.5})
     refused = serve_rows(writer, writer.config, [explained])[0]
