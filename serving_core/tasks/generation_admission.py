@@ -140,7 +140,6 @@ class Admission:
         if ask is None:
             if item.continuation_ids is None:
                 writing = check_generation_budget(speed, prompt, new_tokens, budget, admitted_s)
-            writing_ledger.add(ServedSpeed.GENERATE, writing, length)
             return writing
         method = get_method(ask.method)
         options = method.resolve_options(ask.options, self.arch)
@@ -158,20 +157,15 @@ class Admission:
             )  # fmt: skip
 
         try:
-            seconds = check(bound)
-        except TimeBudgetError:
+            return check(bound)
+        except TimeBudgetError as error:
             if bound == 1 or item.continuation_ids is not None:
                 raise  # the targets of a given continuation are known now: no less to hope for
-            try:
-                seconds = check(1)
-            except TimeBudgetError:
-                pass
-            else:
-                writing_ledger.add(ServedSpeed.GENERATE, writing, length)
-                return seconds
-            raise
-        writing_ledger.add(ServedSpeed.GENERATE, writing, length)
-        return seconds
+            refusal = error
+        try:
+            return check(1)  # the least its explanation can cost; admitted again once the answer is written
+        except TimeBudgetError:
+            raise refusal from None
 
     def written(self, prepared: Sequence[Prepared], made: Continuation, seconds: float) -> None:
         """The batch's answers were written in ``seconds``: counted against the budget of its explanations, and a
