@@ -52,7 +52,7 @@ ANY_KIND = "*"
 PREDICT = "predict"
 #: The kind of a causal LM's writing of its answer.
 GENERATE = "generate"
-#: Seconds between two probes of a model no batch has corrected yet (:meth:`ServedSpeed.recheck`).
+#: Seconds between two probes for a kind of work no batch has corrected yet (:meth:`ServedSpeed.recheck`).
 REPROBE_S = 30.0
 #: The length two probes are compared at (the faster is kept).
 COMPARED_LENGTH = 64
