@@ -351,6 +351,9 @@ class Generation:
         sentences: the answer's sentences, each explained with its cited documents (``explain`` with documents, or
             ``steps="sentences"``).
         span: the span of the answer asked for, explained.
+        explanation_error: why the answer is served without the explanation asked for (``over_time_budget``: the
+            explanation of the written answer's actual sentences or steps does not fit what the writing left of the
+            model's time budget; its message says what fits); ``None`` otherwise.
     """
 
     text: str
@@ -372,6 +375,7 @@ class Generation:
     context: tuple[ContextUnit, ...] | None = None
     sentences: tuple[AnswerSpan, ...] | None = None
     span: AnswerSpan | None = None
+    explanation_error: ServiceError | None = field(default=None, compare=False)
 
     def context_units(self, count: int) -> list[str]:
         """The texts of the first ``count`` context units (a step's, a sentence's scores are over them): the
@@ -410,6 +414,7 @@ class Generation:
             for step in document.get("steps", [])
         )
         explanation = document.get("explanation") or {}
+        refused = explanation.get("error")
         summed = explanation.get("sum")
         context = explanation.get("context")
         sentences = explanation.get("sentences")
@@ -434,7 +439,11 @@ class Generation:
             context=tuple(ContextUnit.from_dict(unit) for unit in context) if context is not None else None,
             sentences=tuple(AnswerSpan.from_dict(item) for item in sentences) if sentences is not None else None,
             span=AnswerSpan.from_dict(explanation["span"]) if explanation.get("span") else None,
-        )
+            explanation_error=None if not isinstance(refused, Mapping) else ServiceError(
+                str(refused.get("code", "internal")), str(refused.get("message", "")), refused.get("http_status"),
+                refused.get("grpc_code"),
+            ),
+        )  # fmt: skip
 
     @classmethod
     def from_protobuf(cls, response: Any) -> Generation:
@@ -479,6 +488,7 @@ class Generation:
                 else None
             ),
             span=AnswerSpan.from_protobuf(result.span, bool(result.documents)) if result.HasField("span") else None,
+            explanation_error=_proto_error(result.explanation_error) if result.HasField("explanation_error") else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -497,7 +507,9 @@ class Generation:
             "prompt_tokens": list(self.prompt_tokens), "prompt_special_tokens": list(self.prompt_special_tokens),
             "steps": steps,
         }  # fmt: skip
-        if self.method is not None:
+        if self.method is not None and self.explanation_error is not None:
+            document["explanation"] = {"method": self.method, "error": self.explanation_error.to_dict()}
+        elif self.method is not None:
             explanation: dict[str, Any] = {"method": self.method, "options": dict(self.options)}
             if self.summed is not None:
                 explanation["sum"] = {
@@ -523,3 +535,8 @@ class Generation:
             document["documents"] = [part.to_dict() for part in self.documents]
             document["documents_placement"] = self.documents_placement
         return document
+
+
+def _proto_error(error: Any) -> ServiceError:
+    """A protobuf ``Error`` as a :class:`ServiceError`."""
+    return ServiceError(error.code, error.message, int(error.http_status) or None, error.grpc_code or None)

@@ -19,8 +19,9 @@ This module is the public surface; the names below are all a caller needs.
 - Serving a batch of any head: :func:`group_rows` groups its rows by what can share a forward and a backward (a
   :class:`GroupKey` per row); the decoding loop :func:`generate_continuation` (a :class:`Continuation`, with
   :class:`GenerationSettings` per row and :class:`StepLogprobs`), :func:`explain_continuation` for a continuation's
-  steps; the time estimates :func:`check_time_budget`, :func:`check_generation_budget`, :func:`generation_seconds`,
-  :func:`prediction_seconds`.
+  steps; the time estimates :func:`check_time_budget`, :func:`check_generation_budget`,
+  :func:`check_explanation_budget`, :func:`generation_seconds`, :func:`prediction_seconds`, and :class:`ServedSpeed`,
+  a model's speed corrected by the batches it serves.
 
 Behind it: ``plan`` (every head's batch grouping, and the classifier's passes), ``api`` and ``execution`` (the
 classifier path), ``methods`` (the registry and what each method declares), ``capture`` (the pass), ``inputs``,
@@ -79,6 +80,7 @@ from .errors import (
 from .memory import MemoryBudgetError, estimate_bytes
 from .methods.registry import Method, available_methods, get_method
 from .plan import GroupKey, RowGroup, group_rows
+from .served_speed import BatchLedger, ServedSpeed, work_kind
 from .tasks.citations import (
     Citations,
     Sentence,
@@ -116,6 +118,7 @@ from .tasks.token_classification import TokenExplanation, TokenPrediction, expla
 from .timing import (
     ModelSpeed,
     TimeBudgetError,
+    check_explanation_budget,
     check_generation_budget,
     check_time_budget,
     estimate_seconds,
@@ -153,6 +156,7 @@ __all__ = [
     "AttentionObserver",
     "Attribution",
     "BatchExplanation",
+    "BatchLedger",
     "ChatTemplateError",
     "Citations",
     "Continuation",
@@ -182,6 +186,7 @@ __all__ = [
     "RowSkipped",
     "Segment",
     "Sentence",
+    "ServedSpeed",
     "Span",
     "SpanExplanation",
     "StepLogprobs",
@@ -205,6 +210,7 @@ __all__ = [
     "capturing_attention",
     "chat_template_of",
     "check_documents",
+    "check_explanation_budget",
     "check_generation_budget",
     "check_generation_call",
     "check_messages",
@@ -251,4 +257,5 @@ __all__ = [
     "token_units",
     "unit_scores",
     "vocabulary_size",
+    "work_kind",
 ]

@@ -7,6 +7,7 @@ the plan (:mod:`explainers.execution`) and packages each row's answer.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,12 +31,13 @@ from .errors import (
     NonFiniteScoresError,
     UnsupportedModelError,
 )
-from .execution import GroupScores, Readout, execute, finish
+from .execution import Execution, GroupScores, Readout, execute, finish
 from .inputs import batch_size, full_precision, token_mask, validate_inputs
 from .memory import ModelSize, check_budget
 from .methods.registry import Method, MethodInputs, OptionValue, available_methods, get_method
 from .plan import Ask, plan_batch
-from .timing import ModelSpeed, check_time_budget, prediction_seconds
+from .served_speed import PREDICT, BatchLedger, ServedSpeed, work_kind
+from .timing import ModelSpeed, TimeBudgetError, check_time_budget, prediction_seconds
 
 
 @dataclass(frozen=True)
@@ -329,7 +331,7 @@ def explain_batch(
     *,
     memory_budget_mib: int | None = None,
     time_budget_s: float | None = None,
-    speed: ModelSpeed | None = None,
+    speed: ModelSpeed | ServedSpeed | None = None,
 ) -> BatchExplanation:
     """Predict a batch and explain each row as it asks; every row's prediction comes from one shared forward.
 
@@ -362,7 +364,10 @@ def explain_batch(
             first, then each explained row in order; a row whose estimate (at the batch's padded length) is over the
             budget alone, or over what the rows admitted before it left, is refused with
             :class:`~explainers.timing.TimeBudgetError` before any work. ``None``: no budget.
-        speed: the model's speed for the time estimate (``None``: measured on the model when a budget is given).
+        speed: the model's speed for the time estimate (``None``: measured on the model when a budget is given); a
+            :class:`~explainers.served_speed.ServedSpeed` admits each kind of row (a method, a prediction) at its
+            corrected speed and is handed the batch's actual seconds once it ran, so that a server's estimates follow
+            the batches it serves.
 
     A row's :attr:`RowRequest.deadline` that has passed on arrival refuses the row without work; one that passes
     later abandons the row's group before it is scored or between the chunks of its forwards
@@ -390,10 +395,21 @@ def explain_batch(
     padded = int(mask.shape[-1])
     measured: list[ModelSpeed] = []
     alternatives: list[str] = []
-    if budget_s is not None and any(row.method is not None for row in rows):
+    ledger = speed.ledger() if isinstance(speed, ServedSpeed) and budget_s is not None else None
+    if ledger is None and budget_s is not None and any(row.method is not None for row in rows):
+        assert not isinstance(speed, ServedSpeed)
         measured.append(_speed_of(model, arch, padded, speed))
+    if budget_s is not None and (ledger is not None or measured):
         alternatives = working_methods(arch.model_type, available_methods())
-    admitted = sum(prediction_seconds(measured[0], padded) for row in rows if row.method is None) if measured else 0.0
+
+    def speed_of(kind: str) -> ModelSpeed:
+        return ledger.speed(kind, padded) if ledger is not None else measured[0]
+
+    admitted = 0.0
+    if ledger is not None or measured:
+        admitted = sum(prediction_seconds(speed_of(PREDICT), padded) for row in rows if row.method is None)
+        if ledger is not None:
+            ledger.add(PREDICT, admitted, padded)
     num_labels = int(model_config(model).num_labels)
     for index, row in enumerate(rows):
         if row.method is None:
@@ -404,10 +420,18 @@ def explain_batch(
             within_budget(ask.method.name, 1, int(lengths[index]), ask.options)
             if ask.deadline is not None:
                 ask.deadline.check("any work")
-            if measured:
-                admitted += check_time_budget(
-                    measured[0], ask.method, padded, ask.options, budget_s, alternatives, admitted
-                )
+            if ledger is not None or measured:
+                arguments = (ask.method, padded, ask.options, budget_s, alternatives, admitted)
+                kind = work_kind(ask.method.name, ask.options)
+                try:
+                    seconds = check_time_budget(speed_of(kind), *arguments)
+                except TimeBudgetError as error:  # over the budget alone: a probe no batch corrected may be stale
+                    if error.beside or not isinstance(speed, ServedSpeed) or not speed.recheck(kind):
+                        raise
+                    seconds = check_time_budget(speed_of(kind), *arguments)
+                admitted += seconds
+                if ledger is not None:
+                    ledger.add(kind, seconds, padded)
         except ExplainError as error:
             results[index] = error
             continue
@@ -421,7 +445,7 @@ def explain_batch(
 
     fused = fused_implementation(model)  # read before prepared_model switches the model
     plan = plan_batch(asks, fused, predictions=any(row.method is None for row in rows))
-    done = execute(model, arch, validated, mask, plan, resolve)
+    done = _executed(ledger, lambda: execute(model, arch, validated, mask, plan, resolve))
     for index, skipped in done.skipped.items():
         results[index] = skipped
     for scored in done.groups:
@@ -429,6 +453,15 @@ def explain_batch(
     return BatchExplanation(
         logits=done.logits, rows=results, seconds=done.seconds, pooled=arch.pooled, head_type=arch.head_type
     )
+
+
+def _executed(ledger: BatchLedger | None, run: Callable[[], Execution]) -> Execution:
+    """``run()``, its wall-clock seconds settled into ``ledger`` (when there is one)."""
+    started = time.perf_counter()
+    done = run()
+    if ledger is not None:
+        ledger.settle(time.perf_counter() - started)
+    return done
 
 
 def _ask(row: RowRequest, arch: Architecture, num_labels: int) -> tuple[Ask, int | None]:

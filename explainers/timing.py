@@ -45,10 +45,21 @@ SAFETY = 3.0
 REPEATS = 3
 #: The short length a text model's speed is measured at (besides the longest), to separate the per-call time.
 SHORT_LENGTH = 8
+#: The longest length a speed is measured at: a causal LM served at thousands of positions is probed here (a batch
+#: of its longest rows would take minutes and gigabytes at load); longer rows are estimated on the per-token line,
+#: and the batches served correct it (:class:`~explainers.served_speed.ServedSpeed`).
+LONGEST_PROBE = 512
 
 
 class TimeBudgetError(ExplainError):
-    """The explanation is estimated to take longer than the per-request time budget allows (refused before it ran)."""
+    """The explanation is estimated to take longer than the per-request time budget allows (refused before it ran).
+
+    Attributes:
+        beside: whether the row fits the budget alone and is refused only beside the rows already admitted to its
+            batch ("alone it fits: retry").
+    """
+
+    beside: bool = False
 
 
 #: Rows of the batched forward whose time gives the per-token time (:meth:`ModelSpeed.measure`).
@@ -106,7 +117,8 @@ class ModelSpeed:
         Args:
             model: the loaded model.
             arch: its description (:func:`~explainers.describe`).
-            longest: the longest input served, in tokens (a text model's ``max_length``; ignored for images).
+            longest: the longest input served, in tokens (a text model's ``max_length``; at most
+                :data:`LONGEST_PROBE` is measured; ignored for images).
             safety: the factor the measured times are multiplied by.
         """
         python = reference_job() * safety
@@ -119,7 +131,7 @@ class ModelSpeed:
             batched = _median_forward(model, {key: value.repeat(BATCH_ROWS, 1, 1, 1) for key, value in one.items()})
             token = max(batched - seconds, 0.0) / ((BATCH_ROWS - 1) * patches)
             return cls(seconds * safety, token * safety, python, arch.num_layers)
-        longest = max(int(longest), SHORT_LENGTH + 1)
+        longest = min(max(int(longest), SHORT_LENGTH + 1), LONGEST_PROBE)
         short = _median_forward(model, _probe_inputs(model, arch, SHORT_LENGTH))
         long = _probe_inputs(model, arch, longest)
         single = _median_forward(model, long)
@@ -360,19 +372,87 @@ def check_generation_budget(
     )
 
 
+def check_explanation_budget(
+    speed: ModelSpeed,
+    method: Method,
+    length: int,
+    options: Mapping[str, OptionValue],
+    budget_s: float,
+    spent_s: float,
+    targets: int,
+    what: str = "",
+    alternatives: Iterable[str] = (),
+) -> float:
+    """Admit the explanation of an answer already written (a generation row's actual sentences or steps) into what
+    ``spent_s`` seconds (the writing's actual time, the explanations admitted before it) left of ``budget_s``.
+
+    Args:
+        speed: the model's speed.
+        method: the method asked for.
+        length: the tokens of prompt and answer.
+        options: the method's options (defaults filled in).
+        budget_s: the batch's time budget in seconds.
+        spent_s: the seconds of it already spent or admitted.
+        targets: the answer's targets (at least 1).
+        what: the targets in words (``3 sentences``; default: ``{targets} targets``).
+        alternatives: methods the row may use instead (named when they fit at their defaults).
+
+    Returns:
+        The estimate in seconds.
+
+    Raises:
+        TimeBudgetError: naming the estimate, what was left and what fits: fewer targets, a smaller value of the
+            option that decides the cost, or the ``alternatives`` that fit.
+    """
+    targets = max(int(targets), 1)
+    needed = estimate_seconds(speed, method, length, options, targets=targets)
+    left = budget_s - spent_s
+    if needed <= left:
+        return needed
+    what = what or f"{targets} targets"
+    choices: list[str] = []
+    if left > 0:
+        fewer = 0
+        for count in range(targets - 1, 0, -1):
+            if estimate_seconds(speed, method, length, options, targets=count) <= left:
+                fewer = count
+                break
+        if fewer:
+            choices.append(f"explaining at most {fewer} of them fits")
+
+        def estimate(chosen: str | Method, chosen_options: Mapping[str, OptionValue]) -> float:
+            return estimate_seconds(speed, chosen, length, chosen_options, targets=targets)
+
+        hints = [f"{name} <= {value}" for name, value in _largest_fitting(estimate, method, options, left).items()]
+        if hints:
+            choices.append(f"{', '.join(hints)} fits")
+        fitting = sorted(name for name in alternatives if name != method.name and estimate(name, {}) <= left)
+        if fitting:
+            choices.append(f"methods that fit: {', '.join(fitting)}")
+    choices.append("or ask for a shorter answer (max_new_tokens)")
+    raise TimeBudgetError(
+        f"the answer is written, but explaining its {what} with method {method.name!r} ({_shown(options)}) needs "
+        f"about {needed:.1f} s for {length} tokens, and {max(left, 0.0):.1f} s of the time budget of {budget_s:.1f} s "
+        f"are left after writing ({spent_s:.1f} s spent); {'; '.join(choices)}"
+    )
+
+
 def _fits_beside(what: str, needed: float, admitted_s: float, budget_s: float | None) -> bool:
     """Whether ``needed`` seconds fit the budget beside ``admitted_s`` (``False``: over the budget alone).
 
     Raises:
-        TimeBudgetError: "alone it fits: retry", when only the rows already admitted to the batch leave no room.
+        TimeBudgetError: "alone it fits: retry" (its ``beside`` set), when only the rows already admitted to the
+            batch leave no room.
     """
     if budget_s is None or admitted_s + needed <= budget_s:
         return True
     if needed <= budget_s:
-        raise TimeBudgetError(
+        error = TimeBudgetError(
             f"{what} needs about {needed:.1f} s, and the batch it joined already needs {admitted_s:.1f} s of the "
             f"per-batch time budget of {budget_s:.1f} s; alone it fits: retry"
         )
+        error.beside = True
+        raise error
     return False
 
 

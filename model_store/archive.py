@@ -61,6 +61,8 @@ class ServingConfig:
         response_timeout_s: TorchServe ``responseTimeout`` (s); a slower batch kills the worker.
         explanation_pool: The batching keys of the model's explanation pool (``explanationPool``, read by
             :func:`doors.torchserve.config.link_store`; ``None``: no pool).
+        notes: Lines written as comments at the head of the file (why a setting is what it is: the packager's
+            ``max_length`` of a causal LM); they change nothing that is read.
     """
 
     task: str
@@ -81,6 +83,7 @@ class ServingConfig:
     response_timeout_s: int = 60
     extra_handler_keys: Mapping[str, Any] = field(default_factory=dict)
     explanation_pool: Mapping[str, int] | None = None
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Check that the task-specific keys match the task."""
@@ -126,6 +129,7 @@ class ServingConfig:
             "# Written by model_store/archive.py; maxBatchDelay in ms, responseTimeout in s.\n"
             "# TorchServe reads the top-level keys; our handler reads the `handler:` section.\n"
         )
+        header += "".join(f"# {line}\n" for note in self.notes for line in note.splitlines())
         return header + yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
 
 

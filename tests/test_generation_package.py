@@ -4,6 +4,7 @@ present or tied), packaged with the generation handler and its token bounds; eac
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,38 @@ def test_a_chat_models_template_is_packaged_and_a_chat_template_setting_serves_o
 
     with pytest.raises(PackageError, match="generation models"):
         validate(decoder(tmp_path / "classifier"), "classifier", Settings(chat_template="{{ messages }}"))
+
+
+def test_a_causal_lm_takes_prompts_as_long_as_its_positions_and_the_packager_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch
+
+    from serving_core.config import HandlerConfig
+    from serving_core.tasks.generation_service import GenerationService
+    from tests.checkpoints import WORDS
+    from tests.generation_checkpoint import serve_rows
+
+    settings = Settings(max_new_tokens=16, default_new_tokens=4)
+    with caplog.at_level(logging.INFO, logger="model_store.package.packaging"):
+        packaged = package(causal_lm(tmp_path / "lm", positions=1024), "long", tmp_path / "out", settings)
+    reason = "max_length 1008: the model's 1024 positions less max_new_tokens 16"
+    assert packaged.checkpoint.max_length == 1008 and reason in (packaged.checkpoint.max_length_reason or "")
+    assert any(reason in record.getMessage() for record in caplog.records)
+    text = (packaged.archive / "model-config.yaml").read_text()
+    assert f"# {reason}" in text  # the package's settings say why
+    config = HandlerConfig.from_model_yaml(yaml.safe_load(text))
+    assert config.max_length == 1008
+    service = GenerationService(config, packaged.archive / "model", torch.device("cpu"))
+    prompt = " ".join(WORDS[i % len(WORDS)] for i in range(300))
+    answer = serve_rows(service, config, [{"prompt": prompt, "max_new_tokens": 4}])[0]
+    assert "error" not in answer and len(answer["prompt_tokens"]) >= 300 and len(answer["steps"]) == 4
+    # a model of a million positions: what the memory budget holds of a batch's explanations applies
+    huge = validate(causal_lm(tmp_path / "huge", positions=1 << 20), "huge", settings)
+    assert huge.max_length is not None and 128 < huge.max_length < (1 << 20) - 16
+    assert "what a memory budget of 16384 MiB holds of a batch of 8 rows" in (huge.max_length_reason or "")
+    assert "pass --max-length" in (huge.max_length_reason or "")
+    given = validate(
+        causal_lm(tmp_path / "given", positions=1024), "given", Settings(max_length=200, max_new_tokens=16)
+    )
+    assert given.max_length == 200 and "as given" in (given.max_length_reason or "")

@@ -59,7 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "directory: $EXPLAIN_WORKDIR, else the current one)",
     )
     parser.add_argument("--default-method", help="method used when a request names none (default: attnlrp)")
-    parser.add_argument("--max-length", type=int, help="tokens per text input, longer is truncated (default: 128)")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        help="tokens per text input, longer is truncated (default: 128; a causal LM: its positions less "
+        "--max-new-tokens, bounded by what 16 GiB holds of a batch's explanations)",
+    )
     parser.add_argument("--batch-size", type=int, help="TorchServe batchSize (default: 8)")
     parser.add_argument("--max-batch-delay", type=int, help="TorchServe maxBatchDelay in ms (default: 2)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: auto (CUDA when present)")

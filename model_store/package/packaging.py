@@ -71,6 +71,7 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
         response_timeout_s=settings.response_timeout,
         extra_handler_keys=extra,
         explanation_pool=settings.explanation_pool(),
+        notes=() if checkpoint.max_length_reason is None else (checkpoint.max_length_reason,),
     )
 
 
@@ -120,6 +121,8 @@ def package(
     checkpoint = checkpoint or validate(path, name, settings)
     for warning in checkpoint.warnings:
         logger.warning("%s: %s", name, warning)
+    if checkpoint.max_length_reason is not None:
+        logger.info("%s: %s", name, checkpoint.max_length_reason)
     if checkpoint.left_out:
         logger.info("%s: not packaged (not a safe checkpoint file): %s", name, ", ".join(checkpoint.left_out))
     out = out if out is not None else default_out()

@@ -47,6 +47,8 @@ class Checkpoint:
         labels: Label names in index order.
         default_method: The method served when a request names none (one that works on this architecture).
         max_length: Text models: tokens per input served.
+        max_length_reason: Why ``max_length`` is what it is (which limit applied), said by the packager and written
+            into the archive's ``model-config.yaml``.
         threshold: Multi-label heads: the threshold served.
         image_size: Image models: ``(height, width)``.
         pad_token_id: Text models: the pad token the handler sets on the tokenizer and ``config.pad_token_id``
@@ -65,6 +67,7 @@ class Checkpoint:
     labels: tuple[str, ...]
     default_method: str = "attnlrp"
     max_length: int | None = None
+    max_length_reason: str | None = None
     threshold: float | None = None
     image_size: tuple[int, int] | None = None
     pad_token_id: int | None = None
@@ -181,22 +184,83 @@ def _pad_token(tokenizer: Any, config: Any) -> tuple[int | None, list[str]]:
 #: Model types whose position ids start after the pad id (``max_position_embeddings`` counts those offsets).
 _OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert"})
 DEFAULT_MAX_LENGTH = 128
+#: The memory a causal LM's full batch of explanations (``batch_size`` rows of prompt and answer, its default method
+#: on the eager attention it is served with; :func:`explainers.memory.estimate_bytes`) may take above the model when
+#: its ``max_length`` is chosen by default (``--max-length`` sets it instead).
+GENERATION_MEMORY_BUDGET_MIB = 16384
 
 
-def _max_length(config: Any, requested: int | None, new_tokens: int = 0) -> int:
-    """Tokens per input: ``requested``, else 128, never more than the model has positions for beside the
-    ``new_tokens`` a generation model may write after its prompt.
+def _position_limit(config: Any) -> int | None:
+    """The input positions a model has (``None``: no absolute position embeddings: relative positions)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or not getattr(config, "position_biased_input", True):
+        return None  # no absolute position embeddings (relative positions)
+    if config.model_type in _OFFSET_POSITIONS:
+        return positions - int(getattr(config, "pad_token_id", 1) or 1) - 1
+    return positions
+
+
+def _generation_max_length(
+    config: Any, skeleton: Any, requested: int | None, settings: Settings, method: str
+) -> tuple[int, str]:
+    """A causal LM's prompt tokens and why: ``requested``, else its positions beside ``max_new_tokens``, bounded by
+    what :data:`GENERATION_MEMORY_BUDGET_MIB` holds of ``batch_size`` rows explained with ``method`` (never below
+    :data:`DEFAULT_MAX_LENGTH` for the memory: today's default).
+
+    Raises:
+        PackageError: if ``requested`` exceeds the model's positions, or ``max_new_tokens`` leaves no prompt room.
+    """
+    from dataclasses import replace
+
+    from explainers import describe, get_method, position_limit
+    from explainers.memory import ModelSize, estimate_bytes
+
+    new_tokens = settings.max_new_tokens
+    positions = position_limit(skeleton)
+    if requested is not None:
+        length = _max_length(config, requested, new_tokens, positions)
+        return length, f"max_length {length}: as given (--max-length or the models file)"
+    if positions is None:
+        return DEFAULT_MAX_LENGTH, (
+            f"max_length {DEFAULT_MAX_LENGTH}: the model's config gives no position limit (max_position_embeddings), "
+            f"so the default {DEFAULT_MAX_LENGTH}; pass --max-length to serve longer prompts"
+        )
+    limit = _max_length(config, positions - new_tokens, new_tokens, positions)
+    arch = describe(skeleton)
+    size = replace(ModelSize.of(skeleton, arch), fused=False)  # served on eager attention
+    options = get_method(method).resolve_options({}, arch)
+    budget = GENERATION_MEMORY_BUDGET_MIB * 2**20
+    rows = settings.batch_size
+
+    def fits(length: int) -> bool:
+        return estimate_bytes(size, method, rows, length + new_tokens, options) <= budget
+
+    if fits(limit):
+        return limit, (
+            f"max_length {limit}: the model's {positions} positions less max_new_tokens {new_tokens}; a batch of "
+            f"{rows} such rows explained with {method} fits {GENERATION_MEMORY_BUDGET_MIB} MiB"
+        )
+    good, bad = 0, limit
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    length = max(good, min(DEFAULT_MAX_LENGTH, limit))
+    return length, (
+        f"max_length {length} of the model's {positions} positions (less max_new_tokens {new_tokens}: {limit}): what "
+        f"a memory budget of {GENERATION_MEMORY_BUDGET_MIB} MiB holds of a batch of {rows} rows explained with "
+        f"{method} (explainers.memory's estimate); pass --max-length (up to {limit}) to serve longer prompts, or a "
+        "smaller --batch-size"
+    )
+
+
+def _max_length(config: Any, requested: int | None, new_tokens: int = 0, positions: int | None = None) -> int:
+    """Tokens per input: ``requested``, else 128, never more than the model has positions for (``positions``, else
+    its absolute position embeddings) beside the ``new_tokens`` a generation model may write after its prompt.
 
     Raises:
         PackageError: if ``requested`` exceeds the model's positions.
     """
-    positions = getattr(config, "max_position_embeddings", None)
-    if not isinstance(positions, int) or not getattr(config, "position_biased_input", True):
-        limit = None  # no absolute position embeddings (relative or rotary positions)
-    elif config.model_type in _OFFSET_POSITIONS:
-        limit = positions - int(getattr(config, "pad_token_id", 1) or 1) - 1
-    else:
-        limit = positions
+    limit = positions if positions is not None else _position_limit(config)
     if limit is not None and new_tokens:
         if limit - new_tokens < 1:
             raise PackageError(
@@ -421,9 +485,14 @@ def _validate_staged(
     max_length: int | None = None
     if task == "token_classification":
         warnings += _token_checks(labels, settings)
+    max_length_reason: str | None = None
+    if task == "generation":
+        max_length, max_length_reason = _generation_max_length(
+            config, skeleton, settings.max_length, settings, default_method
+        )
+    elif facts.input_kind == "text":
+        max_length = _max_length(config, settings.max_length)
     if facts.input_kind == "text":
-        reserved = settings.max_new_tokens if task == "generation" else 0
-        max_length = _max_length(config, settings.max_length, reserved)
         fix = "save it next to the model with tokenizer.save_pretrained(folder) (tokenizer.json or vocabulary files)"
         if not any(is_vocabulary(file_name) for file_name in files):
             raise PackageError(f"{folder} has no loadable tokenizer (no tokenizer.json or vocabulary file); {fix}")
@@ -460,6 +529,7 @@ def _validate_staged(
         labels=labels,
         default_method=default_method,
         max_length=max_length,
+        max_length_reason=max_length_reason,
         threshold=threshold,
         image_size=image_size,
         pad_token_id=pad_token_id,

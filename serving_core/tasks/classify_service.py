@@ -27,6 +27,7 @@ from explainers import (
     ModelSpeed,
     RowExplanation,
     RowSkipped,
+    ServedSpeed,
     describe,
     explain_batch,
     head_type,
@@ -75,14 +76,28 @@ class ExplanationService:
             )
         else:
             self.processor = AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True)
-        self.speed: ModelSpeed | None = None
-        if config.time_budget_s is not None:  # measured once, on the loaded model and its device
-            with autocast(config, device):
-                self.speed = ModelSpeed.measure(self.model, describe(self.model), config.max_length)
+        self.served: ServedSpeed | None = None
+        if config.time_budget_s is not None:  # probed on the loaded model and its device; then served batches
+            self.served = ServedSpeed(self._probe(), measure=self._probe)
         logger.info(
             "loaded %s model (%s head) from %s on %s; time budget %s s, speed %s",
             config.task, self.head_type, model_dir, device, config.time_budget_s, self.speed,
         )  # fmt: skip
+
+    def _probe(self) -> ModelSpeed:
+        """The model's speed, measured now (:meth:`explainers.ModelSpeed.measure`, at ``max_length``)."""
+        with autocast(self.config, self.device):
+            return ModelSpeed.measure(self.model, describe(self.model), self.config.max_length)
+
+    @property
+    def speed(self) -> ModelSpeed | None:
+        """The speed probed at load (``None``: no time budget); :attr:`served` corrects it by the batches served."""
+        return None if self.served is None else self.served.probe
+
+    @speed.setter
+    def speed(self, value: ModelSpeed | None) -> None:
+        """Set a speed by hand: estimates then use it as given, not corrected by served batches."""
+        self.served = None if value is None else ServedSpeed(value, learns=False)
 
     def _text_inputs(
         self, texts: Sequence[str], pairs: Sequence[str | None]
@@ -199,7 +214,7 @@ class ExplanationService:
                     requests,
                     memory_budget_mib=self.config.memory_budget_mib,
                     time_budget_s=self.config.time_budget_s,
-                    speed=self.speed,
+                    speed=self.served,
                 )
         except Exception:
             logger.exception("batch of %d rows failed", len(valid))

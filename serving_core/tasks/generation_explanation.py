@@ -6,12 +6,17 @@ whether foils contrast them, and deadline. Each group is one :func:`explainers.e
 :func:`explainers.explain_spans` (one forward for the group, one batched backward); a row's own steps, foils and
 sentences are its share of the group's targets. Scores are then summed into the units the row asked for
 (:mod:`~serving_core.tasks.generation_context`). A group whose deadline passes is abandoned between chunks of steps.
+
+Before the groups run, each member is admitted for the targets its written answer really has (its sentences or
+steps: :meth:`Member.targets`) by the caller's ``admit`` (the time budget,
+:meth:`~serving_core.tasks.generation_admission.Admission.explanation`); a member refused there keeps its answer and
+gets the refusal as its ``explanation_error``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +31,7 @@ from explainers import (
     InvalidTargetError,
     SpanExplanation,
     StepSum,
+    TimeBudgetError,
     decoded_offsets,
     explain_continuation,
     explain_spans,
@@ -64,6 +70,16 @@ class Member:
     spans: list[AnswerSpan] | None = None
     mode: str = ""
 
+    def targets(self) -> tuple[int, str]:
+        """The member's objectives (one per sentence, per step, one for a sum or a span) and their description."""
+        if self.spans is not None:
+            count = len(self.spans)
+            return count, f"{count} sentence{'s' if count != 1 else ''}" if self.mode == SENTENCES else "span"
+        if isinstance(self.steps, StepSum):
+            return 1, "summed steps"
+        count = len(self.steps or ())
+        return count, f"{count} step{'s' if count != 1 else ''}"
+
     def key(self, ask: GenerationAsk, deadline: Deadline | None) -> GroupKey:
         """The member's group key: its method and options (as asked), its target kind, its contrast, its deadline.
 
@@ -95,7 +111,11 @@ class Explanations:
         self.tokenizer = tokenizer
 
     def explain(
-        self, prepared: Sequence[Prepared], made: Continuation, outcomes: list[GenerationOutcome]
+        self,
+        prepared: Sequence[Prepared],
+        made: Continuation,
+        outcomes: list[GenerationOutcome],
+        admit: Callable[[Prepared, int, str, int], None] | None = None,
     ) -> tuple[float, float]:
         """Explain the rows that ask, one group per key (module docstring), into their outcomes.
 
@@ -103,6 +123,9 @@ class Explanations:
             prepared: the batch's admitted rows.
             made: their continuations, one row each, in order.
             outcomes: the batch's outcomes, by row index (their answers filled).
+            admit: ``admit(item, targets, what, length)`` admits a row for its answer's actual targets
+                (:meth:`Member.targets`) at ``length`` tokens (prompt and answer), raising
+                :class:`~explainers.TimeBudgetError` when they do not fit (``None``: every row is admitted).
 
         Returns:
             The forward and backward seconds, summed over the groups.
@@ -118,6 +141,13 @@ class Explanations:
             except ExplainError as error:
                 outcomes[item.index].error = from_explain_error(error)
                 continue
+            if admit is not None:
+                try:
+                    admit(item, *member.targets(), len(item.prompt_ids) + int(made.token_mask[position].sum()))
+                except TimeBudgetError as error:  # the answer stands; its explanation does not fit
+                    outcomes[item.index].method = ask.method
+                    outcomes[item.index].explanation_error = from_explain_error(error)
+                    continue
             members[position] = member
             keys[position] = member.key(ask, item.row.deadline)
         forward = backward = 0.0

@@ -171,6 +171,7 @@ class GenerationOutcome:
     context: list[ContextUnit] | None = None
     sentences: list[AnswerSpan] | None = None
     span: AnswerSpan | None = None
+    explanation_error: RowError | None = None
 
 
 def decode_generation_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> GenerationRow:
@@ -511,7 +512,9 @@ def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
     if outcome.documents is not None:
         document["documents"] = [part.to_dict() for part in outcome.documents]
         document["documents_placement"] = outcome.documents_placement
-    if outcome.method is not None:
+    if outcome.method is not None and outcome.explanation_error is not None:
+        document["explanation"] = {"method": outcome.method, "error": outcome.explanation_error.to_dict()}
+    elif outcome.method is not None:
         explanation: dict[str, Any] = {"method": outcome.method, "options": dict(outcome.options)}
         explanation["granularity"] = outcome.granularity
         explanation["context"] = [unit.to_dict() for unit in outcome.context or []]
@@ -565,7 +568,14 @@ def fill_generation_response(outcome: GenerationOutcome, response: Any) -> None:
         if step.foil_id is not None:
             proto.foil = step.foil or ""
             proto.foil_id = step.foil_id
-    if outcome.method is not None:
+    if outcome.explanation_error is not None:
+        result.method = outcome.method or ""
+        error = outcome.explanation_error
+        result.explanation_error.code = error.code
+        result.explanation_error.http_status = error.http_status
+        result.explanation_error.grpc_code = error.kind.grpc_code
+        result.explanation_error.message = error.message
+    elif outcome.method is not None:
         result.method = outcome.method
         wire.fill_proto_options(result, outcome.options)
         result.seconds = outcome.attribution_seconds

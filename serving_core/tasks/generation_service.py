@@ -16,8 +16,12 @@ service object. Loading and devices are :mod:`serving_core.loading`'s. The batch
 
 Time (docs/SERVING.md, "Time budgets and deadlines"): with a ``time_budget_s``, each row is estimated before anything
 is generated; a row over the budget, alone or beside the rows admitted before it, is refused with
-``over_time_budget``. A row with a deadline stops generating once it passes (``deadline_exceeded``; the batch's other
-rows go on), and its explanation group (rows are grouped by deadline) is abandoned between chunks of steps.
+``over_time_budget``; once its answer is written its explanation is admitted for the answer's actual sentences or
+steps, and one that does not fit leaves the answer served with an ``explanation_error``
+(:mod:`~serving_core.tasks.generation_admission`). The model's speed is probed at load and corrected by the batches
+it serves (:class:`explainers.ServedSpeed`). A row with a deadline stops generating once it passes
+(``deadline_exceeded``; the batch's other rows go on), and its explanation group (rows are grouped by deadline) is
+abandoned between chunks of steps.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from transformers import AutoModelForCausalLM
 from explainers import (
     Continuation,
     ModelSpeed,
+    ServedSpeed,
     describe,
     evaluating,
     generate_continuation,
@@ -87,13 +92,27 @@ class GenerationService:
         self.arch = describe(self.model)
         self.alternatives = supported_methods(self.arch.model_type, self.arch.task)
         self.explanations = Explanations(self.model, self.tokenizer)
-        self.speed: ModelSpeed | None = None
-        if config.time_budget_s is not None:  # measured once, at the longest prompt and answer served
-            self.speed = ModelSpeed.measure(self.model, self.arch, config.max_length + config.max_new_tokens)
+        self.served: ServedSpeed | None = None
+        if config.time_budget_s is not None:  # probed at load; then corrected by the batches served
+            self.served = ServedSpeed(self._probe(), measure=self._probe)
         logger.info(
             "loaded causal LM from %s on %s; time budget %s s, speed %s", model_dir, device, config.time_budget_s,
             self.speed,
         )  # fmt: skip
+
+    def _probe(self) -> ModelSpeed:
+        """The model's speed, measured now at the longest prompt and answer served (with its cached step)."""
+        return ModelSpeed.measure(self.model, self.arch, self.config.max_length + self.config.max_new_tokens)
+
+    @property
+    def speed(self) -> ModelSpeed | None:
+        """The speed probed at load (``None``: no time budget); :attr:`served` corrects it by the batches served."""
+        return None if self.served is None else self.served.probe
+
+    @speed.setter
+    def speed(self, value: ModelSpeed | None) -> None:
+        """Set a speed by hand: estimates then use it as given, not corrected by served batches."""
+        self.served = None if value is None else ServedSpeed(value, learns=False)
 
     def run(
         self, rows: Sequence[GenerationRow | RowError], encodings: Sequence[Encoding]
@@ -110,7 +129,7 @@ class GenerationService:
                 prepared.append(prompts.prepare(index, row))
             except RowError as error:
                 outcomes[index].error = error
-        admission = Admission(self.config.time_budget_s, self.speed, self.arch, self.alternatives)
+        admission = Admission(self.config.time_budget_s, self.served, self.arch, self.alternatives)
         prepared = admission.admitted(prepared, outcomes)
         if not prepared:
             return outcomes, BatchTimings()
@@ -131,8 +150,11 @@ class GenerationService:
                 )
                 continue
             self._fill(outcomes[item.index], item, made, position, logprobs[position])
+        admission.written(prepared, made, generate_seconds)
+        started = time.perf_counter()
         with tracing.stage("explanation", {"explain.batch_rows": len(prepared)}):
-            forward, backward = self.explanations.explain(prepared, made, outcomes)
+            forward, backward = self.explanations.explain(prepared, made, outcomes, admit=admission.explanation)
+        admission.explained(time.perf_counter() - started)
         tokens = int(made.token_mask[[not item.row.given for item in prepared]].sum())
         return outcomes, BatchTimings(forward=forward, backward=backward, generate=generate_seconds, tokens=tokens)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from explainers import (
     ExplainError,
     GroupKey,
     ModelSpeed,
+    ServedSpeed,
     Span,
     TimeBudgetError,
     TokenExplanation,
@@ -50,6 +52,7 @@ from explainers import (
     prediction_seconds,
     supported_methods,
     unit_scores,
+    work_kind,
 )
 
 from .. import tracing
@@ -100,15 +103,29 @@ class TokenClassificationService:
             )
         self.scheme = label_scheme(config.labels)
         self.arch = describe(self.model)
-        self.speed: ModelSpeed | None = None
-        if config.time_budget_s is not None:  # measured once, on the loaded model and its device
-            with autocast(config, device):
-                self.speed = ModelSpeed.measure(self.model, self.arch, config.max_length)
+        self.served: ServedSpeed | None = None
+        if config.time_budget_s is not None:  # probed on the loaded model and its device; then served batches
+            self.served = ServedSpeed(self._probe(), measure=self._probe)
         self.alternatives = supported_methods(self.arch.model_type, self.arch.task)
         logger.info(
             "loaded token classifier from %s on %s; time budget %s s, speed %s",
             model_dir, device, config.time_budget_s, self.speed,
         )  # fmt: skip
+
+    def _probe(self) -> ModelSpeed:
+        """The model's speed, measured now (:meth:`explainers.ModelSpeed.measure`, at ``max_length``)."""
+        with autocast(self.config, self.device):
+            return ModelSpeed.measure(self.model, self.arch, self.config.max_length)
+
+    @property
+    def speed(self) -> ModelSpeed | None:
+        """The speed probed at load (``None``: no time budget); :attr:`served` corrects it by the batches served."""
+        return None if self.served is None else self.served.probe
+
+    @speed.setter
+    def speed(self, value: ModelSpeed | None) -> None:
+        """Set a speed by hand: estimates then use it as given, not corrected by served batches."""
+        self.served = None if value is None else ServedSpeed(value, learns=False)
 
     def _encode(self, text: str) -> _Encoded:
         encoded = self.tokenizer(
@@ -184,6 +201,7 @@ class TokenClassificationService:
             if group.key.method is None:
                 admitted.predictions(group.rows)
         forward = backward = 0.0
+        started, ran = time.perf_counter(), True
         for group in groups:
             key, indices, deadline = group.key, list(group.rows), group.key.deadline
             spans: dict[int, list[Span]] | None = None
@@ -208,11 +226,13 @@ class TokenClassificationService:
                             self.model, inputs, method=key.method, positions=positions, deadline=deadline, **options
                         )
             except ExplainError as error:  # the deadline passed: the group's rows answer it, the others are served
+                ran = False
                 for index in indices:
                     outcomes[index].error = from_explain_error(error)
                     outcomes[index].method = key.method
                 continue
             except Exception:
+                ran = False
                 logger.exception("group of %d rows failed", len(indices))
                 for index in indices:
                     outcomes[index].error = RowError("internal", "the batch failed on the server; see the server log")
@@ -226,6 +246,8 @@ class TokenClassificationService:
                 self._fill(outcomes[index], row.text or "", encoded[index], result, position)
                 if row.granularity != "token" and outcomes[index].method is not None and outcomes[index].error is None:
                     self._fill_units(outcomes[index], row.text or "", encoded[index], row.granularity)
+        if ran and admitted.ledger is not None:  # every admitted row's work was done: a measure of the model's speed
+            admitted.ledger.settle(time.perf_counter() - started)
         return outcomes, BatchTimings(forward, backward)
 
     def predicted_spans(self, encoded: Sequence[_Encoded]) -> list[list[Span]]:
@@ -302,12 +324,17 @@ class _Admission:
         self.service = service
         self.encoded = encoded
         self.seconds = 0.0
+        #: the speeds the batch is admitted at, and its estimates (``None``: no time budget)
+        self.ledger = None if service.served is None else service.served.ledger()
 
     def predictions(self, indices: Sequence[int]) -> None:
         """Count the prediction-only rows."""
-        speed = self.service.speed
-        if speed is not None:
-            self.seconds += sum(prediction_seconds(speed, len(self.encoded[i].offsets)) for i in indices)
+        if self.ledger is not None:
+            for index in indices:
+                length = len(self.encoded[index].offsets)
+                seconds = prediction_seconds(self.ledger.speed(ServedSpeed.PREDICT, length), length)
+                self.ledger.add(ServedSpeed.PREDICT, seconds, length)
+                self.seconds += seconds
 
     def explained(
         self, key: GroupKey, indices: Sequence[int], outcomes: Sequence[TokenOutcome]
@@ -317,23 +344,28 @@ class _Admission:
         that does not fit gets ``over_time_budget``. Returns the counted spans of the group's rows (``None``: nothing
         was counted)."""
         service = self.service
-        budget, speed = service.config.time_budget_s, service.speed
-        if budget is None or speed is None:
+        budget, ledger = service.config.time_budget_s, self.ledger
+        if budget is None or ledger is None:
             return None
         assert key.method is not None
         method = get_method(key.method)
         options = dict(key.options)
+        kind = work_kind(method.name, options)
         deadline = key.deadline
         unsure: list[int] = []
         for index in indices:
             item = self.encoded[index]
             bound = max(sum(not flag for flag in item.special), 1)
+            length = len(item.offsets)
             try:
-                self.seconds += check_time_budget(
-                    speed, method, len(item.offsets), options, budget, (), self.seconds, targets=bound
+                seconds = check_time_budget(
+                    ledger.speed(kind, length), method, length, options, budget, (), self.seconds, targets=bound
                 )
             except TimeBudgetError:
                 unsure.append(index)
+                continue
+            self.seconds += seconds
+            ledger.add(kind, seconds, length)
         if not unsure:
             return None
         if deadline is not None and deadline.passed:
@@ -341,12 +373,20 @@ class _Admission:
         counted = dict(zip(indices, self.service.predicted_spans([self.encoded[i] for i in indices]), strict=True))
         for index in unsure:
             item = self.encoded[index]
+            length = len(item.offsets)
+            arguments = (method, length, options, budget, service.alternatives, self.seconds)
+            targets = max(len(counted[index]), 1)
             try:
-                self.seconds += check_time_budget(
-                    speed, method, len(item.offsets), options, budget, service.alternatives, self.seconds,
-                    targets=max(len(counted[index]), 1),
-                )  # fmt: skip
+                try:
+                    seconds = check_time_budget(ledger.speed(kind, length), *arguments, targets=targets)
+                except TimeBudgetError as error:  # over the budget alone: a probe no batch corrected may be stale
+                    if error.beside or service.served is None or not service.served.recheck(kind):
+                        raise
+                    seconds = check_time_budget(ledger.speed(kind, length), *arguments, targets=targets)
             except TimeBudgetError as error:
                 outcomes[index].error = from_explain_error(error)
                 outcomes[index].method = method.name
+                continue
+            self.seconds += seconds
+            ledger.add(kind, seconds, length)
         return counted
