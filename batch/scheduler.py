@@ -164,12 +164,10 @@ def execute(
         _write_json(folder / "progress.json", document)
 
     def should_stop() -> bool:
-        state = store.get_batch(batch_id)
-        if state["status"] != "in_progress" or time.time() > state["expires_at"] or (stopping and stopping()):
-            return True
         if before_batch is not None:
             before_batch()
-        return False
+        state = store.get_batch(batch_id)
+        return state["status"] != "in_progress" or time.time() > state["expires_at"] or bool(stopping and stopping())
 
     if before_batch is not None:
         before_batch()

@@ -41,10 +41,14 @@ def multipart(data: bytes, purpose: str = "batch", filename: str = "input.jsonl"
     """A ``multipart/form-data`` upload as the openai client sends it: headers and body."""
     boundary = "b0undary"
     body = (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n{purpose}\r\n'
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
-        "Content-Type: application/octet-stream\r\n\r\n"
-    ).encode() + data + f"\r\n--{boundary}--\r\n".encode()
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n{purpose}\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     return {"Content-Type": f"multipart/form-data; boundary={boundary}"}, body
 
 
@@ -187,8 +191,12 @@ def test_a_batch_answers_as_the_online_route_and_keeps_its_error_lines(
     assert done["request_counts"] == {"total": 8, "completed": 5, "failed": 3}
     assert done["in_progress_at"] and done["finalizing_at"] and done["completed_at"]
     assert call(api, "GET", f"/v1/batches/{batch['id']}")[1] == done
-    output = by_custom_id([json.loads(text) for text in call(api, "GET", f"/v1/files/{done['output_file_id']}/content")[1].splitlines()])
-    errors = by_custom_id([json.loads(text) for text in call(api, "GET", f"/v1/files/{done['error_file_id']}/content")[1].splitlines()])
+    output = by_custom_id(
+        [json.loads(text) for text in call(api, "GET", f"/v1/files/{done['output_file_id']}/content")[1].splitlines()]
+    )
+    errors = by_custom_id(
+        [json.loads(text) for text in call(api, "GET", f"/v1/files/{done['error_file_id']}/content")[1].splitlines()]
+    )
     assert sorted(output) == ["explained", "r0", "r1", "r2", "r3"]
     for item in lines:
         if isinstance(item, dict) and item["custom_id"] in output:
