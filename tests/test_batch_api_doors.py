@@ -149,24 +149,26 @@ def test_a_batch_of_predictions_answers_as_the_online_route(door: Door) -> None:
     assert created.id in [item.id for item in client.batches.list(limit=100).data]
 
 
-def test_a_chat_batch_answers_as_the_chat_route(door: Door) -> None:
+def test_a_completions_batch_answers_as_the_completions_route(door: Door) -> None:
     client = door.client()
-    bodies = [{"model": "writer", "messages": [{"role": "user", "content": f"hello {index}"}], "max_tokens": 3,
-               "temperature": 0} for index in range(2)]  # fmt: skip
-    lines = [line(f"c{index}", "/v1/chat/completions", body) for index, body in enumerate(bodies)]
-    uploaded = client.files.create(file=("chat.jsonl", _jsonl(lines)), purpose="batch")
-    created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                    completion_window="24h")  # fmt: skip
+    bodies = [{"model": "writer", "prompt": f"hello {index}", "max_tokens": 3, "temperature": 0} for index in range(2)]
+    lines: list[Any] = [line(f"c{index}", "/v1/completions", body) for index, body in enumerate(bodies)]
+    lines.append(line("no-model", "/v1/completions", {"model": "sentiment", "prompt": "x"}))
+    uploaded = client.files.create(file=("completions.jsonl", _jsonl(lines)), purpose="batch")
+    created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
     batch = _wait(client, created.id, {"completed", "failed"})
-    assert batch.status == "completed" and batch.error_file_id is None, batch
-    output = _lines(client, batch.output_file_id)
+    assert batch.status == "completed", batch
+    output, errors = _lines(client, batch.output_file_id), _lines(client, batch.error_file_id)
+    assert sorted(output) == ["c0", "c1"] and errors["no-model"]["error"]["code"] == "model_not_found"
     for index, body in enumerate(bodies):
-        online = client.chat.completions.create(**body).model_dump(exclude_none=True)
+        online = client.completions.create(**body).model_dump(exclude_none=True)
         answer = output[f"c{index}"]["response"]
-        assert answer["status_code"] == 200 and answer["body"]["object"] == "chat.completion"
-        assert [choice["message"]["content"] for choice in answer["body"]["choices"]] == [
-            choice["message"]["content"] for choice in online["choices"]
+        assert answer["status_code"] == 200 and answer["body"]["object"] == "text_completion"
+        assert answer["body"]["id"] == f"cmpl-{answer['request_id']}"
+        assert [choice["text"] for choice in answer["body"]["choices"]] == [
+            choice["text"] for choice in online["choices"]
         ]
+        assert answer["body"]["usage"] == online["usage"]
 
 
 def test_refusals(door: Door) -> None:
@@ -184,6 +186,7 @@ def test_refusals(door: Door) -> None:
     with pytest.raises(openai.APIStatusError) as too_large:
         client.files.create(file=("big.jsonl", big), purpose="batch")
     assert too_large.value.status_code == 413
+    client = door.client()  # the refusal closed the connection (the body was not read)
     with pytest.raises(openai.BadRequestError):
         client.batches.create(input_file_id="file-000000000000000000000000"[:-1] + "x", endpoint="/v1/completions",
                               completion_window="24h")  # fmt: skip
