@@ -208,7 +208,7 @@ def test_a_batch_answers_as_the_online_route_and_keeps_its_error_lines(
     assert errors["other-url"]["error"]["code"] == "invalid_url" and errors["other-url"]["response"] is None
     status, body = online.rest({"txt": "no text field"})
     assert errors["bad-body"]["response"]["status_code"] == status and errors["bad-body"]["response"]["body"] == body
-    assert errors[None]["error"]["code"] == "invalid_json"
+    assert [item["error"]["code"] for item in errors.values() if item["custom_id"] is None] == ["invalid_json"]
     assert call(api, "GET", f"/v1/files/{done['output_file_id']}")[1]["purpose"] == "batch_output"
 
 
