@@ -344,15 +344,18 @@ class BatchScheduler:
         """Move one active batch as far as it goes now (module docstring); its object."""
         if self.store.get_batch(batch_id)["status"] == "validating":
             validate(self.store, batch_id)
-        if self.store.get_batch(batch_id)["status"] == "in_progress":
+        status = self.store.get_batch(batch_id)["status"]
+        if status == "failed":  # an input without lines
+            return self.store.get_batch(batch_id)
+        if status == "in_progress":
             try:
                 self.runner.run(self.store, batch_id, self._stop.is_set)
             except Exception as error:
                 logger.warning("batch %s failed: %s", batch_id, error)
                 return finish(self.store, batch_id, failure=str(error) or type(error).__name__)
-        if self._stop.is_set() and self.store.get_batch(batch_id)["status"] == "in_progress":
-            return self.store.get_batch(batch_id)
-        return finish(self.store, batch_id) if self.store.get_batch(batch_id)["status"] != "failed" else {}
+            if self._stop.is_set() and self.store.get_batch(batch_id)["status"] == "in_progress":
+                return self.store.get_batch(batch_id)  # the service stops: resumed on its restart
+        return finish(self.store, batch_id)
 
 
 def main(argv: list[str] | None = None) -> int:

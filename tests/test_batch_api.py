@@ -6,6 +6,8 @@ restart resuming where it was, no line lost or written twice."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -271,3 +273,34 @@ def test_the_api_error_shape_is_openais() -> None:
     assert ApiError(404, "file_not_found", "no file").to_dict() == {
         "error": {"message": "no file", "type": "invalid_request_error", "param": None, "code": "file_not_found"}
     }
+
+
+def test_a_job_waits_for_online_requests_in_flight() -> None:
+    traffic = OnlineTraffic()
+    started = time.monotonic()
+    traffic.wait_idle(quiet=0.01)
+    assert time.monotonic() - started < 1.0
+    traffic.started()
+    started = time.monotonic()
+    traffic.wait_idle(quiet=0.01, longest=0.3)  # an online request in flight: the job waits (at most ``longest``)
+    assert time.monotonic() - started >= 0.3
+    timer = threading.Timer(0.1, traffic.ended)
+    timer.start()
+    started = time.monotonic()
+    traffic.wait_idle(quiet=0.01, longest=5.0)  # it ends: the job goes on
+    assert time.monotonic() - started < 2.0
+    timer.join()
+
+
+def test_a_batch_cancelled_before_it_starts_is_cancelled(
+    tmp_path: Path, model: BatchModel, loaded: LoadedModel
+) -> None:
+    store = BatchStore(tmp_path)
+    api = BatchApi(store, [model.name])
+    file_id = upload(api, topic_lines(3))
+    batch_id = call(api, "POST", "/v1/batches", {"input_file_id": file_id, "endpoint": ENDPOINT,
+                                                  "completion_window": "24h"})[1]["id"]  # fmt: skip
+    assert call(api, "POST", f"/v1/batches/{batch_id}/cancel")[1]["status"] == "cancelling"
+    done = BatchScheduler(store, Interrupting({model.name: model}, {model.name: loaded}, None)).run_one(batch_id)
+    assert done["status"] == "cancelled" and done["output_file_id"] is None
+    assert call(api, "POST", f"/v1/batches/{batch_id}/cancel")[1]["status"] == "cancelled"
