@@ -9,7 +9,9 @@ the OpenAI translation of :mod:`serving_core.openai_api`) and imports no server.
 - :mod:`~batch.lines`: the output and error lines (the Batch API's shape) and their ids;
 - :mod:`~batch.files`: the output and error files, appended per batch and read back to resume;
 - :mod:`~batch.manifest`: the job's fingerprint beside its output (another job's output is refused);
-- :mod:`~batch.job`: the runner (:class:`~batch.job.BatchJob`), a library the online Batch API can drive;
+- :mod:`~batch.job`: the runner (:class:`~batch.job.BatchJob`), which the online Batch API drives too;
+- :mod:`~batch.api`: the OpenAI Batch API (``/v1/files``, ``/v1/batches``): its files and batches in a state folder;
+- :mod:`~batch.scheduler`: the API's batches run in the background below online traffic, resumed after a restart;
 - :mod:`~batch.ray_job`: the same job on a Ray cluster (Ray Data ``map_batches`` on an actor pool);
 - :mod:`~batch.records_source`: the reader a records store gives to re-explain stored inputs;
 - :mod:`~batch.cli`: the ``explain-batch`` command.

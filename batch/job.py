@@ -15,7 +15,7 @@ prepares it for another engine (:mod:`batch.ray_job` calls :meth:`BatchJob.start
 
 The caller sees the counts (:class:`JobCounts`) after every batch (``on_progress``), and may stop the job between
 batches (``should_stop``): what was written stays written, and a rerun resumes it. The online Batch API
-(``/v1/batches``) is meant to drive the same runner.
+(``/v1/batches``, :mod:`batch.scheduler`) drives the same runner.
 """
 
 from __future__ import annotations

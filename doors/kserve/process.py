@@ -7,7 +7,8 @@ folder), the address and ports, and for Ray the replicas (``replicas`` for every
 model) and the cluster to join (``ray_address``; absent: a local Ray started here and stopped on exit, with
 ``ray_cpus`` CPUs; ``attach``: use the Serve applications already running there, as a KubeRay RayService deploys
 them, instead of deploying). ``metrics_port`` also serves ``/metrics`` (KServe's request histograms and the
-explanation metrics) on ``metrics_address`` for Prometheus, apart from the REST port.
+explanation metrics) on ``metrics_address`` for Prometheus, apart from the REST port. The OpenAI Batch API
+(:mod:`doors.kserve.batch_routes`) keeps its files and batches in ``batch_api/`` beside ``CONFIG.json``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from doors import DOORS as ALL_DOORS
 from .settings import ModelSettings, read_settings
 
 logger = logging.getLogger(__name__)
+
+#: The Batch API's state folder, in the run folder (beside ``CONFIG.json``).
+BATCH_STATE = "batch_api"
 
 #: The doors this process serves: those of :data:`doors.DOORS` whose launch module is this package's.
 DOORS = tuple(name for name, door in ALL_DOORS.items() if door.module == "doors.kserve.launch")
@@ -123,16 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     if config.server == "kserve":
         from .backends import LocalBackend
 
-        _serve(config, [LocalBackend(model) for model in settings])
+        _serve(config, [LocalBackend(model) for model in settings], Path(args[0]).parent)
         return 0
     from .ray_deployment import RayBackend, attached
 
     with ray_cluster(config, settings):
-        _serve(config, [RayBackend(model, attached(model) if config.attach else None) for model in settings])
+        backends = [RayBackend(model, attached(model) if config.attach else None) for model in settings]
+        _serve(config, backends, Path(args[0]).parent)
     return 0
 
 
-def _serve(config: DoorConfig, backends: list[Any]) -> None:
+def _serve(config: DoorConfig, backends: list[Any], run_dir: Path) -> None:
+    from kserve.model_server import app
+
+    from .batch_routes import add_batch_api
     from .kserve_model import ExplainModel
     from .kserve_server import ExplainModelServer
 
@@ -145,6 +153,7 @@ def _serve(config: DoorConfig, backends: list[Any]) -> None:
     for model in models:
         model.load()
         logger.info("model %s ready (%s head, %s door)", model.name, model.head_type, config.server)
+    add_batch_api(app, models, run_dir / BATCH_STATE)
     server = ExplainModelServer(config.address, config.http_port, config.grpc_port, config.grpc_threads)
     server.serve(models)
 

@@ -8,7 +8,8 @@ TorchServe's own ``torchserve`` command keeps one pid file per machine (``$TMPDI
 to start a second server, so the Java frontend is run here directly (the same command line) with a private temp
 folder, which lets tests start servers on free ports beside a running one. Runtime state lives in the run folder
 (default ``run/`` of the working directory, :mod:`supervise.workdir`; git-ignored in a clone): ``config.properties``,
-``key_file.json`` (tokens), ``logs/``, the pid files and ``prometheus/`` (the workers' metric files).
+``key_file.json`` (tokens), ``logs/``, the pid files, ``prometheus/`` (the workers' metric files) and, with the Batch
+API on, ``batch_api/`` (its files and batches, kept across restarts).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ EXPORTER_PID = "exporter.pid"
 ROUTER_PID = "router.pid"
 PORTS_FILE = "ports.json"
 WATCHDOG_PID = "watchdog.pid"
+#: The Batch API's state folder (:mod:`doors.torchserve.batch_door`), in the run folder.
+BATCH_STATE = "batch_api"
 
 __all__ = ["Server", "java_command", "start", "stop", "wait_ready"]
 
@@ -115,6 +118,7 @@ def start(
     timeout: float = 180.0,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     router: bool | None = None,
+    batches: bool | None = None,
 ) -> Server:
     """Start the exporter and TorchServe in the background and wait until every model's worker is ready.
 
@@ -133,6 +137,8 @@ def start(
         router: Put the router on the public inference ports (``None``: when it has work, a generation model to answer
             the OpenAI API for or an explanation pool to route to; it costs plain predictions a few per cent of
             latency under concurrency, docs/SERVING.md "OpenAI API").
+        batches: Answer the OpenAI Batch API on the inference port (the router then runs; state in
+            ``run_dir/batch_api``, docs/BATCH.md "The Batch API"). ``None``: when ``EXPLAIN_BATCHES`` is ``1``.
 
     Raises:
         RuntimeError: if a server is already running from ``run_dir`` or TorchServe does not become ready (the
@@ -164,7 +170,9 @@ def start(
         }
     )
     store = link_store(run_dir, model_store, models, overrides or {})
-    routed = bool(store.pools or store.generation) if router is None else router
+    if batches is None:
+        batches = os.environ.get("EXPLAIN_BATCHES", "").lower() in ("1", "true", "yes")
+    routed = bool(store.pools or store.generation or batches) if router is None else router or batches
     config = write_config(run_dir, ports, store.path, behind_router=routed)
     launches = {
         "exporter": Launch(
@@ -177,7 +185,8 @@ def start(
         ),
     }  # fmt: skip
     if routed:  # the router takes the public inference ports
-        command = tuple(router_command(ports, store.pools, store.generation))
+        batch_models = {name: store.path / name for name in models} if batches else None
+        command = tuple(router_command(ports, store.pools, store.generation, batch_models, run_dir / BATCH_STATE))
         launches["router"] = Launch("the router", command, cwd, env, run_dir / "router.log", run_dir / ROUTER_PID)
     processes = {name: spawn(launch) for name, launch in launches.items()}
     owner = owner_pid()
@@ -212,9 +221,13 @@ def exporter_command(ports: Ports, metrics_dir: Path) -> list[str]:
     return [*command, "--address", bind_address("METRICS_ADDRESS")]
 
 
-def router_command(ports: Ports, pools: tuple[str, ...], generation: tuple[str, ...] = ()) -> list[str]:
+def router_command(
+    ports: Ports, pools: tuple[str, ...], generation: tuple[str, ...] = (),
+    batch_models: Mapping[str, Path] | None = None, batch_root: Path | None = None,
+) -> list[str]:  # fmt: skip
     """The command line of the router (:mod:`doors.torchserve.router`): the public inference ports, TorchServe's
-    behind it; explanation pools for ``pools``, the OpenAI API for ``generation``."""
+    behind it; explanation pools for ``pools``, the OpenAI API for ``generation``, the Batch API (state in
+    ``batch_root``) for ``batch_models`` (name → archive folder) unless ``None``."""
     command = [sys.executable, "-m", "doors.torchserve.router", "--listen", bind_address("INFERENCE_ADDRESS")]
     command += ["--rest-port", str(ports.inference), "--grpc-port", str(ports.grpc_inference)]
     command += ["--upstream-rest-port", str(ports.upstream_inference)]
@@ -224,6 +237,10 @@ def router_command(ports: Ports, pools: tuple[str, ...], generation: tuple[str, 
         command += ["--pool", name]
     for name in generation:
         command += ["--generation", name]
+    if batch_models is not None and batch_root is not None:
+        command += ["--batch-root", str(batch_root)]
+        for name, path in batch_models.items():
+            command += ["--batch-model", f"{name}={path}"]
     return command
 
 

@@ -2,7 +2,8 @@
 model or has an explanation pool. It answers the OpenAI API itself (:mod:`doors.torchserve.openai_door`:
 ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` for the generation models given with ``--generation``,
 each choice a ``/predictions`` call to TorchServe), routes explanation requests to their explanation pools, and
-forwards everything else unchanged.
+forwards everything else unchanged. With ``--batch-root`` it also answers the OpenAI Batch API (``/v1/files``,
+``/v1/batches``: :mod:`doors.torchserve.batch_door`).
 
 TorchServe answers a batch together, so a prediction batched with explanation rows waits for their backward. A model
 with an explanation pool (``explanation_workers``; docs/SERVING.md, "Predictions next to explanations") is registered
@@ -26,12 +27,15 @@ import logging
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from doors.torchserve.batch_door import BatchDoor
 from doors.torchserve.openai_door import OpenAIRoutes
 from explain_client.protos import inference_stubs
 from forwarding import Forwarder, Policy, RefusedError, Reply, Upstream, serve_until_signalled
 from serving_core.pools import asks_for_explanation, pool_name
+from supervise.environment import name_value
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +49,11 @@ class PoolRouter(Policy):
 
     name = "Router"
 
-    def __init__(self, pools: Iterable[str], generation: Iterable[str] = ()) -> None:
-        """Route for these models (their served names, without the pool suffix)."""
+    def __init__(self, pools: Iterable[str], generation: Iterable[str] = (), batches: BatchDoor | None = None) -> None:
+        """Route for these models (their served names, without the pool suffix); ``batches``: the Batch API."""
         self.pools = frozenset(pools)
         self.openai = OpenAIRoutes(generation, self.rest_path, created=int(time.time()))
+        self.batches = batches
 
     def respond(
         self,
@@ -59,11 +64,20 @@ class PoolRouter(Policy):
         upstream: Upstream,
         headers: Mapping[str, str] | None = None,
     ) -> Reply | None:
-        """The OpenAI API's answer (:class:`~doors.torchserve.openai_door.OpenAIRoutes`); ``None`` otherwise."""
+        """The OpenAI API's answer (:class:`~doors.torchserve.openai_door.OpenAIRoutes`) or the Batch API's
+        (:class:`~doors.torchserve.batch_door.BatchDoor`); ``None`` otherwise."""
+        if self.batches is not None:
+            answer = self.batches.respond(method, path, authorization, body, upstream, headers)
+            if answer is not None:
+                return answer
         return self.openai.respond(method, path, authorization, body, upstream, headers)
 
     def refusal(self, path: str, refused: RefusedError) -> Reply | None:
-        """The OpenAI routes' refusals in OpenAI's shape; ``None`` otherwise."""
+        """The OpenAI and Batch API routes' refusals in OpenAI's shape; ``None`` otherwise."""
+        if self.batches is not None:
+            answer = self.batches.refusal(path, refused.status, refused.message)
+            if answer is not None:
+                return answer
         return self.openai.refusal(path, refused.status, refused.message)
 
     def rest_path(self, path: str, body: bytes) -> str:
@@ -108,11 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream-rest-port", type=int, required=True)
     parser.add_argument("--upstream-grpc-port", type=int, required=True)
     parser.add_argument("--max-body", type=int, default=3_100_000, help="bytes; larger requests get 413")
+    parser.add_argument("--batch-root", type=Path, help="the Batch API's state folder (absent: no Batch API)")
+    parser.add_argument(
+        "--batch-model", action="append", default=[], type=name_value, help="NAME=ARCHIVE a batch may ask for (repeat)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    batches = None
+    if args.batch_root is not None:
+        batches = BatchDoor(args.batch_root, {name: Path(path) for name, path in args.batch_model})
     router = Forwarder(
-        PoolRouter(args.pool, args.generation), args.listen, args.rest_port, args.grpc_port, args.upstream_rest_port,
-        args.upstream_grpc_port, args.max_body,
+        PoolRouter(args.pool, args.generation, batches), args.listen, args.rest_port, args.grpc_port,
+        args.upstream_rest_port, args.upstream_grpc_port, args.max_body,
     )  # fmt: skip
     pools = ", ".join(sorted(args.pool)) or "none"
     generation = ", ".join(sorted(args.generation)) or "none"
@@ -120,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.listen, *router.ports, args.upstream_rest_port, args.upstream_grpc_port, pools,
                 generation)  # fmt: skip
     serve_until_signalled(router)
+    if batches is not None:
+        batches.close()
     return 0
 
 
