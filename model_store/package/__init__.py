@@ -24,10 +24,11 @@ This module is the public surface: import from ``model_store.package``.
 
 from model_store.package.checkpoint_files import PICKLE_SUFFIXES, SAFE_SUFFIXES
 from model_store.package.cli import main
+from model_store.package.limits import DEFAULT_MAX_LENGTH
 from model_store.package.models_file import ModelEntry, parse_models, read_models_file
 from model_store.package.packaging import FINGERPRINTS_DIR, Packaged, default_out, fingerprint, package, serving_config
 from model_store.package.settings import NAME_PATTERN, PackageError, Settings, Task, check_name
-from model_store.package.validate import DEFAULT_MAX_LENGTH, Checkpoint, validate
+from model_store.package.validate import Checkpoint, validate
 
 __all__ = [
     "DEFAULT_MAX_LENGTH",

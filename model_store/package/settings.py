@@ -34,7 +34,7 @@ class Settings:
         max_length: Text: tokens per input (both segments of a pair together); longer inputs are truncated
             (``None``: 128, or the model's position limit if smaller). Generation models: a prompt's tokens at most
             (``None``: the model's positions less ``max_new_tokens``, bounded by what
-            :data:`~model_store.package.validate.GENERATION_MEMORY_BUDGET_MIB` holds of a batch's explanations; the
+            :data:`~model_store.package.limits.GENERATION_MEMORY_BUDGET_MIB` holds of a batch's explanations; the
             packager logs which limit applied and writes it into ``model-config.yaml``).
         batch_size: TorchServe ``batchSize``: rows per batch.
         max_batch_delay: TorchServe ``maxBatchDelay`` in ms: how long a partial batch waits (a lone request waits
