@@ -18,14 +18,12 @@ import torch
 from transformers import AutoConfig
 
 from serving_core.config import HandlerConfig
+from serving_core.registry import task_of_architecture
 from serving_core.task import get_task
 from serving_core.wire import Encoding
 
 from .canaries import Explain
 from .serving import decode_documents, reader_for, service_explainer
-
-_TASKS = (("ForSequenceClassification", "text"), ("ForTokenClassification", "token_classification"),
-          ("ForCausalLM", "generation"))  # fmt: skip
 
 
 def checkpoint_config(folder: Path, device: str = "cpu", max_length: int = 128) -> HandlerConfig:
@@ -39,11 +37,12 @@ def checkpoint_config(folder: Path, device: str = "cpu", max_length: int = 128) 
         raise ValueError(f"{folder} is not a checkpoint folder (no config.json)")
     document = json.loads(path.read_text(encoding="utf-8"))
     architectures = document.get("architectures") or []
-    task = next((name for suffix, name in _TASKS for arch in architectures if arch.endswith(suffix)), None)
-    if task is None:
+    facts = next((found for arch in architectures if (found := task_of_architecture(arch)) is not None), None)
+    if facts is None or facts.input_kind != "text":
         raise ValueError(f"{folder}: architecture {architectures} is not a text, token or causal LM model")
+    task = facts.name
     id2label = AutoConfig.from_pretrained(str(folder), local_files_only=True).id2label
-    labels = () if task == "generation" else tuple(str(id2label[key]) for key in sorted(id2label, key=int))
+    labels = tuple(str(id2label[key]) for key in sorted(id2label, key=int)) if facts.labelled else ()
     return HandlerConfig(task=task, labels=labels, device=device, max_length=max_length)  # type: ignore[arg-type]
 
 

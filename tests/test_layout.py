@@ -183,7 +183,7 @@ def test_no_module_but_the_registry_keeps_a_table_of_tasks() -> None:
     """The facts about tasks (their library task, model class, head suffixes, entry file, budgets, examples) are
     asked of the task's record, :data:`serving_core.registry.TASKS`; no other production module lists tasks."""
     packages = ("serving_core", "doors", "model_store", "explainers", "supervise", "forwarding", "explain_client",
-                "explain_eval", "bench", "scripts", *ALIASES)  # fmt: skip
+                "batch", "records", "monitoring", "explain_eval", "bench", "scripts", *ALIASES)  # fmt: skip
     found = [
         table
         for package in packages
