@@ -283,6 +283,28 @@ class Continuation:
         }
 
 
+@dataclass(frozen=True)
+class GeneratedStep:
+    """One step of the decoding loop, as :func:`generate_continuation`'s ``on_step`` sees it (a stream's tokens).
+
+    Attributes:
+        index: the step (0: the first new token).
+        tokens: ``(batch,)`` the token each row wrote at this step (the pad token for a row that had ended).
+        written: ``(batch,)`` bool, the rows that wrote a token at this step.
+        ended: ``(batch,)`` bool, the rows that end at this step (their EOS, their budget, or ``stop``).
+        probabilities: ``(batch,)`` each written token's probability under the model (0 for the other rows).
+        logprobs: the step's :class:`StepLogprobs` (one column) when they are recorded (``top_logprobs``), else
+            ``None``.
+    """
+
+    index: int
+    tokens: Tensor
+    written: Tensor
+    ended: Tensor
+    probabilities: Tensor
+    logprobs: StepLogprobs | None = None
+
+
 def _device(model: nn.Module) -> torch.device:
     for parameter in model.parameters():
         return parameter.device
@@ -496,6 +518,7 @@ def generate_continuation(
     top_logprobs: int | None = None,
     stop: Callable[[Tensor], Tensor] | None = None,
     deadline: Deadline | None = None,
+    on_step: Callable[[GeneratedStep], None] | None = None,
 ) -> Continuation:
     """Generate after each prompt of a batch, all rows together, each stopping at its EOS, its token budget or when
     ``stop`` says so.
@@ -513,6 +536,8 @@ def generate_continuation(
             rows that end at this step (their last token is kept, as an EOS is), e.g. when the decoded text reached a
             stop sequence. Rows that already ended are ignored whatever it says.
         deadline: when the answer is due (``None``: none), checked before each step.
+        on_step: called after each step (after ``stop``) with its :class:`GeneratedStep`, as the tokens are written
+            (a stream's hook); it changes nothing of the answer.
 
     Returns:
         The :class:`Continuation`; ``T`` is the longest row's number of steps.
@@ -579,6 +604,11 @@ def generate_continuation(
             ended = torch.stack([torch.isin(token[row], eos) for row, eos in enumerate(eos_rows)])
             if stop is not None:
                 ended = ended | stop(torch.stack(chosen, dim=1)).to(device=device, dtype=torch.bool)
+            if on_step is not None:
+                written = masks[-1]
+                finished = written & (ended | (budget <= step + 1))
+                on_step(GeneratedStep(step, token, written, finished, probabilities[-1],
+                                      recorded[-1] if top_logprobs is not None else None))  # fmt: skip
             alive = alive & ~ended
             step_input = token.view(-1, 1)
             mask = torch.cat([mask, torch.ones_like(step_input)], dim=1)
