@@ -45,6 +45,14 @@ def final_event(answer: Mapping[str, Any], text: str = "") -> dict[str, Any]:
     return {"event": ANSWER, **answer}
 
 
+def answer_events(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The events of a row answered whole (where its door could not stream it as it was written): its text as one
+    token event, then its answer event; a failed row: its error event."""
+    if isinstance(answer.get("error"), Mapping):
+        return [final_event(answer)]
+    return [token_event(str(answer.get("text", "")), answer.get("steps", ())), final_event(answer)]
+
+
 def json_line(event: Mapping[str, Any]) -> bytes:
     """One event as a line of JSON (``\\n``-terminated)."""
     return json.dumps(event, separators=(",", ":")).encode("utf-8") + b"\n"

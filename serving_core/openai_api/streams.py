@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ..streaming import ANSWER, ERROR, TOKEN
+from ..streaming import ANSWER, ERROR, TOKEN, answer_events
 from .answers import _explanation, _finish, _header, _logprobs, _usage
 from .errors import OpenAIError, row_failure
 from .requests import Translated
@@ -130,11 +130,7 @@ def opened(events: Iterator[tuple[int, Mapping[str, Any]]]) -> Iterator[tuple[in
 
 
 def answered_events(answers: Iterable[Mapping[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The events of choices answered whole (a backend that cannot stream): each choice's text as one token event,
-    then its answer event."""
+    """The events of choices answered whole (:func:`serving_core.streaming.answer_events`), choice by choice."""
     for choice, answer in enumerate(answers):
-        if row_failure(answer) is None:
-            yield choice, {"event": TOKEN, "text": answer["text"], "steps": answer["steps"]}
-            yield choice, {"event": ANSWER, **answer}
-        else:
-            yield choice, {"event": ERROR, "error": dict(answer["error"]), "text": ""}
+        for event in answer_events(answer):
+            yield choice, event
