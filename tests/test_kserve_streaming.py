@@ -14,26 +14,25 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("kserve")
 
-import openai  # noqa: E402
-import uvicorn  # noqa: E402
-from fastapi import FastAPI  # noqa: E402
-from openai import OpenAI  # noqa: E402
+import openai
+import uvicorn
+from fastapi import FastAPI
+from openai import OpenAI
 
-from doors.kserve.backends import LocalBackend  # noqa: E402
-from doors.kserve.generate_routes import add_generate_routes, generation_document  # noqa: E402
-from doors.kserve.kserve_model import ExplainModel  # noqa: E402
-from doors.kserve.openai_routes import add_openai_routes  # noqa: E402
-from doors.kserve.settings import ModelSettings  # noqa: E402
-from serving_core.config import HandlerConfig  # noqa: E402
-from serving_core.errors import RowError  # noqa: E402
-from tests.generation_checkpoint import PROMPTS, causal_lm  # noqa: E402
+from doors.kserve.backends import LocalBackend
+from doors.kserve.generate_routes import add_generate_routes, generation_document
+from doors.kserve.kserve_model import ExplainModel
+from doors.kserve.openai_routes import add_openai_routes
+from doors.kserve.settings import ModelSettings
+from serving_core.config import HandlerConfig
+from serving_core.errors import RowError
+from tests.generation_checkpoint import PROMPTS, causal_lm
 
 CONFIG = HandlerConfig.from_model_yaml(
     {"handler": {"task": "generation", "default_method": "grad_x_input", "max_length": 16, "max_new_tokens": 60,
