@@ -90,8 +90,7 @@ def test_rest_streams_json_lines_as_the_tokens_are_written(writer: Server) -> No
 
 def test_an_error_before_any_token_keeps_its_status(writer: Server) -> None:
     status, _, events = _stream(writer, {"prompt": PROMPTS[0], "max_new_tokens": 500, "stream": True})
-    assert status == 400 and [event["event"] for _, event in events] == ["error"]
-    assert events[0][1]["error"]["code"] == "too_many_tokens" and events[0][1]["text"] == ""
+    assert status == 400 and len(events) == 1 and events[0][1]["error"]["code"] == "too_many_tokens"
 
 
 def test_rows_of_one_batch_stream_independently(writer: Server) -> None:
@@ -136,9 +135,9 @@ def test_the_openai_client_streams_through_the_router(writer: Server) -> None:
     contents = [chunk for chunk in chunks if chunk.choices and chunk.choices[0].text]
     assert len(contents) >= 3
     assert "".join(chunk.choices[0].text for chunk in contents) == whole.choices[0].text
-    assert [token for chunk in contents for token in chunk.choices[0].logprobs.tokens] == whole.choices[
-        0
-    ].logprobs.tokens
+    tokens = [token for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+              for token in chunk.choices[0].logprobs.tokens]  # fmt: skip
+    assert tokens == whole.choices[0].logprobs.tokens
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
 
 
