@@ -71,7 +71,11 @@ class GenerationStream:
     """
 
     def __init__(self, events: Iterator[Mapping[str, Any]]) -> None:
-        """Read the service's ``events`` (JSON documents) as they come."""
+        """Read the service's events as they come.
+
+        Args:
+            events: the stream's events (JSON documents), as the transport receives them.
+        """
         self._events = events
         self.text = ""
         self.generation: Generation | None = None
