@@ -13,10 +13,10 @@ router, the KServe/Ray door) to route.
 Plain Python (no torch): the router in front of TorchServe imports it. docs/SERVING.md, "OpenAI API".
 """
 
-from .answers import completion_answer, events, model_list, stream_chunks
+from .answers import completion_answer, events, model_list
 from .errors import OpenAIError, row_failure
 from .requests import Translated, chat_request, completion_request, with_deadline_header
-from .streams import ChunkStream, answered_events, opened, streamed_events
+from .streams import ChunkStream, answered_events, opened, stream_chunks, streamed_events
 
 __all__ = [
     "ChunkStream",

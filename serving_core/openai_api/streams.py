@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..streaming import ANSWER, ERROR, TOKEN, answer_events
-from .answers import _explanation, _finish, _header, _logprobs, _usage
+from .answers import _checked, _explanation, _finish, _header, _logprobs, _usage
 from .errors import OpenAIError, row_failure
 from .requests import Translated
 
@@ -100,6 +100,18 @@ class ChunkStream:
             logprobs["text_offset"] = [offset + self._offsets[choice] for offset in logprobs["text_offset"]]
         self._offsets[choice] += sum(len(step.get("text", "")) for step in steps)
         return logprobs
+
+
+def stream_chunks(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The stream of choices already served whole (:mod:`~serving_core.openai_api.answers`' docstring): their
+    chunks in order, ``[DONE]`` not included.
+
+    Raises:
+        OpenAIError: if a choice failed (before any chunk: the error keeps its HTTP status).
+    """
+    _checked(translated, answers)
+    stream = ChunkStream(translated)
+    return [chunk for choice, event in answered_events(answers) for chunk in stream.event(choice, event)]
 
 
 def streamed_events(translated: Translated, events: Iterable[tuple[int, Mapping[str, Any]]]) -> Iterator[bytes]:
