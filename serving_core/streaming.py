@@ -84,13 +84,19 @@ def _event(line: bytes) -> dict[str, Any]:
 
 class RowStream:
     """One streaming row at a door: sends its token events as they come (:attr:`listener`) and keeps their text, so
-    that its last event (:meth:`final`) keeps the text of a row that then failed."""
+    that its last event (:meth:`final`) keeps the text of a row that then failed.
+
+    Attributes:
+        tokens: the steps its token events carried so far.
+        sent: the token events sent so far (none: the door may still answer with an HTTP status of its own).
+    """
 
     def __init__(self, send: Callable[[dict[str, Any]], None]) -> None:
         """Send each event with ``send``."""
         self._send = send
         self._parts: list[str] = []
         self.tokens = 0
+        self.sent = 0
 
     @property
     def text(self) -> str:
@@ -101,6 +107,7 @@ class RowStream:
         """Send one token event (the row's :data:`Listener`)."""
         self._parts.append(str(event.get("text", "")))
         self.tokens += len(event.get("steps", ()))
+        self.sent += 1
         self._send(event)
 
     def final(self, answer: Mapping[str, Any]) -> dict[str, Any]:

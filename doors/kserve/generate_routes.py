@@ -6,10 +6,11 @@ written (docs/SERVING.md, "Streaming").
 The request is a JSON object: ``text_input`` (the prompt; or the generation task's own ``prompt``, ``messages``,
 ``documents``), ``parameters`` (``max_tokens`` or ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
 ``do_sample``, ``stop``, ``logprobs``), and any other field of the generation task's JSON document (``explain``,
-``deadline_ms``). Each answer document has ``model_name``, ``model_version`` and ``text_output`` (the whole text, or
-in a stream the event's new characters), then the generation answer's fields (a stream: the event's, with ``event``:
-``token``, then ``answer`` with the explanation). An error is ``{"error": message, "code": ...}`` under the error
-table's HTTP status before the first event, the last event of a stream after it (with the ``text`` sent so far).
+``deadline_ms``; or the ``Explain-Deadline-Ms`` header). Each answer document has ``model_name``, ``model_version``
+and ``text_output`` (the whole text, or in a stream the event's new characters), then the generation answer's fields
+(a stream: the event's, with ``event``: ``token``, then ``answer`` with the explanation). An error is ``{"error":
+message, "code": ...}`` under the error table's HTTP status before the first event, the last event of a stream after
+it (with the ``text`` sent so far).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from serving_core.errors import RowError
+from serving_core.openai_api import OpenAIError, with_deadline_header
 from serving_core.openai_api.streams import sse
 from serving_core.streaming import ERROR
 
@@ -100,7 +102,10 @@ async def _answer(name: str, request: Request, models: Mapping[str, ExplainModel
             raise RowError("invalid_json", f"the body is not JSON: {error}") from None
         except RequestError as error:  # the door's body limit, raised while the body is read
             raise error.error from None
-        document = generation_document(body)
+        try:
+            document = generation_document(with_deadline_header(body, dict(request.headers)))
+        except OpenAIError as error:
+            raise RowError(error.code, error.message) from None
         if not stream:
             answer = (await model.answer_documents([document]))[0]
             if isinstance(answer.get("error"), Mapping):

@@ -145,7 +145,8 @@ class ExplanationHandler:
                 body = task.encode(outcome, config)
                 context.set_response_content_type(index, CONTENT_TYPES[outcome.encoding])
             encode_seconds = time.perf_counter() - started
-            if outcome.error is not None:
+            started_stream = index in streams and streams[index].sent > 0  # its status went with its first event
+            if outcome.error is not None and not started_stream:
                 context.set_response_status(outcome.error.http_status, outcome.error.phrase, index)
                 logger.debug("row %d: %s %s", index, outcome.error.code, outcome.error.message)
             task.observe(self.model_name, decoded[index], outcome, timings, encode_seconds)
