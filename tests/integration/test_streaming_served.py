@@ -154,3 +154,19 @@ def test_the_client_streams_events(writer: Server) -> None:
                        token=writer.keys["inference"]) as client:  # fmt: skip
         over_grpc = client.generate_stream("writer", PROMPTS[1], max_new_tokens=12)
         assert "".join(token.text for token in over_grpc) == answer.text and over_grpc.result().text == answer.text
+
+
+def test_a_deadline_that_passes_after_the_first_tokens_ends_with_an_error_event(writer: Server) -> None:
+    """The answer is written in well under its deadline, its explanation (integrated gradients, one path point at a
+    time, over every step) is not: its tokens come, then an error event with the text they carried."""
+    document: dict[str, Any] = {"prompt": PROMPTS[1], "max_new_tokens": 40, "stream": True}
+    started = time.perf_counter()
+    _stream(writer, document)
+    written = time.perf_counter() - started
+    explain = {"method": "integrated_gradients", "n_steps": 64, "internal_batch_size": 1}
+    due = int((time.time() + 3 * written + 0.5) * 1000)
+    status, _, events = _stream(writer, {**document, "explain": explain, "deadline_ms": due})
+    assert status == 200 and events[-1][1]["event"] == "error", events[-1]
+    assert events[-1][1]["error"]["code"] == "deadline_exceeded"
+    tokens = [event for _, event in events[:-1]]
+    assert tokens and events[-1][1]["text"] == "".join(event["text"] for event in tokens)
