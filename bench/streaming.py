@@ -1,14 +1,16 @@
 """Streamed generation, served against transformers' own streamer: time to the first streamed token and tokens per
-second of the KServe door's OpenAI API (``stream=True`` through the official ``openai`` client, the door served by
-uvicorn in this process over the model's :class:`~doors.kserve.backends.LocalBackend`), side by side with
-``model.generate`` and a ``TextIteratorStreamer`` on the same model and prompt in-process, at concurrency 1 and 4.
+second of the KServe door's OpenAI API (``stream=True`` through the official ``openai`` client; the door in its own
+process, started by the launcher over the checkpoint packaged as ``make serve MODELS=...`` packages it), side by side
+with ``model.generate`` and a ``TextIteratorStreamer`` on the same model and prompt in-process, at concurrency 1
+and 4.
 
 Models: a tiny causal LM built here (``bench.generation``'s random 4-layer Llama with its word-level tokenizer,
 saved as a checkpoint) and, when it is built (``make writer``: ``model_store/build/writer/model``) or named with
 ``--writer``, the demo writer (SmolLM2-135M-Instruct). Both sides run greedy decoding of ``--new-tokens`` tokens
 (32) on the same prompt; the tiny model's answers end at its EOS, if it writes one, on both sides alike.
 
-Per cell: the median over every stream of the time to its first non-empty text (TTFT), of its tokens per second
+The two sides take turns, round by round (a round: ``c`` concurrent streams), after a warm-up round each. Per cell:
+the median over every stream of the time to its first non-empty text (TTFT), of its tokens per second
 (its tokens over its whole time) and of its first token's share of its whole time; the goals (issue 35): TTFT within
 1.5× of transformers', tokens/s at least 0.9× of it, the first token at most a quarter of a 32-token answer's time.
 
@@ -19,12 +21,12 @@ Per cell: the median over every stream of the time to its first non-empty text (
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,8 @@ from bench.generation import build_model, word_tokenizer
 #: The prompt both sides continue (the tiny model's words are its vocabulary's, ``w3``...).
 WRITER_PROMPT = "Explain in two sentences why the sky is blue."
 WRITER_DEFAULT = Path("model_store/build/writer/model")
+#: Seconds between the two sides' rounds.
+PAUSE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -59,23 +63,42 @@ def tiny_checkpoint(folder: Path) -> tuple[Path, str]:
     return folder, " ".join(f"w{3 + (7 * index) % 1990}" for index in range(24))
 
 
-def concurrently(run: Callable[[], Stream], clients: int, repeats: int) -> list[Stream]:
-    """``repeats`` rounds of ``clients`` concurrent streams (a warm-up round first, not counted)."""
-    results: list[Stream] = []
+def concurrently(run: Callable[[], Stream], clients: int) -> list[Stream]:
+    """One round of ``clients`` concurrent streams."""
+    made: list[Stream] = []
+    threads = [threading.Thread(target=lambda: made.append(run())) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return made
+
+
+def paired_rounds(
+    ours: Callable[[], Stream], theirs: Callable[[], Stream], clients: int, repeats: int
+) -> tuple[list[Stream], list[Stream]]:
+    """``repeats`` rounds of each side, alternating (so that a busy machine slows both alike), after a warm-up round
+    of each that is not counted."""
+    mine: list[Stream] = []
+    baseline: list[Stream] = []
     for round_ in range(repeats + 1):
-        made: list[Stream] = []
-        threads = [threading.Thread(target=lambda made=made: made.append(run())) for _ in range(clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        served = concurrently(ours, clients)
+        time.sleep(PAUSE_S)  # the door's idle OpenMP threads stop spinning before the other side runs
+        reference = concurrently(theirs, clients)
+        time.sleep(PAUSE_S)
         if round_:
-            results.extend(made)
-    return results
+            mine += served
+            baseline += reference
+    return mine, baseline
+
+
+#: The threads ``generate`` runs on beside its streamer's reader, kept (as a server keeps its workers: a new thread
+#: would start a new OpenMP thread team for every call).
+_GENERATE = ThreadPoolExecutor(max_workers=8, thread_name_prefix="generate")
 
 
 def transformers_stream(model: Any, tokenizer: Any, prompt: str, new_tokens: int) -> Stream:
-    """One ``generate`` with a ``TextIteratorStreamer``, read as it writes."""
+    """One ``generate`` with a ``TextIteratorStreamer`` (on a worker thread), read as it writes."""
     from transformers import TextIteratorStreamer
 
     inputs = tokenizer(prompt, return_tensors="pt")
@@ -88,13 +111,12 @@ def transformers_stream(model: Any, tokenizer: Any, prompt: str, new_tokens: int
             outputs.append(model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False, streamer=streamer,
                                           pad_token_id=tokenizer.pad_token_id))  # fmt: skip
 
-    thread = threading.Thread(target=generate)
-    thread.start()
+    running = _GENERATE.submit(generate)
     first = None
     for text in streamer:
         if text and first is None:
             first = time.perf_counter() - started
-    thread.join()
+    running.result()
     total = time.perf_counter() - started
     tokens = int(outputs[0].shape[1] - inputs["input_ids"].shape[1])
     return Stream(first if first is not None else total, total, tokens)
@@ -116,42 +138,28 @@ def served_stream(client: Any, model: str, prompt: str, new_tokens: int) -> Stre
 
 
 class Door:
-    """The KServe door's LLM routes over one checkpoint, served by uvicorn in this process."""
+    """The KServe door (``python -m doors serve --server kserve``'s process) serving one checkpoint, packaged as
+    ``make serve MODELS=lm=PATH`` packages it."""
 
-    def __init__(self, checkpoint: Path, new_tokens: int, batch_size: int) -> None:
-        import uvicorn
-        from fastapi import FastAPI
+    def __init__(self, checkpoint: Path, new_tokens: int, batch_size: int, folder: Path) -> None:
+        from doors.kserve import launch as launcher
+        from doors.torchserve.config import Ports
+        from model_store.package import Settings, package
 
-        from doors.kserve.backends import LocalBackend
-        from doors.kserve.kserve_model import ExplainModel
-        from doors.kserve.openai_routes import add_openai_routes
-        from doors.kserve.settings import ModelSettings
-        from serving_core.config import HandlerConfig
-
-        config = HandlerConfig.from_model_yaml({"handler": {
-            "task": "generation", "max_length": 256, "max_new_tokens": max(new_tokens, 8), "device": "cpu",
-            "model_dir": checkpoint.name,
-        }})  # fmt: skip
-        settings = ModelSettings("lm", checkpoint.parent, config, batch_size=batch_size, max_batch_delay=0.005)
-        self.model = ExplainModel(LocalBackend(settings))
-        self.model.load()
-        app = FastAPI()
-        add_openai_routes(app, {"lm": self.model})
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{port}/v1"
+        settings = Settings(max_length=256, batch_size=batch_size, max_batch_delay=5, max_new_tokens=max(new_tokens, 8),
+                            default_new_tokens=4)  # fmt: skip
+        archive = package(checkpoint, "lm", folder / "store", settings).archive
+        ports = Ports.free()
+        self.run_dir = folder / "run"
+        door = launcher.start("kserve", {"lm": archive.resolve()}, self.run_dir, ports.inference, ports.grpc_inference,
+                              timeout=600)  # fmt: skip
+        self.url = f"{door.url}/v1"
 
     def close(self) -> None:
-        """Stop serving."""
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.model.stop()
+        """Stop the door."""
+        from doors.kserve import launch as launcher
+
+        launcher.stop(self.run_dir)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -196,14 +204,17 @@ def measure(name: str, checkpoint: Path, prompt: str, args: argparse.Namespace) 
 
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    door = Door(checkpoint, args.new_tokens, max(args.concurrency))
+    door = Door(checkpoint, args.new_tokens, max(args.concurrency), Path(tempfile.mkdtemp(prefix="bench-streaming-")))
     client = OpenAI(api_key="bench", base_url=door.url, max_retries=0, timeout=600)
     rows = []
     try:
         for clients in args.concurrency:
-            ours = concurrently(lambda: served_stream(client, "lm", prompt, args.new_tokens), clients, args.repeats)
-            theirs = concurrently(lambda: transformers_stream(model, tokenizer, prompt, args.new_tokens), clients,
-                                  args.repeats)  # fmt: skip
+            ours, theirs = paired_rounds(
+                lambda: served_stream(client, "lm", prompt, args.new_tokens),
+                lambda: transformers_stream(model, tokenizer, prompt, args.new_tokens),
+                clients,
+                args.repeats,
+            )
             rows.append(cell(name, clients, ours, theirs))
     finally:
         door.close()
@@ -215,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.streaming", description=__doc__.split("\n\n")[0])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--repeats", type=int, default=5, help="rounds per cell (after one warm-up round)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds per side and cell (after a warm-up round)")
     parser.add_argument("--writer", type=Path, help=f"the writer's checkpoint (default: {WRITER_DEFAULT}, if built)")
     parser.add_argument("--no-writer", action="store_true", help="the tiny LM only")
     args = parser.parse_args(argv)
