@@ -7,6 +7,7 @@ from .auth import read_token_file, resolve_token
 from .client import ExplainClient, is_retryable
 from .generation import AnswerSpan, Citation, Generation, GenerationCall, GenerationStep, PromptPart
 from .results import ContextUnit, Entity, Explanation, Prediction, ServiceError, Skipped, TokenClassification
+from .streams import GenerationStream, TokenEvent
 from .wire import SERVICE_DEFAULT, Request
 
 __all__ = [
@@ -20,12 +21,14 @@ __all__ = [
     "Generation",
     "GenerationCall",
     "GenerationStep",
+    "GenerationStream",
     "Prediction",
     "PromptPart",
     "Request",
     "ServiceError",
     "Skipped",
     "TokenClassification",
+    "TokenEvent",
     "is_retryable",
     "read_token_file",
     "resolve_token",

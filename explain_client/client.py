@@ -23,6 +23,7 @@ from .generation import DocumentInput, Generation, GenerationCall, Message, Step
 # load_requests lived in this module; it stays importable from here.
 from .inputs import load_requests as load_requests
 from .results import Prediction, ServiceError
+from .streams import GenerationStream
 from .transport import DEFAULT_GRPC_ADDRESS, DEFAULT_REST_URL, Backend, GrpcBackend, RestBackend, Transport
 from .wire import SERVICE_DEFAULT, PlainInput, Request, Target
 
@@ -195,15 +196,55 @@ class ExplainClient:
         Raises:
             ServiceError: see :meth:`call`.
         """
-        text = continuation if isinstance(continuation, str) else None
-        ids = None if continuation is None or isinstance(continuation, str) else list(continuation)
-        request = GenerationCall(
-            prompt, max_new_tokens, sampling, text, ids, method, steps, contrast, dict(options),
-            None if messages is None else list(messages), None if documents is None else list(documents),
-            granularity, span,
-        )  # fmt: skip
+        request = _generation_call(prompt, messages, documents, max_new_tokens, sampling, continuation, method, steps,
+                                   contrast, granularity, span, options)  # fmt: skip
         backend: Any = self._backend  # both backends generate (RestBackend.generate, GrpcBackend.generate)
         return self._retrying(lambda: backend.generate(model, request, timeout or self.timeout))
+
+    def generate_stream(
+        self,
+        model: str,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        documents: Sequence[DocumentInput] | None = None,
+        max_new_tokens: int | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        method: str | None = None,
+        steps: Steps = None,
+        contrast: str | int | Sequence[str | int] | None = None,
+        granularity: str | None = None,
+        span: tuple[int, int] | None = None,
+        timeout: float | None = None,
+        **options: int | float,
+    ) -> GenerationStream:
+        """:meth:`generate`, streamed: iterate the answer for its tokens as the service writes them
+        (:class:`~explain_client.streams.TokenEvent`), then read its ``generation`` (the same answer as
+        :meth:`generate`'s, with its explanation). REST: chunked JSON lines; gRPC: TorchServe's
+        ``StreamPredictions``. Not retried (tokens may already have been shown).
+
+        Args:
+            model: the served generation model.
+            prompt: the prompt (or give ``messages``).
+            messages: chat messages, as :meth:`generate`'s.
+            documents: documents given to the model, as :meth:`generate`'s.
+            max_new_tokens: new tokens to write (``None``: the model's default).
+            sampling: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed`` (``None``: greedy).
+            method: the attribution method of the answer's explanation; ``None``: none.
+            steps: the steps to explain, as :meth:`generate`'s.
+            contrast: foil tokens, as :meth:`generate`'s.
+            granularity: the units of the explanation's context, as :meth:`generate`'s.
+            span: characters of the answer to explain as one objective.
+            timeout: seconds the stream may take (default: the client's).
+            **options: method options.
+
+        Raises:
+            ServiceError: an error before the first token (as :meth:`generate`); while iterating, one after it.
+        """
+        request = _generation_call(prompt, messages, documents, max_new_tokens, sampling, None, method, steps,
+                                   contrast, granularity, span, options)  # fmt: skip
+        backend: Any = self._backend  # both backends stream (RestBackend.stream, GrpcBackend.stream)
+        return GenerationStream(backend.stream(model, request, timeout or self.timeout))
 
     def chat(
         self,
@@ -411,3 +452,27 @@ class ExplainClient:
         raise TypeError(
             f"expected a Request, str (text), (text, text_pair) or bytes (image), got {type(item).__name__}"
         )
+
+
+def _generation_call(
+    prompt: str | None,
+    messages: Sequence[Message] | None,
+    documents: Sequence[DocumentInput] | None,
+    max_new_tokens: int | None,
+    sampling: Mapping[str, Any] | None,
+    continuation: str | Sequence[int] | None,
+    method: str | None,
+    steps: Steps,
+    contrast: str | int | Sequence[str | int] | None,
+    granularity: str | None,
+    span: tuple[int, int] | None,
+    options: Mapping[str, int | float],
+) -> GenerationCall:
+    """The :class:`GenerationCall` of :meth:`ExplainClient.generate`'s arguments."""
+    text = continuation if isinstance(continuation, str) else None
+    ids = None if continuation is None or isinstance(continuation, str) else list(continuation)
+    return GenerationCall(
+        prompt, max_new_tokens, sampling, text, ids, method, steps, contrast, dict(options),
+        None if messages is None else list(messages), None if documents is None else list(documents),
+        granularity, span,
+    )  # fmt: skip

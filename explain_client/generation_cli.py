@@ -2,7 +2,7 @@
 chat messages, with ``--document``s), with each generated token's top context tokens (or words: ``--granularity``)
 in the terminal, or, with documents, each sentence of the answer followed by its ``[1]``-style citations;
 ``--html`` (choose a token or a sentence to see its attribution and its documents) and ``--png`` (the step or
-sentence × context matrix)."""
+sentence × context matrix). ``--stream`` prints the answer's tokens as the model writes them first."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .client import ExplainClient
 from .generation import Generation, Steps
 from .generation_render import CITATION_LEGEND, LEGEND, generation_png, html_generation_page, terminal_generation
 from .results import ServiceError
+from .streams import GenerationStream
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top-p", type=float)
     group.add_argument("--continuation", help="explain this continuation instead of generating")
     group.add_argument("--no-explain", action="store_true", help="only generate (each token's probability)")
+    group.add_argument(
+        "--stream", action="store_true", help="print the answer's tokens as the model writes them, then the explanation"
+    )
 
 
 def parse_steps(value: str | None) -> Steps:
@@ -119,6 +123,21 @@ def _foils(value: str | None) -> list[str | int] | None:
     return [int(part) if part.lstrip("-").isdigit() else part for part in value.split(",")]
 
 
+def _streamed(stream: GenerationStream, out: TextIO) -> Generation:
+    """Print a streamed answer's text as it arrives (a line of its own); its answer.
+
+    Raises:
+        ServiceError: the stream's error (after the text written before it, and a newline).
+    """
+    try:
+        for token in stream:
+            out.write(token.text)
+            out.flush()
+    finally:
+        out.write("\n")
+    return stream.result()
+
+
 def run(args: argparse.Namespace, client: ExplainClient, out: TextIO, color: bool) -> int:
     """Call the service for the prompt (``args.text``) and show the answer; the exit status."""
     sampling: dict[str, Any] = {}
@@ -135,22 +154,25 @@ def run(args: argparse.Namespace, client: ExplainClient, out: TextIO, color: boo
     except (OSError, ValueError) as error:
         out.write(f"error: {error}\n")
         return 2
+    arguments: dict[str, Any] = {
+        "messages": messages,
+        "documents": given,
+        "max_new_tokens": args.max_new_tokens,
+        "sampling": sampling or None,
+        "method": None if args.no_explain else (args.method or ""),  # "": the model's default method
+        "steps": parse_steps(args.steps),
+        "contrast": _foils(args.contrast),
+        "granularity": args.granularity,
+        "span": span,
+        **options,
+    }
+    prompt = None if args.chat else args.text
+    result: Generation | ServiceError
     try:
-        result: Generation | ServiceError = client.generate(
-            args.model,
-            None if args.chat else args.text,
-            messages=messages,
-            documents=given,
-            max_new_tokens=args.max_new_tokens,
-            sampling=sampling or None,
-            continuation=args.continuation,
-            method=None if args.no_explain else (args.method or ""),  # "": the model's default method
-            steps=parse_steps(args.steps),
-            contrast=_foils(args.contrast),
-            granularity=args.granularity,
-            span=span,
-            **options,
-        )
+        if getattr(args, "stream", False) and args.continuation is None:
+            result = _streamed(client.generate_stream(args.model, prompt, **arguments), out)
+        else:
+            result = client.generate(args.model, prompt, continuation=args.continuation, **arguments)
     except ServiceError as error:
         result = error
     if isinstance(result, ServiceError):

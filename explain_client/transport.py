@@ -8,6 +8,9 @@ failed, so the row's ``error`` field is turned into the same :class:`~explain_cl
 caller gets. Transport failures are ``ServiceError``s too (``timeout``, ``unavailable``, ``unauthorized``, …); whether
 to try again is the client's decision, not the transport's.
 
+A streamed generation (``"stream": true``) is read as it comes: REST's chunked JSON lines, or the messages of
+TorchServe's ``StreamPredictions`` RPC (its JSON document as ``input["body"]``).
+
 Each call tells the service when the client stops waiting: the ``Explain-Deadline-Ms`` header (REST) or
 ``ExplainRequest.deadline_ms`` (gRPC) holds now + ``timeout`` in Unix milliseconds, so the worker abandons work nobody
 waits for (docs/SERVING.md, "Time budgets and deadlines").
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.parse
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -27,10 +31,13 @@ from urllib3.exceptions import ProtocolError
 from .auth import refused_token
 from .generation import Generation, GenerationCall
 from .results import Prediction, ServiceError
+from .streams import json_lines
 from .wire import Request, prediction_from_protobuf
 
 #: The header a REST call carries its deadline in.
 DEADLINE_HEADER = "Explain-Deadline-Ms"
+#: TorchServe's server-streaming RPC (not in the client's stubs: called by its full name).
+STREAM_PREDICTIONS = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/StreamPredictions"
 
 
 def deadline_ms(timeout: float) -> int:
@@ -158,6 +165,46 @@ class RestBackend:
             code = "unauthorized"
         raise ServiceError(code, message, http_status=status)
 
+    def stream(self, model: str, call: GenerationCall, timeout: float) -> Iterator[dict[str, Any]]:
+        """POST a generation call with ``"stream": true``; its events (:mod:`explain_client.streams`) as they arrive
+        (an error before the first: raised as :meth:`call` raises it)."""
+        body = json.dumps({**call.to_json(), "stream": True}).encode("utf-8")
+        headers = {"Content-Type": "application/json", DEADLINE_HEADER: str(deadline_ms(timeout))}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        try:
+            response = self.pool.urlopen(
+                "POST", f"{self._path}/predictions/{model}", body=body, headers=headers,
+                timeout=urllib3.Timeout(connect=timeout, read=timeout), redirect=False, preload_content=False,
+            )  # fmt: skip
+        except urllib3.exceptions.TimeoutError as error:
+            raise ServiceError("timeout", f"no answer from {self.url} within {timeout:g} s") from error
+        except (OSError, urllib3.exceptions.HTTPError) as error:
+            raise ServiceError("unavailable", f"cannot reach {self.url}: {error}") from error
+        if response.status != 200:
+            payload = response.read()
+            response.release_conn()
+            try:
+                document = json.loads(payload)
+            except ValueError:
+                document = None
+            if isinstance(document, dict) and isinstance(document.get("error"), dict):
+                return iter([document])  # the stream's one event: its error
+            raise ServiceError(_HTTP_CODES.get(response.status, f"http_{response.status}"),
+                               payload.decode("utf-8", "replace")[:500], http_status=response.status)  # fmt: skip
+        return self._events(response, timeout)
+
+    def _events(self, response: Any, timeout: float) -> Iterator[dict[str, Any]]:
+        try:
+            chunks = response.read_chunked() if response.chunked else response.stream()
+            yield from json_lines(chunks)
+        except urllib3.exceptions.TimeoutError as error:
+            raise ServiceError("timeout", f"the stream stopped for {timeout:g} s") from error
+        except (OSError, urllib3.exceptions.HTTPError) as error:
+            raise ServiceError("unavailable", f"the stream from {self.url} broke: {error}") from error
+        finally:
+            response.release_conn()
+
     def close(self) -> None:
         """Close the pooled connections."""
         self.pool.close()
@@ -222,6 +269,26 @@ class GrpcBackend:
                 code = "model_not_found"
             raise ServiceError(code, details, None, status.name) from None
         return self.messages.ExplainResponse.FromString(reply.prediction)
+
+    def stream(self, model: str, call: GenerationCall, timeout: float) -> Iterator[dict[str, Any]]:
+        """A generation call's events through TorchServe's ``StreamPredictions`` (its JSON document with
+        ``"stream": true`` as ``input["body"]``), each message as it arrives."""
+        grpc = self._grpc
+        body = json.dumps({**call.to_json(), "stream": True}).encode("utf-8")
+        request = self.inference_pb2.PredictionsRequest(model_name=model, input={"body": body})
+        metadata = [("authorization", f"Bearer {self.token}")] if self.token else []
+        stream = self.channel.unary_stream(
+            STREAM_PREDICTIONS,
+            request_serializer=self.inference_pb2.PredictionsRequest.SerializeToString,
+            response_deserializer=self.inference_pb2.PredictionResponse.FromString,
+        )
+        try:
+            for reply in stream(request, metadata=metadata, timeout=timeout):
+                yield from json_lines([reply.prediction])
+        except grpc.RpcError as error:
+            status = error.code()
+            code = "timeout" if status == grpc.StatusCode.DEADLINE_EXCEEDED else status.name.lower()
+            raise ServiceError(code, error.details() or str(status), None, status.name) from None
 
     def close(self) -> None:
         """Close the channel."""

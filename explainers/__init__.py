@@ -18,7 +18,8 @@ This module is the public surface; the names below are all a caller needs.
   :data:`FAMILIES`, :func:`support_table`.
 - Serving a batch of any head: :func:`group_rows` groups its rows by what can share a forward and a backward (a
   :class:`GroupKey` per row); the decoding loop :func:`generate_continuation` (a :class:`Continuation`, with
-  :class:`GenerationSettings` per row and :class:`StepLogprobs`), :func:`explain_continuation` for a continuation's
+  :class:`GenerationSettings` per row and :class:`StepLogprobs`; its ``on_step`` hook sees each
+  :class:`GeneratedStep` as it is written), :func:`explain_continuation` for a continuation's
   steps; the time estimates :func:`check_time_budget`, :func:`check_generation_budget`,
   :func:`check_explanation_budget`, :func:`generation_seconds`, :func:`prediction_seconds`, and :class:`ServedSpeed`,
   a model's speed corrected by the batches it serves.
@@ -93,6 +94,7 @@ from .tasks.citations import (
 )
 from .tasks.continuation import (
     Continuation,
+    GeneratedStep,
     GenerationSettings,
     StepLogprobs,
     evaluating,
@@ -165,6 +167,7 @@ __all__ = [
     "Document",
     "ExplainError",
     "Family",
+    "GeneratedStep",
     "GenerationExplanation",
     "GenerationSettings",
     "GroupKey",

@@ -9,9 +9,10 @@ REST: any method and path is forwarded with its body and headers (hop-by-hop one
 connection per listener thread; bodies (``Content-Length`` or chunked) over ``max_body`` bytes get 413. A policy may
 answer a REST request itself instead (:meth:`Policy.respond`: the router's OpenAI API, which calls the upstream's own
 routes through the same :class:`Upstream`). gRPC:
-TorchServe's inference service only (``Predictions``, ``Ping``), as raw bytes; its streaming RPCs, management and
-anything else are UNIMPLEMENTED (:data:`_STREAMS` says why). Status, headers, body, gRPC status and details come back
-as TorchServe sent them.
+TorchServe's inference service only (``Predictions``, ``Ping``, and ``StreamPredictions`` where the policy forwards it,
+each message as it comes), as raw bytes; the other streaming RPCs, management and anything else are UNIMPLEMENTED
+(:data:`_STREAMS` says why). REST answers TorchServe streams (chunked) are passed on chunk by chunk as they come.
+Status, headers, body, gRPC status and details come back as TorchServe sent them.
 
 Traces (:mod:`serving_core.tracing`): each request is a span in its caller's trace (W3C ``traceparent``) when
 tracing is on, and the upstream request carries that span as its parent; when it is off, the caller's
@@ -25,7 +26,7 @@ import http.client
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,9 +45,10 @@ DROPPED_HEADERS = frozenset(
 )  # fmt: skip
 #: TorchServe's gRPC inference service: the only one forwarded.
 GRPC_INFERENCE_SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
-#: TorchServe's streaming RPCs, by whether the client streams too. Refused: the explanation handlers answer one message
-#: per request, and TorchServe 0.12 kills the worker (NullPointerException in GRPCJob.response) when a streaming call
-#: reaches a handler that does not mark its replies as stream parts.
+#: TorchServe's streaming RPCs, by whether the client streams too. Refused unless the policy forwards them
+#: (:attr:`Policy.grpc_streams`, and then only the requests its :meth:`Policy.grpc_stream_request` lets through):
+#: TorchServe 0.12 kills the worker (NullPointerException in GRPCJob.response) when a streaming call reaches a handler
+#: that does not mark its replies as stream parts, and only a streaming row does (its events).
 _STREAMS = {"StreamPredictions": False, "StreamPredictions2": True}
 #: The most bytes of a refused request body read and dropped so that its client can read the refusal.
 _DISCARD_LIMIT = 64 * 2**20
@@ -76,10 +78,11 @@ class RefusedError(Exception):
 
 @dataclass(frozen=True)
 class Reply:
-    """A REST answer a policy gives itself instead of forwarding the request (:meth:`Policy.respond`)."""
+    """A REST answer a policy gives itself instead of forwarding the request (:meth:`Policy.respond`): its body whole
+    (``bytes``), or its chunks as they are made (sent chunked, each as soon as it comes: a stream)."""
 
     status: int
-    body: bytes
+    body: bytes | Iterable[bytes]
     content_type: str = "application/json"
 
 
@@ -128,8 +131,20 @@ class Policy:
         policy answers that path in a shape of its own (``None``, the default: the forwarder's JSON error)."""
         return None
 
+    #: The server-streaming RPCs forwarded (``StreamPredictions``), each call as :meth:`grpc_stream_request` says;
+    #: the others are refused.
+    grpc_streams: frozenset[str] = frozenset()
+
     def grpc_request(self, method: str, request: bytes) -> bytes:
         """The upstream request bytes of a gRPC call of ``method`` (e.g. ``Predictions``)."""
+        return request
+
+    def grpc_stream_request(self, method: str, request: bytes) -> bytes:
+        """The upstream request bytes of a server-streaming call of ``method`` (one of :attr:`grpc_streams`).
+
+        Raises:
+            RefusedError: if the call must not be forwarded (its gRPC code and message are the answer).
+        """
         return request
 
 
@@ -148,6 +163,19 @@ class Upstream:
         Raises:
             OSError, http.client.HTTPException: if the upstream cannot be reached or answers garbage.
         """
+        response, chunks = self.stream(method, path, body, headers)
+        return response, b"".join(chunks)
+
+    def stream(
+        self, method: str, path: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> tuple[Any, Iterator[bytes]]:
+        """Send one request on this thread's connection; returns the ``http.client`` response and its body's chunks
+        as they arrive (read them on this thread; a body left unread closes the connection).
+
+        Raises:
+            OSError, http.client.HTTPException: if the upstream cannot be reached or answers garbage (before its
+                body; while it is read, from the chunks).
+        """
         for attempt in (0, 1):
             connection = getattr(self._local, "connection", None)
             reused = connection is not None
@@ -157,7 +185,6 @@ class Upstream:
             try:
                 connection.request(method, path, body=body, headers=dict(headers))
                 response = connection.getresponse()
-                payload = response.read()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 connection.close()
                 self._local.connection = None
@@ -168,11 +195,25 @@ class Upstream:
                 connection.close()
                 self._local.connection = None
                 raise
-            if response.will_close:
-                connection.close()
-                self._local.connection = None
-            return response, payload
+            return response, self._chunks(connection, response)
         raise AssertionError("unreachable")
+
+    def _chunks(self, connection: http.client.HTTPConnection, response: Any) -> Iterator[bytes]:
+        """The response's body as it arrives; the connection is kept for the next request once it is read whole."""
+        whole = False
+        try:
+            while not response.isclosed():
+                chunk = response.read1(65536)
+                if not chunk:
+                    chunk = response.read()  # the end: marks the response read, so the connection takes the next
+                if chunk:
+                    yield chunk
+            whole = True
+        finally:
+            if not whole or response.will_close:
+                connection.close()
+                if getattr(self._local, "connection", None) is connection:
+                    self._local.connection = None
 
 
 def _read_chunked(stream: Any, limit: int) -> bytes:
@@ -200,6 +241,14 @@ def _read_chunked(stream: Any, limit: int) -> bytes:
         body += chunk
 
 
+def _upstream_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """An upstream stream's chunks; one that breaks mid-way ends where it broke (its client sees the stream end)."""
+    try:
+        yield from chunks
+    except (OSError, http.client.HTTPException) as error:
+        logger.warning("upstream stream broke: %s", error)
+
+
 def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -217,9 +266,29 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
         def _send(self, reply: Reply) -> None:
             self.send_response(reply.status)
             self.send_header("Content-Type", reply.content_type)
-            self.send_header("Content-Length", str(len(reply.body)))
+            if isinstance(reply.body, bytes):
+                self.send_header("Content-Length", str(len(reply.body)))
+                self.end_headers()
+                self.wfile.write(reply.body)
+                return
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            self.wfile.write(reply.body)
+            self._write_chunks(reply.body)
+
+        def _write_chunks(self, chunks: Iterable[bytes]) -> None:
+            """A chunked body, each chunk sent as it comes (a client that went away ends it)."""
+            try:
+                for chunk in chunks:
+                    if chunk:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:  # the client went away mid-stream
+                self.close_connection = True
+            finally:
+                close = getattr(chunks, "close", None)
+                if callable(close):
+                    close()
 
         def _body(self) -> bytes:
             """The request body, ``Content-Length`` or chunked, at most ``max_body`` bytes."""
@@ -286,9 +355,10 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
             if authorization is not None:
                 headers["Authorization"] = authorization
             try:
-                response, payload = upstream.request(
+                response, chunks = upstream.stream(
                     self.command, policy.rest_path(self.path, body), body or None, headers
                 )
+                payload = None if response.chunked else b"".join(chunks)
             except (OSError, http.client.HTTPException, ValueError) as error:
                 logger.warning("upstream failed: %s", error)
                 self._reply(503, "the model server is not reachable yet; retry")
@@ -297,12 +367,18 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
             for name, value in response.getheaders():
                 if name.lower() not in DROPPED_HEADERS:
                     self.send_header(name, value)
-            self.send_header("Content-Length", str(len(payload)))
+            if payload is not None:
+                self.send_header("Content-Length", str(len(payload)))
+            else:  # a stream (TorchServe's chunked answer): each chunk passed on as it comes
+                self.send_header("Transfer-Encoding", "chunked")
             if response.will_close:  # TorchServe closes after an error reply: so does the forwarder, as it would
                 self.send_header("Connection", "close")
                 self.close_connection = True
             self.end_headers()
-            self.wfile.write(payload)
+            if payload is not None:
+                self.wfile.write(payload)
+            else:
+                self._write_chunks(_upstream_chunks(chunks))
             return int(response.status)
 
         do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = _forward  # noqa: N815 - http.server's naming
@@ -333,15 +409,17 @@ class _GrpcForwarder(grpc.GenericRpcHandler):
         service, _, name = method.lstrip("/").rpartition("/")
         if service != GRPC_INFERENCE_SERVICE:
             return None  # UNIMPLEMENTED: management and anything else stay closed
-        if name in _STREAMS:
+        if name in _STREAMS and (_STREAMS[name] or name not in self._policy.grpc_streams):
             return _refuse_stream(_STREAMS[name])
+        if name in _STREAMS:
+            return grpc.unary_stream_rpc_method_handler(self._streaming(method, name))
         upstream_unary: Callable[..., bytes] = self._channel.unary_unary(method)
 
         def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
             attributes = {"rpc.system": "grpc", "rpc.method": name}
             with tracing.start_request_span(context.invocation_metadata(), f"{self._policy.name} {name}", attributes):
                 metadata = self._metadata(context)
-                forwarded = self._policy.grpc_request(name, request)
+                forwarded = self._forwarded(name, request, context)
                 try:
                     return upstream_unary(forwarded, metadata=metadata, timeout=context.time_remaining())
                 except grpc.RpcError as error:
@@ -349,6 +427,30 @@ class _GrpcForwarder(grpc.GenericRpcHandler):
                     raise  # unreachable: abort raises
 
         return grpc.unary_unary_rpc_method_handler(unary)
+
+    def _forwarded(self, name: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """The policy's upstream request; its refusal aborts the call."""
+        try:
+            if name in _STREAMS:
+                return self._policy.grpc_stream_request(name, request)
+            return self._policy.grpc_request(name, request)
+        except RefusedError as refused:
+            context.abort(refused.code, refused.message)
+            raise  # unreachable: abort raises
+
+    def _streaming(self, method: str, name: str) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
+        """A server-streaming RPC forwarded message by message, each as it comes."""
+        upstream_stream: Callable[..., Iterator[bytes]] = self._channel.unary_stream(method)
+
+        def stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+            metadata = self._metadata(context)
+            forwarded = self._forwarded(name, request, context)
+            try:
+                yield from upstream_stream(forwarded, metadata=metadata, timeout=context.time_remaining())
+            except grpc.RpcError as error:
+                context.abort(error.code(), error.details() or "")
+
+        return stream
 
 
 class Forwarder:

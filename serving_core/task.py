@@ -16,6 +16,10 @@ registry (:mod:`serving_core.registry`) for the model's :class:`Task` and calls 
    and :meth:`Task.to_proto`);
 5. :meth:`Task.observe` per row: the explanation metrics (:mod:`serving_core.metrics`).
 
+A row that :meth:`Task.streams` (a generation request with ``"stream": true``) is given a listener by its door
+(:meth:`Task.with_listener`): the service sends it the row's token events as they are written, and the door sends the
+row's last event, its answer or its error, once ``service.run`` returns (:mod:`serving_core.streaming`).
+
 Adding a task: write one module with a :class:`Task` subclass (and its service), and add one record to
 :data:`serving_core.registry.TASKS` (its :class:`~serving_core.registry.TaskFacts`: every fact the packager, the config
 validation and the doors need; :func:`get_task` finds the task through it). A task defined outside this project is
@@ -35,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from . import metrics, wire
 from .errors import RowError
 from .registry import task_facts
+from .streaming import Listener
 from .wire import Encoding
 
 if TYPE_CHECKING:
@@ -172,6 +177,16 @@ class Task(ABC, Generic[Row, Result]):
     @abstractmethod
     def with_explanation(self, row: Row, config: HandlerConfig) -> Row:
         """The row asking for the model's default method if it asks for none (KServe v1 ``:explain``)."""
+
+    def streams(self, row: Row) -> bool:
+        """Whether a decoded row asks to be answered as a stream of events (:mod:`serving_core.streaming`); a task
+        that does not stream: never."""
+        return False
+
+    def with_listener(self, row: Row, listener: Listener) -> Row:
+        """The row sending its token events to ``listener`` as they are written (a door sets it on a row that
+        :meth:`streams`). A task that does not stream has none to send: the row unchanged."""
+        return row
 
     @abstractmethod
     def with_deadline(self, row: Row, deadline: Deadline | None) -> Row:

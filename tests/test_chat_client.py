@@ -171,3 +171,45 @@ def test_choosing_a_sentence_highlights_its_documents_in_chromium(
         for colour, value in zip(state["units"], units, strict=False):
             assert all(abs(a - b) <= 1 for a, b in zip(_rgb(colour), score_rgb(value), strict=True))
         assert all(_rgb(colour) == (255, 255, 255) for colour in state["units"][len(units) :])
+
+
+def test_the_cli_prints_a_stream_as_it_arrives(answers: tuple[Generation, Generation]) -> None:
+    """``explain --generate --stream``: each token event's text is written (and flushed) as it comes, before the
+    answer's rendering; an error after the first tokens keeps them and is reported."""
+    from explain_client.streams import GenerationStream
+
+    answer = answers[0].to_dict()
+    written: list[str] = []
+
+    class Out(io.StringIO):
+        def flush(self) -> None:
+            written.append(self.getvalue())
+
+    def events(error: bool) -> Any:
+        yield {"event": "token", "text": answer["text"][:5], "steps": []}
+        yield {"event": "token", "text": answer["text"][5:], "steps": []}
+        if error:
+            yield {"event": "error", "error": {"code": "deadline_exceeded", "message": "late"}, "text": answer["text"]}
+        else:
+            yield {"event": "answer", **answer}
+
+    class Client:
+        def __init__(self, error: bool) -> None:
+            self.error = error
+
+        def generate_stream(self, model: str, prompt: Any, **kwargs: Any) -> GenerationStream:
+            return GenerationStream(events(self.error))
+
+    args = argparse.Namespace(
+        model="writer", text="a prompt", chat=False, system=None, message=[], document=[], max_new_tokens=None,
+        sample=False, seed=None, temperature=None, top_k=None, top_p=None, continuation=None, no_explain=False,
+        method=None, steps=None, contrast=None, granularity=None, span=None, jsonl=None, html=None, png=None,
+        stream=True,
+    )  # fmt: skip
+    out = Out()
+    assert run(args, Client(False), out, color=False) == 0  # type: ignore[arg-type]
+    assert written[:2] == [answer["text"][:5], answer["text"]]  # flushed token by token, before the rendering
+    assert out.getvalue().startswith(answer["text"] + "\n") and "with citations:" in out.getvalue()
+    failed = Out()
+    assert run(args, Client(True), failed, color=False) == 1  # type: ignore[arg-type]
+    assert failed.getvalue() == f"{answer['text']}\nerror: deadline_exceeded: late\n"

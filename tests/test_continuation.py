@@ -1,7 +1,7 @@
 """The generation loop and given continuations (explainers/tasks/continuation.py) on tiny causal LMs of every decoder
 family: greedy equals transformers' ``generate`` row by row, left and right padding agree, rows stop at their own
-EOS, sampling is reproducible from a seed and independent of the batch, and bad settings or continuations are
-refused with one message each."""
+EOS, a row that ended leaves the loop, sampling is reproducible from a seed and independent of the batch, and bad
+settings or continuations are refused with one message each."""
 
 from __future__ import annotations
 
@@ -81,6 +81,28 @@ def test_per_row_budgets_and_the_longest_row_sets_the_width() -> None:
     made = generate_continuation(model, prompts(), [2, 4, 1], {"eos_token_id": None})
     assert made.steps == 4
     assert made.token_mask.sum(dim=1).tolist() == [2, 4, 1]
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_a_row_that_ends_leaves_the_loop(model_type: str) -> None:
+    """Once a row has ended the model computes the others only (its batch shrinks), and each row's tokens and
+    log-probabilities are still its own alone."""
+    model = _model(model_type)
+    batch = prompts()
+    sizes: list[int] = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, output: sizes.append(kwargs["input_ids"].shape[0]),
+                                       with_kwargs=True)  # fmt: skip
+    try:
+        made = generate_continuation(model, batch, [2, 5, 1], {"eos_token_id": None}, top_logprobs=2)
+    finally:
+        hook.remove()
+    assert sizes == [3, 2, 1, 1, 1]
+    for row, budget in enumerate([2, 5, 1]):
+        alone = generate_continuation(model, _alone(batch, row), budget, {"eos_token_id": None}, top_logprobs=2)
+        assert made.tokens[row, :budget].tolist() == alone.tokens[0].tolist()
+        assert made.logprobs is not None and alone.logprobs is not None
+        assert torch.allclose(made.logprobs.chosen[row, :budget], alone.logprobs.chosen[0], atol=1e-5)
+        assert torch.equal(made.logprobs.top_ids[row, :budget], alone.logprobs.top_ids[0])
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "gpt2"])

@@ -267,7 +267,7 @@ def test_torchserves_answers_become_the_error_tables() -> None:
     routes = OpenAIRoutes(["writer"], lambda path, body: path, created=0)
     reply = routes.refusal("/v1/chat/completions", 413, "request body of 3000001 bytes exceeds 3000000")
     assert reply is not None and reply.status == 413
-    assert json.loads(reply.body)["error"]["code"] == "request_too_large"
+    assert isinstance(reply.body, bytes) and json.loads(reply.body)["error"]["code"] == "request_too_large"
     assert routes.refusal("/predictions/writer", 413, "too large") is None
 
 
@@ -281,7 +281,7 @@ def test_the_routers_openai_routes_without_torchserve() -> None:
     routes = OpenAIRoutes(["writer"], lambda path, body: path, created=0)
     body = json.dumps({"model": "writer", "messages": USER}).encode()
     reply = routes.respond("POST", "/v1/chat/completions", "Bearer t", body, Down())  # type: ignore[arg-type]
-    assert reply is not None and reply.status == 503
+    assert reply is not None and reply.status == 503 and isinstance(reply.body, bytes)
     error = json.loads(reply.body)["error"]
     assert (error["type"], error["param"], error["code"]) == ("server_error", None, "unavailable")
     assert routes.respond("POST", "/predictions/writer", "Bearer t", body, Down()) is None  # type: ignore[arg-type]

@@ -12,7 +12,9 @@ extension, KServe v1 ``:predict``/``:explain``) and Ray Serve replicas behind it
   ``Content-Type``, the binary data extension, a compressed body);
 - :mod:`doors.kserve.process`, :mod:`doors.kserve.launch`: the server process and how the launcher
   (:mod:`doors.launch`) starts, supervises and stops it (the process mechanics: :mod:`supervise`);
-- :mod:`doors.kserve.openai_routes`: the OpenAI API routes of causal LMs on the same server.
+- :mod:`doors.kserve.openai_routes`: the OpenAI API routes of causal LMs on the same server;
+- :mod:`doors.kserve.generate_routes`: the OIP generate extension of causal LMs (``/generate``, ``/generate_stream``:
+  Triton's shape).
 
 Like the TorchServe handlers, the doors only decode, call the serving core (:mod:`serving_core`: the model's task
 and its service) and encode.

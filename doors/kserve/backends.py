@@ -28,6 +28,9 @@ class Backend(Protocol):
     """Serves a door's decoded rows."""
 
     settings: ModelSettings
+    #: Whether a streaming row's events reach the door as they are written (rows served in the door's process);
+    #: where not, its door sends its answer's events once it is served.
+    streams: bool
 
     def load(self) -> str:
         """Load (or connect to) the model; returns its head type (classifiers: ``single_label``, ``multi_label`` or
@@ -65,6 +68,8 @@ def run_rows(service: Service[Any, Any], rows: list[Any]) -> tuple[list[Any], Ba
 
 class LocalBackend:
     """The model in the door's process, behind a :class:`~doors.kserve.batching.RowBatcher`."""
+
+    streams = True
 
     def __init__(self, settings: ModelSettings) -> None:
         """Remember the settings; :meth:`load` loads the model."""

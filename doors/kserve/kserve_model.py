@@ -10,14 +10,17 @@ the same way: the model's task has an OIP codec (its own, or the generic codec o
 :func:`doors.kserve.oip.codec_for`) and the v1 functions hand its JSON documents to the task
 (:meth:`serving_core.task.Task.decode_document`) and use its answer. The project's explanation metrics
 (``explain_stage_seconds`` and the others of :mod:`serving_core.metrics`) are recorded here, in the door's process,
-for either backend, next to KServe's own ``request_*_seconds`` histograms on ``/metrics``.
+for either backend, next to KServe's own ``request_*_seconds`` histograms on ``/metrics``. The LLM routes beside OIP
+(the OpenAI API, the generate extension) serve JSON documents (:meth:`ExplainModel.answer_documents`) or their streams
+of events (:meth:`ExplainModel.stream_documents`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -30,6 +33,7 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse,
 from serving_core import metrics, wire
 from serving_core.deadlines import headers_deadline
 from serving_core.errors import RowError
+from serving_core.streaming import RowStream, answer_events
 from serving_core.task import get_task
 
 from . import oip, v1
@@ -224,6 +228,57 @@ class ExplainModel(Model):
         ]
         self._observe(rows, served, time.perf_counter() - started)
         return answers
+
+    async def stream_documents(
+        self, documents: Sequence[Mapping[str, Any]]
+    ) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
+        """JSON documents of the model's task served together as streams (:mod:`serving_core.streaming`): each
+        document's events ``(document, event)`` as they are written, its last event once it is served (a document
+        that does not stream, or a backend that cannot: its answer's events then).
+
+        Raises:
+            RetryableError: if no replica could serve them now.
+        """
+        config = self.settings.config
+        task = get_task(config.task)
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
+        rows: list[Any] = []
+        streams: dict[int, RowStream] = {}
+        for index, document in enumerate(documents):
+            try:
+                row = task.decode_document(document, False, config)
+            except RowError as error:
+                rows.append(error)
+                continue
+            if self.backend.streams and task.streams(row):
+
+                def send(event: dict[str, Any], index: int = index) -> None:
+                    loop.call_soon_threadsafe(arrived.put_nowait, (index, event))
+
+                streams[index] = RowStream(send)
+                row = task.with_listener(row, streams[index].listener)
+            rows.append(row)
+        serving = asyncio.ensure_future(self._serve(rows))
+        while True:
+            getter = asyncio.ensure_future(arrived.get())
+            await asyncio.wait({getter, serving}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                break
+            yield getter.result()
+        while not arrived.empty():  # sent before the batch was answered
+            yield arrived.get_nowait()
+        served = serving.result()
+        started = time.perf_counter()
+        answers = [
+            wire.error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
+            for outcome in served.outcomes
+        ]
+        self._observe(rows, served, time.perf_counter() - started)
+        for index, answer in enumerate(answers):
+            for event in [streams[index].final(answer)] if index in streams else answer_events(answer):
+                yield index, event
 
     async def _serve(self, rows: list[Any]) -> Served:
         try:

@@ -42,6 +42,7 @@ from kserve.protocol.rest.server import RESTServer
 from serving_core import tracing
 from serving_core.errors import RowError
 
+from .generate_routes import add_generate_routes
 from .kserve_model import ExplainModel, RequestError, RetryableError
 from .oip import EXTENSION
 from .openai_routes import add_openai_routes
@@ -256,6 +257,7 @@ class ExplainModelServer(ModelServer):
         """Register the loaded models and serve REST and gRPC until SIGTERM/SIGINT."""
         self._register_and_check_atleast_one_model_is_ready(models)
         add_openai_routes(kserve_app, {model.name: model for model in models})
+        add_generate_routes(kserve_app, {model.name: model for model in models})
         kserve_app.add_exception_handler(RequestError, _door_error)
         kserve_app.add_exception_handler(RetryableError, _door_error)
         kserve_app.add_middleware(RawInferBodies)

@@ -5,31 +5,35 @@ model's backend (:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`
 
 ``GET /v1/models`` answers both protocols that own the route: OpenAI's list (``object``, ``data``: the generation
 models) and KServe v1's (``models``: every model). The door has no token (it binds loopback, or sits behind the
-deployment's proxy): any API key is accepted. A stream is sent once every choice is served, as on TorchServe.
+deployment's proxy): any API key is accepted. ``stream: true``: each choice's tokens are sent as they are written
+(:meth:`~doors.kserve.kserve_model.ExplainModel.stream_documents`, made into chunks by
+:mod:`serving_core.openai_api.streams`), the explanation in its last chunk; on Ray Serve, a choice's chunks once it is
+served.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from serving_core.openai_api import (
+    ChunkStream,
     OpenAIError,
     Translated,
     chat_request,
     completion_answer,
     completion_request,
-    events,
     model_list,
-    stream_chunks,
+    row_failure,
     trace_usage,
     with_deadline_header,
 )
+from serving_core.openai_api.streams import DONE, sse
 
 from .kserve_model import ExplainModel, RequestError, RetryableError
 
@@ -75,17 +79,56 @@ async def _complete(
                 "model_not_found", f"no generation model {translated.model!r} is served; served: {served}"
             )
         documents, index = translated.distinct()
+        if translated.stream:
+            return await _stream(translated, model, documents, index)
         try:
             answered = await model.answer_documents(documents)
         except RetryableError as error:
             raise OpenAIError("unavailable", str(error.details)) from None
         answers = [answered[position] for position in index]
-        if translated.stream:
-            chunks = stream_chunks(translated, answers)
-            trace_usage(translated, answers)
-            return Response(events(chunks), media_type="text/event-stream")
         document = completion_answer(translated, answers)
         trace_usage(translated, answers)
         return JSONResponse(document)
     except OpenAIError as error:
         return JSONResponse(error.to_dict(), status_code=error.status)
+
+
+async def _stream(
+    translated: Translated, model: ExplainModel, documents: Sequence[Mapping[str, Any]], index: Sequence[int]
+) -> Response:
+    """The server-sent events of a streamed request, each chunk sent as its event comes; an error before the first
+    chunk is an HTTP status (raised), after it an OpenAI ``error`` object ends the stream.
+
+    Raises:
+        OpenAIError: for an error before the first chunk.
+    """
+    events = model.stream_documents([{**document, "stream": True} for document in documents])
+    try:
+        first = await anext(events, None)
+    except RetryableError as error:
+        raise OpenAIError("unavailable", str(error.details)) from None
+    if first is not None:
+        failure = row_failure(first[1])
+        if failure is not None:
+            await events.aclose()
+            raise failure
+
+    async def chunks() -> AsyncIterator[bytes]:
+        stream = ChunkStream(translated)
+        pending = [] if first is None else [first]
+        try:
+            while True:
+                document, event = pending.pop() if pending else await anext(events)
+                for choice in (choice for choice, source in enumerate(index) if source == document):
+                    for chunk in stream.event(choice, event):
+                        yield sse(chunk)
+                if stream.failed:
+                    return
+        except StopAsyncIteration:
+            yield DONE
+        except RetryableError as error:
+            yield sse(OpenAIError("unavailable", str(error.details)).to_dict())
+        finally:
+            await events.aclose()
+
+    return StreamingResponse(chunks(), media_type="text/event-stream")

@@ -113,7 +113,10 @@ def build_app(args: dict[str, Any]) -> Any:
 
 
 class RayBackend:
-    """A door's rows served by the model's Ray Serve replicas."""
+    """A door's rows served by the model's Ray Serve replicas (a streaming row's events are sent once it is served:
+    a row's listener does not cross to the replicas)."""
+
+    streams = False
 
     def __init__(self, settings: ModelSettings, handle: DeploymentHandle | None = None) -> None:
         """Use ``handle``, or deploy the model on :meth:`load`."""

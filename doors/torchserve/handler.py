@@ -6,6 +6,10 @@ gets its own error), serves the valid rows with one ``service.run``, encodes eac
 each row's REST status and content type, and records the metrics. It never uses
 ``BaseHandler.handle``/``explain_handle``, which decide for the whole batch from row 0 and explain row 0 only. No
 per-request state is stored on ``self``.
+
+A row that asks for a stream (a generation request with ``"stream": true``; :mod:`serving_core.streaming`) is sent its
+token events as the service writes them, each as one JSON line to its client alone (TorchServe's intermediate
+responses: REST chunks, gRPC ``StreamPredictions`` messages); the handler's answer for that row is its last event.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +28,9 @@ from serving_core.errors import RowError
 from serving_core.headers import DEADLINE_HEADER
 from serving_core.loading import worker_device
 from serving_core.pools import POOL_NICENESS, is_pool, model_of
+from serving_core.streaming import JSON_LINES, RowStream, json_line
 from serving_core.task import Service, Task, get_task
-from serving_core.wire import CONTENT_TYPES, row_encoding
+from serving_core.wire import CONTENT_TYPES, error_document, row_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +51,18 @@ def _decoded(task: Task[Any, Any], row: dict[str, Any], context: Any, index: int
     if deadline is None:  # TorchServe's gRPC Predictions: an entry of the input map
         deadline = header_deadline(row.get(DEADLINE_HEADER))
     return task.with_deadline(decoded, deadline)
+
+
+def _send_event(context: Any, index: int, event: dict[str, Any]) -> None:
+    """Send one event of row ``index``'s stream to its client now, as a chunk of TorchServe's REST answer (one JSON
+    line) or a message of its gRPC ``StreamPredictions`` (TorchServe's ``send_intermediate_predict_response``, for
+    this row only: the batch's other rows are not told)."""
+    from ts.handler_utils.utils import send_intermediate_predict_response
+
+    context.set_response_content_type(index, JSON_LINES)
+    request = {index: context.request_ids[index]}
+    send_intermediate_predict_response({index: json_line(event)}, request, "Intermediate Prediction success", 200,
+                                       context)  # fmt: skip
 
 
 def lower_priority(niceness: int = POOL_NICENESS) -> None:
@@ -104,20 +122,31 @@ class ExplanationHandler:
         metrics.observe_batch(self.model_name, len(data))
         encodings = [row_encoding(row) for row in data]
         decoded: list[Any] = []
+        streams: dict[int, RowStream] = {}
         for index, row in enumerate(data):
             try:
                 decoded.append(_decoded(task, row, context, index, config))
             except RowError as error:
                 decoded.append(error)
+                continue
+            if task.streams(decoded[index]):
+                streams[index] = RowStream(partial(_send_event, context, index))
+                decoded[index] = task.with_listener(decoded[index], streams[index].listener)
         outcomes, timings = self.service.run(decoded, encodings)
         metrics.observe_generated_tokens(self.model_name, timings.tokens)
         responses: list[bytes] = []
         for index, outcome in enumerate(outcomes):
             started = time.perf_counter()
-            body = task.encode(outcome, config)
+            if index in streams:  # its last event: the answer, or the error keeping the text sent
+                answer = error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
+                body = json_line(streams[index].final(answer))
+                context.set_response_content_type(index, JSON_LINES)
+            else:
+                body = task.encode(outcome, config)
+                context.set_response_content_type(index, CONTENT_TYPES[outcome.encoding])
             encode_seconds = time.perf_counter() - started
-            context.set_response_content_type(index, CONTENT_TYPES[outcome.encoding])
-            if outcome.error is not None:
+            started_stream = index in streams and streams[index].sent > 0  # its status went with its first event
+            if outcome.error is not None and not started_stream:
                 context.set_response_status(outcome.error.http_status, outcome.error.phrase, index)
                 logger.debug("row %d: %s %s", index, outcome.error.code, outcome.error.message)
             task.observe(self.model_name, decoded[index], outcome, timings, encode_seconds)

@@ -7,8 +7,12 @@ The choices of a request go to TorchServe together (they batch there, each with 
 The caller's ``Authorization: Bearer <token>`` is passed as it is and TorchServe checks it; its refusal (400,
 ``InvalidKeyException``) is answered as OpenAI does, 401 ``unauthenticated``. TorchServe's own errors become the error
 table's: 404 ``model_not_found``, 413 ``request_too_large``, 503 ``unavailable``, anything else ``internal``; a
-choice's row error keeps its code and status. A stream is sent once TorchServe has answered every choice (TorchServe
-answers a row whole), so an error is always an HTTP status, never a broken stream.
+choice's row error keeps its code and status.
+
+``stream: true``: each choice is a streaming ``/predictions`` call (``"stream": true``: TorchServe sends its events as
+the tokens are written, :mod:`serving_core.streaming`), and its events become OpenAI chunks as they arrive
+(:mod:`serving_core.openai_api.streams`), the choices' chunks interleaved. An error before the first chunk is an HTTP
+status as above; after it, an OpenAI ``error`` object event ends the stream.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import queue
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -29,13 +34,14 @@ from serving_core.openai_api import (
     chat_request,
     completion_answer,
     completion_request,
-    events,
     model_list,
+    opened,
     row_failure,
-    stream_chunks,
+    streamed_events,
     trace_usage,
     with_deadline_header,
 )
+from serving_core.streaming import read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -114,14 +120,59 @@ class OpenAIRoutes:
             raise OpenAIError(
                 "model_not_found", f"no generation model {translated.model!r} is served; served: {served}"
             )
-        answers = self._answers(translated, authorization, upstream, headers)
         if translated.stream:
-            chunks = stream_chunks(translated, answers)
-            trace_usage(translated, answers)
-            return Reply(200, events(chunks), "text/event-stream")
+            streamed = opened(self._events(translated, authorization, upstream, headers))
+            return Reply(200, streamed_events(translated, streamed), "text/event-stream")
+        answers = self._answers(translated, authorization, upstream, headers)
         document = completion_answer(translated, answers)
         trace_usage(translated, answers)
         return _json(200, document)
+
+    def _events(
+        self,
+        translated: Translated,
+        authorization: str | None,
+        upstream: Upstream,
+        incoming: Mapping[str, str] | None = None,
+    ) -> Iterator[tuple[int, Mapping[str, Any]]]:
+        """Each choice's events ``(choice, event)`` as TorchServe streams them (identical documents sent once, all at
+        once, each with ``"stream": true``); TorchServe's refusal of a choice (its token, its queue) is that choice's
+        error event."""
+        documents, index = translated.distinct()
+        path = f"/predictions/{quote(translated.model, safe='')}"
+        headers = {"Content-Type": "application/json", **tracing.outgoing_headers(incoming)}
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        arrived: queue.Queue[tuple[int, Mapping[str, Any] | None]] = queue.Queue()
+
+        def read(document: int) -> None:
+            body = json.dumps({**documents[document], "stream": True}, separators=(",", ":")).encode()
+            try:
+                for event in _upstream_events(upstream, self._path(path, body), body, headers):
+                    arrived.put((document, event))
+            except OpenAIError as error:
+                arrived.put((document, _error_event(error)))
+            except (OSError, http.client.HTTPException) as error:
+                logger.warning("TorchServe's stream broke: %s", error)
+                unavailable = OpenAIError("unavailable", "the model server stopped answering; retry")
+                arrived.put((document, _error_event(unavailable)))
+            except Exception:
+                logger.exception("reading TorchServe's stream failed")
+                arrived.put((document, _error_event(OpenAIError("internal", "the stream failed on the router"))))
+            finally:
+                arrived.put((document, None))
+
+        for document in range(len(documents)):
+            self._pool.submit(read, document)
+        left = len(documents)
+        while left:
+            document, event = arrived.get()
+            if event is None:
+                left -= 1
+                continue
+            for choice, source in enumerate(index):
+                if source == document:
+                    yield choice, event
 
     def _answers(
         self,
@@ -156,6 +207,36 @@ class OpenAIRoutes:
         response, payload = upstream.request("GET", "/ping", None, headers)
         if response.status != 200:
             _upstream_answer(response.status, payload)
+
+
+def _upstream_events(
+    upstream: Upstream, path: str, body: bytes, headers: Mapping[str, str]
+) -> Iterator[Mapping[str, Any]]:
+    """The events of one streaming ``/predictions`` call, each as TorchServe sends it (JSON lines).
+
+    Raises:
+        OpenAIError: TorchServe's own refusal of the call (not an event), as :func:`_upstream_answer` says.
+        OSError, http.client.HTTPException: if TorchServe cannot be reached or the stream breaks.
+    """
+    response, chunks = upstream.stream("POST", path, body, headers)
+    if response.status == 200 and response.chunked:
+        yield from read_lines(chunks)
+        return
+    payload = b"".join(chunks)
+    try:
+        document = json.loads(payload)
+    except (UnicodeDecodeError, ValueError):
+        document = None
+    if isinstance(document, dict) and "event" in document:  # a row answered in one message: its answer or its error
+        yield document
+        return
+    _upstream_answer(response.status, payload)  # raises for an error; a 200 that is not an event:
+    raise OpenAIError("internal", "the model server answered a stream with a plain answer")
+
+
+def _error_event(error: OpenAIError) -> dict[str, Any]:
+    """A choice's error event (:mod:`serving_core.streaming`) for an :class:`OpenAIError`."""
+    return {"event": "error", "error": {"code": error.code, "http_status": error.status, "message": error.message}}
 
 
 def _json(status: int, document: Mapping[str, Any]) -> Reply:

@@ -12,8 +12,10 @@ sends each request for ``<name>`` that asks for an explanation (:func:`serving_c
 ``<name>.explain`` and everything else on unchanged; TorchServe itself listens on loopback ports behind it. The
 client's token passes as it is (TorchServe checks it); requests stay exactly what they were for the client.
 
-REST: ``/predictions/{name}[/{version}]`` and ``/explanations/{name}[/{version}]``. gRPC: ``Predictions`` (the
-``PredictionsRequest``'s ``model_name``; the streaming RPCs are refused, :mod:`forwarding`).
+REST: ``/predictions/{name}[/{version}]`` and ``/explanations/{name}[/{version}]``; a streamed answer (a generation
+request with ``"stream": true``) is passed on chunk by chunk as TorchServe writes it. gRPC: ``Predictions`` and
+``StreamPredictions`` (the ``PredictionsRequest``'s ``model_name``; ``StreamPredictions`` only for a streaming
+generation request, each message as it comes; the other streaming RPC is refused, :mod:`forwarding`).
 Started and stopped by :mod:`doors.torchserve.process`:
 
 ``python -m doors.torchserve.router --pool sentiment --generation writer --listen 127.0.0.1 --rest-port 8080
@@ -23,12 +25,16 @@ Started and stopped by :mod:`doors.torchserve.process`:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+import grpc
 
 from doors.torchserve.batch_door import BatchDoor
 from doors.torchserve.openai_door import OpenAIRoutes
@@ -41,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 _ROUTES = ("predictions", "explanations")
 _GRPC_ROUTED = frozenset({"Predictions"})
+_NOT_A_STREAM = (
+    'StreamPredictions streams a generation model\'s answer: send a JSON body with "stream": true '
+    '(input["body"]); call Predictions for any other request'
+)
 
 
 class PoolRouter(Policy):
@@ -48,6 +58,7 @@ class PoolRouter(Policy):
     API for the generation models ``generation``."""
 
     name = "Router"
+    grpc_streams = frozenset({"StreamPredictions"})
 
     def __init__(self, pools: Iterable[str], generation: Iterable[str] = (), batches: BatchDoor | None = None) -> None:
         """Route for these models (their served names, without the pool suffix); ``batches``: the Batch API."""
@@ -107,6 +118,35 @@ class PoolRouter(Policy):
             return request
         message.model_name = pool_name(message.model_name)
         return bytes(message.SerializeToString())
+
+    def grpc_stream_request(self, method: str, request: bytes) -> bytes:
+        """A ``StreamPredictions`` request, forwarded unchanged when it is a streaming generation request (a JSON
+        ``body`` with ``"stream": true`` for a generation model).
+
+        Raises:
+            RefusedError: ``INVALID_ARGUMENT`` for any other: TorchServe would answer it with one message that is not
+                marked as a stream's, which TorchServe 0.12 does not survive.
+        """
+        messages, _ = inference_stubs()
+        message = messages.PredictionsRequest()
+        try:
+            message.ParseFromString(request)
+        except Exception:  # protobuf raises DecodeError, a plain Exception subclass
+            raise RefusedError(400, grpc.StatusCode.INVALID_ARGUMENT, "not a PredictionsRequest") from None
+        if not self._streams(message):
+            raise RefusedError(400, grpc.StatusCode.INVALID_ARGUMENT, _NOT_A_STREAM)
+        return request
+
+    def _streams(self, message: Any) -> bool:
+        """Whether a ``PredictionsRequest`` is a streaming generation request."""
+        if message.model_name not in self.openai.models:
+            return False
+        body = message.input.get("body") or message.input.get("data")
+        try:
+            document = json.loads(body) if body else None
+        except (UnicodeDecodeError, ValueError):
+            return False
+        return isinstance(document, dict) and document.get("stream") is True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,11 @@ A row ends at its first EOS token (included: it is a token the model chose); the
 token and are not steps of that row (:attr:`Continuation.token_mask`). Positions count real tokens only
 (``position_ids = cumsum(mask) - 1``), so a row means the same batched or alone.
 
-The loop runs the model as it is loaded (its own attention implementation, a key/value cache, ``logits_to_keep=1``)
-in eval mode, and restores every module's ``training`` flag afterwards. Sampling uses one ``torch.Generator`` per row,
-seeded from the row's seed, so a row's sample does not depend on the rows it is batched with, and no process-wide
-random state is touched.
+The loop runs the model as it is loaded (its own attention implementation, a key/value cache, ``logits_to_keep=1``) in
+eval mode, and restores every module's ``training`` flag afterwards. A row that has ended (its EOS, its budget, a
+``stop``) leaves the loop: its rows of the cache are dropped and the model computes the other rows only. Sampling uses
+one ``torch.Generator`` per row, seeded from the row's seed, so a row's sample does not depend on the rows it is batched
+with, and no process-wide random state is touched.
 """
 
 from __future__ import annotations
@@ -283,6 +284,28 @@ class Continuation:
         }
 
 
+@dataclass(frozen=True)
+class GeneratedStep:
+    """One step of the decoding loop, as :func:`generate_continuation`'s ``on_step`` sees it (a stream's tokens).
+
+    Attributes:
+        index: the step (0: the first new token).
+        tokens: ``(batch,)`` the token each row wrote at this step (the pad token for a row that had ended).
+        written: ``(batch,)`` bool, the rows that wrote a token at this step.
+        ended: ``(batch,)`` bool, the rows that end at this step (their EOS, their budget, or ``stop``).
+        probabilities: ``(batch,)`` each written token's probability under the model (0 for the other rows).
+        logprobs: the step's :class:`StepLogprobs` (one column) when they are recorded (``top_logprobs``), else
+            ``None``.
+    """
+
+    index: int
+    tokens: Tensor
+    written: Tensor
+    ended: Tensor
+    probabilities: Tensor
+    logprobs: StepLogprobs | None = None
+
+
 def _device(model: nn.Module) -> torch.device:
     for parameter in model.parameters():
         return parameter.device
@@ -496,6 +519,7 @@ def generate_continuation(
     top_logprobs: int | None = None,
     stop: Callable[[Tensor], Tensor] | None = None,
     deadline: Deadline | None = None,
+    on_step: Callable[[GeneratedStep], None] | None = None,
 ) -> Continuation:
     """Generate after each prompt of a batch, all rows together, each stopping at its EOS, its token budget or when
     ``stop`` says so.
@@ -513,6 +537,8 @@ def generate_continuation(
             rows that end at this step (their last token is kept, as an EOS is), e.g. when the decoded text reached a
             stop sequence. Rows that already ended are ignored whatever it says.
         deadline: when the answer is due (``None``: none), checked before each step.
+        on_step: called after each step (after ``stop``) with its :class:`GeneratedStep`, as the tokens are written
+            (a stream's hook); it changes nothing of the answer.
 
     Returns:
         The :class:`Continuation`; ``T`` is the longest row's number of steps.
@@ -549,6 +575,7 @@ def generate_continuation(
     probabilities: list[Tensor] = []
     recorded: list[StepLogprobs] = []
     cache: Any = None
+    active = torch.arange(batch, device=device)  # the rows the model still computes
     with evaluating(model), torch.no_grad():
         for step in range(longest):
             alive = alive & (budget > step)
@@ -556,6 +583,16 @@ def generate_continuation(
                 break
             if deadline is not None:
                 deadline.check(f"generating step {step + 1} of at most {longest}")
+            computing = alive[active]
+            if not bool(computing.all()) and hasattr(cache, "batch_select_indices"):  # ended rows leave the loop
+                kept = computing.nonzero().view(-1)
+                cache.batch_select_indices(kept)
+                step_input, mask, step_positions, active = (
+                    step_input[kept],
+                    mask[kept],
+                    step_positions[kept],
+                    active[kept],
+                )
             output = model(
                 input_ids=step_input,
                 attention_mask=mask,
@@ -566,21 +603,33 @@ def generate_continuation(
             )
             cache = output.cache if "cache" in output else output.past_key_values
             logits = output.logits[:, -1]
-            token = _choose(logits, rows, generators)
+            order = active.tolist()
+            token = torch.full((batch,), pad, dtype=torch.long, device=device)
+            token[active] = _choose(logits, [rows[row] for row in order], [generators[row] for row in order])
             token = torch.where(alive, token, torch.full_like(token, pad))
             chosen.append(token)
             log_probabilities = (
                 logits.log_softmax(dim=-1) if logits.dtype == torch.float64 else logits.float().log_softmax(-1)
             )
-            probabilities.append(log_probabilities.gather(1, token.view(-1, 1)).view(-1).exp() * alive)
+            probability = torch.zeros(batch, dtype=log_probabilities.dtype, device=device)
+            probability[active] = log_probabilities.gather(1, token[active].view(-1, 1)).view(-1).exp()
+            probabilities.append(probability * alive)
             if top_logprobs is not None:
-                recorded.append(step_logprobs(logits.unsqueeze(1), token.view(-1, 1), alive.view(-1, 1), top_logprobs))
+                computed = step_logprobs(
+                    logits.unsqueeze(1), token[active].view(-1, 1), alive[active].view(-1, 1), top_logprobs
+                )
+                recorded.append(_scattered(computed, active, batch))
             masks.append(alive.clone())
             ended = torch.stack([torch.isin(token[row], eos) for row, eos in enumerate(eos_rows)])
             if stop is not None:
                 ended = ended | stop(torch.stack(chosen, dim=1)).to(device=device, dtype=torch.bool)
+            if on_step is not None:
+                written = masks[-1]
+                finished = written & (ended | (budget <= step + 1))
+                on_step(GeneratedStep(step, token, written, finished, probabilities[-1],
+                                      recorded[-1] if top_logprobs is not None else None))  # fmt: skip
             alive = alive & ~ended
-            step_input = token.view(-1, 1)
+            step_input = token[active].view(-1, 1)
             mask = torch.cat([mask, torch.ones_like(step_input)], dim=1)
             step_positions = step_positions[:, -1:] + 1
     tokens = torch.stack(chosen, dim=1)
@@ -594,6 +643,17 @@ def generate_continuation(
     return Continuation(
         prompt_ids, prompt_mask, tokens, torch.stack(masks, dim=1), torch.stack(probabilities, dim=1), logprobs
     )
+
+
+def _scattered(computed: StepLogprobs, active: Tensor, batch: int) -> StepLogprobs:
+    """One step's :class:`StepLogprobs` of the rows ``active`` put at their rows of the whole batch (the rows that
+    had ended: 0, as a row's steps after its end are)."""
+    chosen = torch.zeros((batch, 1), dtype=computed.chosen.dtype, device=computed.chosen.device)
+    top_ids = torch.zeros((batch, 1, computed.top_ids.shape[-1]), dtype=computed.top_ids.dtype,
+                          device=computed.top_ids.device)  # fmt: skip
+    top_values = torch.zeros_like(top_ids, dtype=computed.top_values.dtype)
+    chosen[active], top_ids[active], top_values[active] = computed.chosen, computed.top_ids, computed.top_values
+    return StepLogprobs(chosen, top_ids, top_values)
 
 
 def _row_settings(model: nn.Module, generation: Any, batch: int) -> list[GenerationSettings]:

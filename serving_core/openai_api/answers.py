@@ -10,9 +10,11 @@ message's ``content`` (or the completion's ``text``), its ``stop_reason`` the ``
 a list of the explained steps, each with its ``scores``, and where the messages and documents landed in the rendered
 prompt (``rendered_prompt``, ``messages``, ``documents``, ``documents_placement``) when the request had them.
 
-A stream is the finished answer sent as chunks (the doors answer a row whole): per choice, the role, then the whole
-content (with its ``logprobs``), then ``finish_reason`` with the ``explanation``; with
-``stream_options.include_usage`` a last chunk with ``usage`` and no choices; then ``data: [DONE]``.
+A stream of choices already served (:func:`~serving_core.openai_api.streams.stream_chunks`) is per choice the role,
+then the whole content (with its ``logprobs``), then ``finish_reason`` with the ``explanation``; with
+``stream_options.include_usage`` a last chunk with ``usage`` and no choices; then ``data: [DONE]``. The doors stream
+the tokens as they are written instead (:mod:`~serving_core.openai_api.streams`: the same chunks, one per token
+event).
 """
 
 from __future__ import annotations
@@ -74,38 +76,6 @@ def completion_answer(translated: Translated, answers: Sequence[Mapping[str, Any
         choices.append(choice)
     return {**_header(translated, "chat.completion" if chat else "text_completion"), "choices": choices,
             "usage": usage(translated, answers)}  # fmt: skip
-
-
-def stream_chunks(translated: Translated, answers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The stream of the served choices: their chunks in order (module docstring), ``[DONE]`` not included.
-
-    Raises:
-        OpenAIError: if a choice failed (before any chunk: the error keeps its HTTP status).
-    """
-    _checked(translated, answers)
-    chat = translated.kind == "chat"
-    header = _header(translated, "chat.completion.chunk" if chat else "text_completion")
-    if translated.include_usage:
-        header["usage"] = None
-    chunks: list[dict[str, Any]] = []
-    for index, answer in enumerate(answers):
-        pieces: list[dict[str, Any]] = []
-        if chat:
-            pieces.append({"delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
-            content = {"delta": {"content": answer["text"]}}
-        else:
-            content = {"text": answer["text"]}
-        pieces.append({**content, "logprobs": _logprobs(translated, answer), "finish_reason": None})
-        last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
-        last.update({"logprobs": None, "finish_reason": _finish(answer)})
-        explanation = _explanation(answer)
-        if explanation is not None:
-            last["explanation"] = explanation
-        pieces.append(last)
-        chunks.extend({**header, "choices": [{"index": index, **piece}]} for piece in pieces)
-    if translated.include_usage:
-        chunks.append({**header, "choices": [], "usage": usage(translated, answers)})
-    return chunks
 
 
 def events(chunks: Iterable[Mapping[str, Any]]) -> bytes:

@@ -19,6 +19,7 @@ from explainers import Deadline
 from .. import wire
 from ..config import HandlerConfig
 from ..deadlines import earliest
+from ..streaming import Listener
 from ..task import BatchTimings, Task
 from .generation_schema import (
     GenerationAsk,
@@ -55,6 +56,14 @@ class GenerationTask(Task[GenerationRow, GenerationOutcome]):
         if row.ask is not None:
             return row
         return dataclasses.replace(row, ask=GenerationAsk(config.default_method))
+
+    def streams(self, row: GenerationRow) -> bool:
+        """Whether the row asks for a stream (``"stream": true``)."""
+        return row.stream
+
+    def with_listener(self, row: GenerationRow, listener: Listener) -> GenerationRow:
+        """The row sending its token events to ``listener`` as they are written."""
+        return dataclasses.replace(row, stream=True, listener=listener)
 
     def with_deadline(self, row: GenerationRow, deadline: Deadline | None) -> GenerationRow:
         """The row due by the earlier of its own deadline and ``deadline``."""

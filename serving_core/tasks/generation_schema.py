@@ -13,8 +13,9 @@ or, for a chat model, ``messages`` (``[{"role", "content"}, ...]``, rendered wit
 ``logprobs: k`` (0 to :data:`MAX_TOP_LOGPROBS`) adds each step's log-probability, its decoded text and bytes, and the
 ``k`` most probable tokens with theirs (``top_logprobs``; 0: none); ``stop`` (a string or a list of them) ends a
 generated row at the step whose text first contains one (``stop_reason: "stop"``, ``stop``: which one; the text ends
-before it, the steps keep the tokens that wrote it, as they keep an EOS). JSON only: the gRPC ``GenerationRequest``
-has no fields for them.
+before it, the steps keep the tokens that wrote it, as they keep an EOS); ``stream: true`` answers the row as a
+stream of events, its tokens as they are written, then its answer (:mod:`serving_core.streaming`). JSON only: the gRPC
+``GenerationRequest`` has no fields for them.
 
 ``continuation`` (text) or ``continuation_ids`` (token ids) explain a continuation produced elsewhere instead of
 generating. ``explain`` absent or ``false``: the generation and each step's probability only; ``true`` or ``{}``: the
@@ -39,6 +40,7 @@ from .. import wire
 from ..config import HandlerConfig
 from ..deadlines import decode_deadline_ms, earliest, proto_deadline
 from ..errors import RowError
+from ..streaming import Listener
 from ..wire import Encoding, rounded, rounded_list
 from .chat_schema import (
     AnswerSpan,
@@ -54,7 +56,7 @@ from .chat_schema import (
 
 _DOCUMENT_KEYS = frozenset(
     {"prompt", "messages", "documents", "max_new_tokens", "generation", "continuation", "continuation_ids", "explain",
-     "logprobs", "stop", "deadline_ms"}
+     "logprobs", "stop", "deadline_ms", "stream"}
 )  # fmt: skip
 _EXPLAIN_RESERVED = frozenset({"method", "steps", "contrast", "granularity", "span", "deadline_ms"})
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", "seed")
@@ -98,6 +100,8 @@ class GenerationRow:
     logprobs: int | None = None
     stop: tuple[str, ...] = ()
     deadline: Deadline | None = None
+    stream: bool = False
+    listener: Listener | None = field(default=None, compare=False, repr=False)
 
     @property
     def given(self) -> bool:
@@ -231,6 +235,9 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
     stop = decode_stop(document.get("stop"))
     if stop and (continuation is not None or ids is not None):
         raise RowError("invalid_request", "'stop' ends a generation: a given continuation is explained as it is")
+    stream = document.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RowError("invalid_request", f"'stream' must be true or false, got {stream!r}")
     explain = document.get("explain")
     deadline = earliest(
         decode_deadline_ms(document.get("deadline_ms")),
@@ -250,6 +257,8 @@ def _decode_document(document: Mapping[str, Any], explain_header: bool, config: 
         logprobs=decode_logprobs(document.get("logprobs")),
         stop=stop,
     )
+    if stream:
+        row = dataclasses.replace(row, stream=True)
     return row if deadline is None else dataclasses.replace(row, deadline=deadline)
 
 
@@ -483,25 +492,7 @@ def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
         "prompt_tokens": outcome.prompt_tokens,
         "prompt_special_tokens": outcome.prompt_special,
     }
-    steps = []
-    for step in outcome.steps:
-        entry: dict[str, Any] = {
-            "token": step.token,
-            "token_id": step.token_id,
-            "probability": rounded(step.probability),
-        }
-        if step.explained:
-            entry["scores"] = rounded_list(step.scores or [])
-            entry["value"] = rounded(step.value or 0.0)
-        if step.foil_id is not None:
-            entry["foil"] = step.foil
-            entry["foil_id"] = step.foil_id
-        if step.logprob is not None:
-            entry["logprob"] = rounded(step.logprob)
-            entry["text"] = step.text
-            entry["bytes"] = step.bytes
-            entry["top_logprobs"] = [top.to_dict() for top in step.top or []]
-        steps.append(entry)
+    steps = [step_to_dict(step) for step in outcome.steps]
     if outcome.stop is not None:
         document["stop"] = outcome.stop
     document["steps"] = steps
@@ -534,6 +525,28 @@ def generation_to_dict(outcome: GenerationOutcome) -> dict[str, Any]:
         explanation["seconds"] = round(outcome.attribution_seconds, 6)
         document["explanation"] = explanation
     return document
+
+
+def step_to_dict(step: GenerationStepOutcome) -> dict[str, Any]:
+    """One step of an answer's ``steps`` (and of a stream's token events): its token, id and probability, its
+    scores when explained, its foil, its log-probabilities when asked."""
+    entry: dict[str, Any] = {
+        "token": step.token,
+        "token_id": step.token_id,
+        "probability": rounded(step.probability),
+    }
+    if step.explained:
+        entry["scores"] = rounded_list(step.scores or [])
+        entry["value"] = rounded(step.value or 0.0)
+    if step.foil_id is not None:
+        entry["foil"] = step.foil
+        entry["foil_id"] = step.foil_id
+    if step.logprob is not None:
+        entry["logprob"] = rounded(step.logprob)
+        entry["text"] = step.text
+        entry["bytes"] = step.bytes
+        entry["top_logprobs"] = [top.to_dict() for top in step.top or []]
+    return entry
 
 
 def encode_generation(outcome: GenerationOutcome) -> bytes:

@@ -8,10 +8,13 @@ settings and seed, so a row's answer does not depend on its batch); rows that br
 after. A row with ``stop`` sequences ends at the step whose text first contains one
 (:mod:`~serving_core.tasks.generation_stopping`); a row that asks for ``logprobs`` gets each step's log-probabilities
 from the generation loop (a given continuation: from its probabilities' forward), the others cost nothing more
-(:mod:`~serving_core.tasks.generation_logprobs`). The rows that ask for an explanation are then grouped by the
-library's planner and explained group by group (:mod:`~serving_core.tasks.generation_explanation`). Rows that fail to
-decode or whose request is invalid get their own error; the others are served. Nothing per request is kept on the
-service object. Loading and devices are :mod:`serving_core.loading`'s. The batch span's stages
+(:mod:`~serving_core.tasks.generation_logprobs`). A row that streams (its ``listener``, set by its door) is sent its
+tokens as they are written, and the rest of its text once it is answered
+(:mod:`~serving_core.tasks.generation_streaming`); its door then sends the answer. The rows that ask for an
+explanation are then grouped by the library's planner and explained group by group
+(:mod:`~serving_core.tasks.generation_explanation`). Rows that fail to decode or whose request is invalid get their
+own error; the others are served. Nothing per request is kept on the service object. Loading and devices are
+:mod:`serving_core.loading`'s. The batch span's stages
 (:func:`serving_core.tracing.stage`) are ``generate`` and ``explanation``.
 
 Time (docs/SERVING.md, "Time budgets and deadlines"): with a ``time_budget_s``, each row is estimated before anything
@@ -64,6 +67,7 @@ from .generation_logprobs import LogprobsDecoder, RowLogprobs, row_logprobs
 from .generation_prompts import Prepared, Prompts
 from .generation_schema import GenerationOutcome, GenerationRow, GenerationStepOutcome
 from .generation_stopping import first_stop, stopper, until_eos
+from .generation_streaming import RowStreams
 
 logger = logging.getLogger(__name__)
 
@@ -134,9 +138,16 @@ class GenerationService:
         if not prepared:
             return outcomes, BatchTimings()
         late: set[int] = set()
+        streams = RowStreams(
+            self.tokenizer,
+            self.logprob_decoder,
+            [item.row.listener for item in prepared],
+            [item.row.stop for item in prepared],
+            [item.row.logprobs for item in prepared],
+        )
         try:
             with tracing.stage("generate", {"explain.batch_rows": len(prepared)}):
-                made, generate_seconds, logprobs = self._continuations(prepared, late)
+                made, generate_seconds, logprobs = self._continuations(prepared, late, streams)
         except Exception:
             logger.exception("generation of a batch of %d rows failed", len(prepared))
             for item in prepared:
@@ -150,6 +161,7 @@ class GenerationService:
                 )
                 continue
             self._fill(outcomes[item.index], item, made, position, logprobs[position])
+            streams.finish(position, outcomes[item.index].text)
         admission.written(prepared, made, generate_seconds)
         started = time.perf_counter()
         with tracing.stage("explanation", {"explain.batch_rows": len(prepared)}):
@@ -159,11 +171,12 @@ class GenerationService:
         return outcomes, BatchTimings(forward=forward, backward=backward, generate=generate_seconds, tokens=tokens)
 
     def _continuations(
-        self, prepared: Sequence[Prepared], late: set[int]
+        self, prepared: Sequence[Prepared], late: set[int], streams: RowStreams
     ) -> tuple[Continuation, float, list[RowLogprobs | None]]:
         """One :class:`Continuation` of every prepared row: the generated rows from one generation call, then the
         given ones; the generation's seconds; and each row's log-probabilities, if it asked for them. A row whose
-        deadline passes while it is written stops there; its position is added to ``late``."""
+        deadline passes while it is written stops there; its position is added to ``late``. A streaming row sends its
+        tokens through ``streams`` as they are written."""
         pad = pad_token(self.model)
         prompts = [item.prompt_ids for item in prepared]
         width = max(len(prompt) for prompt in prompts)
@@ -192,6 +205,7 @@ class GenerationService:
                     [prepared[position].row.max_new_tokens for position in generating],
                     lambda offset: late.add(generating[offset]),
                 ),
+                on_step=streams.hook(generating),
             )
             seconds = time.perf_counter() - started
             assert made.probabilities is not None
