@@ -278,8 +278,8 @@ class RecordsApi:
             )  # fmt: skip
         document = {**kept, "explain": explain}
         done = self._reexplain(model, document, record_id)
-        error = done.answer.get("error")
-        status = int(error.get("http_status", 500)) if isinstance(error, Mapping) else 200
+        failed = done.answer.get("error")
+        status = int(failed.get("http_status", 500)) if isinstance(failed, Mapping) else 200
         return _json(status, {"id": done.record_id, "parent": record_id, "answer": dict(done.answer)})
 
 
@@ -319,9 +319,10 @@ def record_page(stored: StoredRecord) -> str:
     data = event.get("data") or {}
     title = f"record {stored.id}: {stored.model}, {stored.time}"
     if stored.erased:
+        erased_at = html.escape(str(data.get("erased_at")))
         return (
             f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title></head>'
-            f"<body><h1>{html.escape(title)}</h1><p>erased at {html.escape(str(data.get('erased_at')))}</p></body></html>"
+            f"<body><h1>{html.escape(title)}</h1><p>erased at {erased_at}</p></body></html>"
         )
     kept = data.get("input") or {}
     document = recorded_input(event)
@@ -363,5 +364,14 @@ def record_page(stored: StoredRecord) -> str:
     return html_page([(text, [result])], title, [image])
 
 
-__all__ = ["PREFIX", "ApiError", "ApiReply", "Reexplain", "Reexplained", "RecordsApi", "bearer", "is_records_path",
-           "record_page"]  # fmt: skip
+__all__ = [
+    "PREFIX",
+    "ApiError",
+    "ApiReply",
+    "RecordsApi",
+    "Reexplain",
+    "Reexplained",
+    "bearer",
+    "is_records_path",
+    "record_page",
+]

@@ -15,8 +15,10 @@ may leave (None) or must be replaced by the error it gives (``records_unavailabl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from records import InvalidRecordIdError, Record, build_record, request_id
@@ -25,6 +27,8 @@ from records.recorder import Recorder
 from serving_core.errors import RowError
 from serving_core.wire import error_document
 
+#: The folder beside the archives that holds their fingerprints (``model_store.package.FINGERPRINTS_DIR``).
+FINGERPRINTS_DIR = ".fingerprints"
 #: The header a caller names its request with, and the one every REST answer echoes.
 REQUEST_ID_HEADER = "X-Request-Id"
 #: The W3C trace context header a record keeps when the caller sent it.
@@ -83,6 +87,22 @@ def header(headers: Mapping[str, Any] | None, name: str) -> str | None:
             text = value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)
             return text.strip() or None
     return None
+
+
+def archive_version(archive: Path) -> str | None:
+    """A model's version: its archive's fingerprint (``.fingerprints/<archive name>.json`` beside the archive, as
+    :func:`model_store.package.package` writes it); None when the archive has none (a folder packaged elsewhere).
+
+    Args:
+        archive: The archive folder.
+    """
+    stamp = archive.parent / FINGERPRINTS_DIR / f"{archive.name}.json"
+    try:
+        document = json.loads(stamp.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = document.get("fingerprint") if isinstance(document, dict) else None
+    return str(value) if value else None
 
 
 def row_indexes(count: int) -> list[int | None]:
@@ -150,6 +170,7 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "TRACEPARENT_HEADER",
     "AnsweredRow",
+    "archive_version",
     "door_request_id",
     "header",
     "record_batch",

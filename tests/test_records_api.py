@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from records import StoreUnavailableError, open_store
+from records import StoreUnavailableError, build_record, open_store
 from records.api import ApiReply, RecordsApi, Reexplained
 from records.keys import ensure_records_key, inference_key, records_key
 from records.recorder import Recorder, close_writers
@@ -30,9 +30,15 @@ def answer(method: str | None = "attnlrp") -> dict[str, Any]:
     """A classification answer as the doors give it, explained by ``method``."""
     document: dict[str, Any] = {"label": "positive", "label_id": 1, "probabilities": {"negative": 0.1, "positive": 0.9}}
     if method is not None:
-        document["explanation"] = {"method": method, "target": 1, "target_label": "positive", "options": {},
-                                   "tokens": ["[CLS]", "lovely", "day", "[SEP]"],
-                                   "special_tokens": [True, False, False, True], "scores": [0.0, 0.75, -0.25, 0.0]}  # fmt: skip
+        document["explanation"] = {
+            "method": method,
+            "target": 1,
+            "target_label": "positive",
+            "options": {},
+            "tokens": ["[CLS]", "lovely", "day", "[SEP]"],
+            "special_tokens": [True, False, False, True],
+            "scores": [0.0, 0.75, -0.25, 0.0],
+        }
     return document
 
 
@@ -103,7 +109,9 @@ def _api(store: RecordStore, door: FakeDoor) -> RecordsApi:
 
 
 def _call(api: RecordsApi, method: str, target: str, body: Any = None, key: str | None = KEY) -> ApiReply:
-    reply = api.respond(method, target, f"Bearer {key}" if key else None, b"" if body is None else json.dumps(body).encode())
+    reply = api.respond(
+        method, target, f"Bearer {key}" if key else None, b"" if body is None else json.dumps(body).encode()
+    )
     assert reply is not None
     return reply
 
@@ -137,7 +145,9 @@ def test_a_failed_store_refuses_every_row_of_the_batch(recorder: Recorder, monke
 
     assert recorder._writer is not None
     monkeypatch.setattr(recorder._writer, "write", broken)
-    refusals = record_batch(recorder, task="classification", door="kserve", version=VERSION, rows=_rows("r", ["a", "b"]))
+    refusals = record_batch(
+        recorder, task="classification", door="kserve", version=VERSION, rows=_rows("r", ["a", "b"])
+    )
     assert all(isinstance(refusal, RowError) and refusal.code == "records_unavailable" for refusal in refusals)
     answers = refused_answers([answer(), answer()], refusals)
     assert [document["error"]["code"] for document in answers] == ["records_unavailable"] * 2
@@ -231,16 +241,14 @@ def test_refusals(recorder: Recorder, store: RecordStore, store_url: str) -> Non
         "model_version_changed",
     )
     assert door.explained == []
-    with open_store(store_url, payload="hash") as hashed:
-        hashed_recorder = Recorder("sentiment", recorder.settings)
-        hashed_recorder._writer = None
-        from records.writer import RecordWriter
-
-        hashed_recorder._writer = RecordWriter(hashed)
-        record_batch(hashed_recorder, task="classification", door="kserve", version=VERSION, rows=_rows("hid", ["a"]))
-        hashed_recorder._writer._pool.shutdown()
+    with open_store(store_url, payload="hash") as hashed:  # the same store, keeping only a hash of the input
+        row = _rows("hid", ["a"])[0]
+        kept = build_record(model="sentiment", version=VERSION, task="classification", door="kserve",
+                            request_id=row.request_id, index=None, answer=row.answer, input=row.input)  # fmt: skip
+        hashed.write([kept])
     door.served_version = VERSION
-    assert code(_call(api, "POST", "/v1/records/hid/explain", {"explain": {"method": "x"}})) == (409, "payload_not_kept")
+    refused = _call(api, "POST", "/v1/records/hid/explain", {"explain": {"method": "x"}})
+    assert code(refused) == (409, "payload_not_kept") and "payload: hash" in refused.json()["error"]["message"]
     assert api.respond("GET", "/predictions/sentiment", None) is None
 
 
