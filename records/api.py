@@ -134,7 +134,7 @@ class RecordsApi:
         *,
         key: str,
         inference_keys: Collection[str] = (),
-        version: Callable[[str], str | None] | None = None,
+        versions: Mapping[str, str | None] | None = None,
         reexplain: Reexplain | None = None,
     ) -> None:
         """The routes over ``store``.
@@ -143,7 +143,7 @@ class RecordsApi:
             store: The records store (a SQL store: the HTTP sink cannot be read).
             key: The records key every request must bring.
             inference_keys: The inference keys (answered 403, not 401).
-            version: The version of a served model (None when it is not served here).
+            versions: The models served here and their versions (None when the door does not know them).
             reexplain: How the door explains a stored input again (None: re-explanation is not offered).
         """
         if not key:
@@ -151,7 +151,7 @@ class RecordsApi:
         self.store = store
         self._key = key
         self._inference_keys = tuple(inference_keys)
-        self._version = version
+        self._versions = versions
         self._reexplain = reexplain
 
     def respond(self, method: str, target: str, authorization: str | None, body: bytes = b"") -> ApiReply | None:
@@ -268,9 +268,9 @@ class RecordsApi:
             )
         model = str((data.get("model") or {}).get("name") or stored.model)
         recorded_version = (data.get("model") or {}).get("version")
-        served = self._version(model) if self._version is not None else None
-        if self._version is not None and served is None:
+        if self._versions is not None and model not in self._versions:
             raise ApiError("model_not_found", 404, f"model {model!r} is not served here")
+        served = self._versions.get(model) if self._versions is not None else None
         if served != recorded_version:
             raise ApiError(
                 "model_version_changed", 409,

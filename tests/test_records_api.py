@@ -91,8 +91,9 @@ class FakeDoor:
         self.served_version = version
         self.explained: list[Mapping[str, Any]] = []
 
-    def version(self, model: str) -> str | None:
-        return self.served_version if model == "sentiment" else None
+    @property
+    def versions(self) -> dict[str, str | None]:
+        return {"sentiment": self.served_version}
 
     def reexplain(self, model: str, document: Mapping[str, Any], parent: str) -> Reexplained:
         self.explained.append(document)
@@ -104,8 +105,24 @@ class FakeDoor:
         return Reexplained(request, answered)
 
 
+class _Versions(Mapping[str, "str | None"]):
+    """The door's served versions, read when asked (a test changes the version)."""
+
+    def __init__(self, door: FakeDoor) -> None:
+        self.door = door
+
+    def __getitem__(self, name: str) -> str | None:
+        return self.door.versions[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.door.versions)
+
+    def __len__(self) -> int:
+        return len(self.door.versions)
+
+
 def _api(store: RecordStore, door: FakeDoor) -> RecordsApi:
-    return RecordsApi(store, key=KEY, inference_keys=[INFERENCE], version=door.version, reexplain=door.reexplain)
+    return RecordsApi(store, key=KEY, inference_keys=[INFERENCE], versions=_Versions(door), reexplain=door.reexplain)
 
 
 def _call(api: RecordsApi, method: str, target: str, body: Any = None, key: str | None = KEY) -> ApiReply:
@@ -189,14 +206,14 @@ def test_a_record_is_explained_again_by_another_method(recorder: Recorder, store
     record_batch(recorder, task="classification", door="torchserve", version=VERSION, rows=_rows("req", ["a"]))
     door = FakeDoor(recorder)
     api = _api(store, door)
-    reply = _call(api, "POST", "/v1/records/req/explain", {"explain": {"method": "gradient_x_input"}})
+    reply = _call(api, "POST", "/v1/records/req/explain", {"explain": {"method": "grad_x_input"}})
     assert reply.status == 200, reply.body
     done = reply.json()
-    assert done["parent"] == "req" and done["answer"]["explanation"]["method"] == "gradient_x_input"
-    assert door.explained == [{"text": "a", "explain": {"method": "gradient_x_input"}}]
+    assert done["parent"] == "req" and done["answer"]["explanation"]["method"] == "grad_x_input"
+    assert door.explained == [{"text": "a", "explain": {"method": "grad_x_input"}}]
     child = store.get(done["id"])
     assert child is not None and child.event["data"]["parent"] == "req"
-    assert child.event["data"]["method"] == "gradient_x_input"
+    assert child.event["data"]["method"] == "grad_x_input"
     assert store.verify().ok
 
 

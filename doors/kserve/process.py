@@ -7,7 +7,9 @@ folder), the address and ports, and for Ray the replicas (``replicas`` for every
 model) and the cluster to join (``ray_address``; absent: a local Ray started here and stopped on exit, with
 ``ray_cpus`` CPUs; ``attach``: use the Serve applications already running there, as a KubeRay RayService deploys
 them, instead of deploying). ``metrics_port`` also serves ``/metrics`` (KServe's request histograms and the
-explanation metrics) on ``metrics_address`` for Prometheus, apart from the REST port.
+explanation metrics) on ``metrics_address`` for Prometheus, apart from the REST port. When the deployment keeps
+records (``EXPLAIN_RECORDS``), the REST port also has the ``/v1/records`` routes
+(:mod:`doors.kserve.records_routes`), behind the records key of ``key_file.json`` beside ``CONFIG.json``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from doors import DOORS as ALL_DOORS
 from .settings import ModelSettings, read_settings
 
 logger = logging.getLogger(__name__)
+
+#: The door's tokens, in its run folder: the records key (``records``), as TorchServe keeps its own.
+KEY_FILE = "key_file.json"
 
 #: The doors this process serves: those of :data:`doors.DOORS` whose launch module is this package's.
 DOORS = tuple(name for name, door in ALL_DOORS.items() if door.module == "doors.kserve.launch")
@@ -123,18 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     if config.server == "kserve":
         from .backends import LocalBackend
 
-        _serve(config, [LocalBackend(model) for model in settings])
+        _serve(config, [LocalBackend(model) for model in settings], Path(args[0]).parent)
         return 0
     from .ray_deployment import RayBackend, attached
 
     with ray_cluster(config, settings):
-        _serve(config, [RayBackend(model, attached(model) if config.attach else None) for model in settings])
+        backends = [RayBackend(model, attached(model) if config.attach else None) for model in settings]
+        _serve(config, backends, Path(args[0]).parent)
     return 0
 
 
-def _serve(config: DoorConfig, backends: list[Any]) -> None:
+def _serve(config: DoorConfig, backends: list[Any], run_dir: Path) -> None:
+    from kserve.model_server import app
+
     from .kserve_model import ExplainModel
     from .kserve_server import ExplainModelServer
+    from .records_routes import add_records_routes
 
     if config.metrics_port is not None:
         from prometheus_client import start_http_server
@@ -145,6 +154,7 @@ def _serve(config: DoorConfig, backends: list[Any]) -> None:
     for model in models:
         model.load()
         logger.info("model %s ready (%s head, %s door)", model.name, model.head_type, config.server)
+    add_records_routes(app, {model.name: model for model in models}, run_dir / KEY_FILE, door=config.server)
     server = ExplainModelServer(config.address, config.http_port, config.grpc_port, config.grpc_threads)
     server.serve(models)
 

@@ -64,9 +64,6 @@ def add_records_routes(
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-api")
     serving: list[asyncio.AbstractEventLoop] = []  # the loop the models serve on, known at the first request
 
-    def version(name: str) -> str | None:
-        return versions.get(name) if name in models else None
-
     def reexplain(name: str, document: Mapping[str, Any], parent: str) -> Reexplained:
         model = models[name]
         answers = asyncio.run_coroutine_threadsafe(model.answer_documents([document]), serving[0]).result()
@@ -76,7 +73,7 @@ def add_records_routes(
                                 version=versions[name], rows=[row])  # fmt: skip
         return Reexplained(request, refused_answers(answers, refusals)[0])
 
-    api = RecordsApi(store, key=ensure_records_key(key_file), version=version, reexplain=reexplain)
+    api = RecordsApi(store, key=ensure_records_key(key_file), versions=versions, reexplain=reexplain)
 
     async def records(request: Request) -> Response:
         body = await request.body()
