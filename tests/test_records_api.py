@@ -279,3 +279,20 @@ def test_the_records_key_lives_beside_torchserves_keys(tmp_path: Path) -> None:
     assert document["management"] == {"key": "man"} and document["records"] == {"key": made}
     assert inference_key(key_file) == "inf"
     assert key_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_explain_serve_records_sets_the_environment_and_refuses_a_bad_store() -> None:
+    from doors import explain_serve
+
+    parser = explain_serve.build_parser()
+    args = parser.parse_args(["--models", "m=/x", "--records", "sqlite", "--records-payload", "full"])
+    assert explain_serve.records_environment(args) == {"EXPLAIN_RECORDS": "sqlite", "EXPLAIN_RECORDS_PAYLOAD": "full"}
+    assert explain_serve.records_environment(parser.parse_args(["--models", "m=/x"])) == {}
+    assert explain_serve.main(["--models", "m=/x", "--records", "mysql://db"]) == 2
+
+
+def test_the_fingerprint_folder_is_the_packagers() -> None:
+    from model_store.package import FINGERPRINTS_DIR as PACKAGED
+    from serving_core.recording import FINGERPRINTS_DIR
+
+    assert FINGERPRINTS_DIR == PACKAGED
