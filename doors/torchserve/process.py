@@ -1,5 +1,6 @@
 """Process control: start the explanation-metrics exporter, TorchServe's Java frontend and, when a model is a
-generation model (the OpenAI API) or has an explanation pool, the router in front of it (the public inference ports;
+generation model (the OpenAI API) or has an explanation pool, or the deployment keeps records (``EXPLAIN_RECORDS``:
+the router answers ``/v1/records``), the router in front of it (the public inference ports;
 TorchServe listens on loopback behind it) in the background, wait until every model has a ready worker, and stop them
 by their pid files (the mechanics are :mod:`supervise.processes`; :mod:`doors.torchserve.supervision` watches them
 under ``serve``).
@@ -26,6 +27,9 @@ from typing import Any
 
 from doors.models import DEFAULT_MODELS, default_model_store, missing_archives
 from doors.torchserve.config import MAX_REQUEST_SIZE, Ports, link_store, write_config
+from records import records_settings
+from records.keys import ensure_records_key
+from serving_core.recording import archive_version
 from supervise.environment import bind_address, run_dir_from_env
 from supervise.processes import (
     Launch,
@@ -164,7 +168,8 @@ def start(
         }
     )
     store = link_store(run_dir, model_store, models, overrides or {})
-    routed = bool(store.pools or store.generation) if router is None else router
+    keeps_records = records_settings(None, None, "EXPLAIN_RECORDS") is not None
+    routed = bool(store.pools or store.generation or keeps_records) if router is None else router
     config = write_config(run_dir, ports, store.path, behind_router=routed)
     launches = {
         "exporter": Launch(
@@ -178,6 +183,8 @@ def start(
     }  # fmt: skip
     if routed:  # the router takes the public inference ports
         command = tuple(router_command(ports, store.pools, store.generation))
+        if keeps_records:
+            command += tuple(records_arguments(run_dir, model_store, models))
         launches["router"] = Launch("the router", command, cwd, env, run_dir / "router.log", run_dir / ROUTER_PID)
     processes = {name: spawn(launch) for name, launch in launches.items()}
     owner = owner_pid()
@@ -195,6 +202,8 @@ def start(
     except BaseException:
         stop(run_dir)
         raise
+    if keeps_records:  # beside the keys TorchServe wrote when it started
+        ensure_records_key(run_dir / "key_file.json")
     return server
 
 
@@ -225,6 +234,15 @@ def router_command(ports: Ports, pools: tuple[str, ...], generation: tuple[str, 
     for name in generation:
         command += ["--generation", name]
     return command
+
+
+def records_arguments(run_dir: Path, model_store: Path, models: Mapping[str, str]) -> list[str]:
+    """The router's records arguments (:mod:`doors.torchserve.records_door`): the key file, and each model's version
+    (its archive's fingerprint, :func:`serving_core.recording.archive_version`; empty when it has none)."""
+    arguments = ["--records-key-file", str(run_dir / "key_file.json")]
+    for name, archive in models.items():
+        arguments += ["--model-version", f"{name}={archive_version(model_store / archive) or ''}"]
+    return arguments
 
 
 def wait_ready(server: Server, timeout: float, served: tuple[str, ...] | None = None) -> None:

@@ -26,9 +26,11 @@ import logging
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from doors.torchserve.openai_door import OpenAIRoutes
+from doors.torchserve.records_door import RecordsRoutes, parse_versions
 from explain_client.protos import inference_stubs
 from forwarding import Forwarder, Policy, RefusedError, Reply, Upstream, serve_until_signalled
 from serving_core.pools import asks_for_explanation, pool_name
@@ -45,10 +47,14 @@ class PoolRouter(Policy):
 
     name = "Router"
 
-    def __init__(self, pools: Iterable[str], generation: Iterable[str] = ()) -> None:
-        """Route for these models (their served names, without the pool suffix)."""
+    def __init__(
+        self, pools: Iterable[str], generation: Iterable[str] = (), records: RecordsRoutes | None = None
+    ) -> None:
+        """Route for these models (their served names, without the pool suffix); ``records``: the records routes
+        (:mod:`doors.torchserve.records_door`), when the deployment keeps records."""
         self.pools = frozenset(pools)
         self.openai = OpenAIRoutes(generation, self.rest_path, created=int(time.time()))
+        self.records = records
 
     def respond(
         self,
@@ -59,7 +65,12 @@ class PoolRouter(Policy):
         upstream: Upstream,
         headers: Mapping[str, str] | None = None,
     ) -> Reply | None:
-        """The OpenAI API's answer (:class:`~doors.torchserve.openai_door.OpenAIRoutes`); ``None`` otherwise."""
+        """The records routes' answer (:class:`~doors.torchserve.records_door.RecordsRoutes`), the OpenAI API's
+        (:class:`~doors.torchserve.openai_door.OpenAIRoutes`); ``None`` otherwise."""
+        if self.records is not None:
+            answered = self.records.respond(method, path, authorization, body, upstream)
+            if answered is not None:
+                return answered
         return self.openai.respond(method, path, authorization, body, upstream, headers)
 
     def refusal(self, path: str, refused: RefusedError) -> Reply | None:
@@ -108,10 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream-rest-port", type=int, required=True)
     parser.add_argument("--upstream-grpc-port", type=int, required=True)
     parser.add_argument("--max-body", type=int, default=3_100_000, help="bytes; larger requests get 413")
+    parser.add_argument(
+        "--records-key-file", type=Path, help="key_file.json: answer /v1/records when EXPLAIN_RECORDS is set"
+    )
+    parser.add_argument("--model-version", action="append", default=[], help="NAME=VERSION of a served model (repeat)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    records = None
+    if args.records_key_file is not None:
+        records = RecordsRoutes(args.records_key_file, parse_versions(args.model_version))
+    policy = PoolRouter(args.pool, args.generation, records)
     router = Forwarder(
-        PoolRouter(args.pool, args.generation), args.listen, args.rest_port, args.grpc_port, args.upstream_rest_port,
+        policy, args.listen, args.rest_port, args.grpc_port, args.upstream_rest_port,
         args.upstream_grpc_port, args.max_body,
     )  # fmt: skip
     pools = ", ".join(sorted(args.pool)) or "none"
