@@ -8,6 +8,7 @@ Examples::
     explain "the crew was rude" --compare attention,rollout,relevance --grpc --html out.html
     explain --model digits --image digit.png --compare rollout,relevance --png out.png
     explain --input tweets.txt --method rollout --jsonl results.jsonl      # one text per line, or JSON lines
+    explain records list --model sentiment                                 # the service's records (records_cli)
 
 Where the server is: ``--url``/``--grpc-address`` (or ``$EXPLAIN_URL``/``$EXPLAIN_GRPC_ADDRESS``), else the server
 started by ``make start`` or ``explain-serve`` (``--run-dir``, default ``$EXPLAIN_WORKDIR/run``, else ``./run``: its
