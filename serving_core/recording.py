@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from records import InvalidRecordIdError, Record, build_record, request_id
+from records import InvalidRecordIdError, Record, build_record, new_request_id, request_id
 from records.event import Input
 from records.recorder import Recorder
 from serving_core.errors import RowError
@@ -173,6 +173,7 @@ __all__ = [
     "archive_version",
     "door_request_id",
     "header",
+    "new_request_id",
     "record_batch",
     "refused_answers",
     "row_indexes",

@@ -18,6 +18,7 @@ from doors.torchserve.config import Ports
 from doors.torchserve.process import records_arguments, router_command
 from doors.torchserve.records_door import PARENT_HEADER, RecordsRoutes, parse_versions
 from doors.torchserve.router import PoolRouter
+from doors.torchserve.row_records import record_rows, request_ids
 from records import build_record, open_store
 from records.keys import records_key
 
@@ -114,3 +115,49 @@ def test_the_router_is_told_the_key_file_and_versions(tmp_path: Path) -> None:
     assert parse_versions(["sentiment=" + VERSION, "other="]) == {"sentiment": VERSION, "other": None}
     assert parse_versions([]) is None
     assert archive.parent.is_dir() and "--records-key-file" not in router_command(Ports.free(), ())
+
+
+class FakeContext:
+    """TorchServe's context of a batch: per-row request headers, per-row response headers."""
+
+    def __init__(self, headers: list[dict[str, str]]) -> None:
+        self.headers = headers
+        self.response_headers: dict[int, dict[str, str]] = {}
+
+    def get_all_request_header(self, index: int) -> dict[str, str]:
+        return self.headers[index]
+
+    def set_response_header(self, index: int, key: str, value: str) -> None:
+        self.response_headers.setdefault(index, {})[key] = value
+
+
+def test_a_torchserve_batch_is_recorded_row_by_row(tmp_path: Path) -> None:
+    from records.recorder import Recorder, close_writers
+    from serving_core.errors import RowError
+
+    store_url = f"sqlite:///{tmp_path / 'records.sqlite3'}"
+    recorder = Recorder.open("sentiment", {"store": store_url, "payload": "full"}, environ={})
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    context = FakeContext([
+        {"X-Request-Id": "mine"},
+        {"traceparent": trace, PARENT_HEADER: "seen"},
+        {"X-Request-Id": "../escape"},
+    ])  # fmt: skip
+    data: list[dict[str, Any]] = [{"body": b'{"text": "good"}'}, {"body": {"text": "bad"}}, {"body": b"\xff raw"}]
+    ids = request_ids(context, 3)
+    assert ids[0] == "mine" and isinstance(ids[1], str) and isinstance(ids[2], RowError)
+    answers: list[dict[str, Any]] = [{"label": "positive"}, {"label": "negative"}, {"error": {"code": "invalid_request"}}]
+    try:
+        assert record_rows(recorder, task="classification", version=VERSION, context=context, data=data,
+                           answers=answers, ids=ids) == [None, None, None]  # fmt: skip
+    finally:
+        close_writers()
+    assert context.response_headers[0] == {"X-Request-Id": "mine"}
+    with open_store(store_url) as store:
+        first = store.get("mine")
+        second = store.get(str(ids[1]))
+        third = store.get(context.response_headers[2]["X-Request-Id"])
+        assert first is not None and first.event["data"]["input"]["document"] == {"text": "good"}
+        assert second is not None and second.event["data"]["parent"] == "seen" and second.event["traceparent"] == trace
+        assert third is not None and third.event["data"]["input"]["base64"] and third.event["data"]["error"]
+        assert store.verify().ok
