@@ -146,7 +146,8 @@ def test_a_torchserve_batch_is_recorded_row_by_row(tmp_path: Path) -> None:
     data: list[dict[str, Any]] = [{"body": b'{"text": "good"}'}, {"body": {"text": "bad"}}, {"body": b"\xff raw"}]
     ids = request_ids(context, 3)
     assert ids[0] == "mine" and isinstance(ids[1], str) and isinstance(ids[2], RowError)
-    answers: list[dict[str, Any]] = [{"label": "positive"}, {"label": "negative"}, {"error": {"code": "invalid_request"}}]
+    refused = {"error": {"code": "invalid_request"}}
+    answers: list[dict[str, Any]] = [{"label": "positive"}, {"label": "negative"}, refused]
     try:
         assert record_rows(recorder, task="classification", version=VERSION, context=context, data=data,
                            answers=answers, ids=ids) == [None, None, None]  # fmt: skip
