@@ -62,9 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
-    from .cli import default_run_dir
-
-    return Path(args.run_dir) if args.run_dir else default_run_dir()
+    """``--run-dir``, else the run folder ``explain`` uses: ``$EXPLAIN_WORKDIR/run``, else ``./run``."""
+    return Path(args.run_dir) if args.run_dir else Path(os.environ.get("EXPLAIN_WORKDIR") or ".") / "run"
 
 
 def make_records_client(args: argparse.Namespace) -> RecordsClient:

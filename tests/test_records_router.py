@@ -162,3 +162,12 @@ def test_a_torchserve_batch_is_recorded_row_by_row(tmp_path: Path) -> None:
         assert second is not None and second.event["data"]["parent"] == "seen" and second.event["traceparent"] == trace
         assert third is not None and third.event["data"]["input"]["base64"] and third.event["data"]["error"]
         assert store.verify().ok
+
+
+def test_explain_records_finds_the_run_folder_as_explain_does(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from explain_client import records_cli
+    from explain_client.cli import default_run_dir
+
+    monkeypatch.setenv("EXPLAIN_WORKDIR", str(tmp_path))
+    args = records_cli.build_parser().parse_args(["list"])
+    assert records_cli._run_dir(args) == default_run_dir() == tmp_path / "run"
