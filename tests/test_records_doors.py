@@ -22,7 +22,7 @@ from records import build_record, open_store
 from records.keys import records_key
 from serving_core.recording import archive_version
 from tests.doors_support import missing_extras
-from tests.serving_support import tiny_archives
+from tests.serving_support import REPO_ROOT, tiny_archives
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,7 @@ class Door:
     key: str
     store_url: str
     version: str | None
+    inference: str | None = None
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +160,37 @@ def test_the_client_and_the_cli_read_explain_again_and_erase(door: Door, tmp_pat
     out = io.StringIO()
     assert main([*common, "erase", "served-3"], stdout=out) == 0 and "erased 1" in out.getvalue()
     assert main([*common, "show", "..%2Fescape"], stdout=io.StringIO()) == 1
+
+
+@pytest.fixture(scope="module")
+def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    from doors.torchserve.process import start, stop
+
+    archive = tiny_archives()["sentiment"]
+    run_dir = tmp_path_factory.mktemp("records-torchserve")
+    store_url = f"sqlite:///{run_dir / 'records.sqlite3'}"
+    ports = Ports.free()
+    with pytest.MonkeyPatch.context() as patch:  # what EXPLAIN_RECORDS=... make start gives the processes
+        patch.setenv("EXPLAIN_RECORDS", store_url)
+        patch.setenv("EXPLAIN_RECORDS_PAYLOAD", "full")
+        server = start(run_dir, REPO_ROOT, {"sentiment": str(archive.resolve())}, ports, timeout=300)
+    try:
+        assert server.router_pid is not None  # records on: the router is in front, whatever else is served
+        key = records_key(run_dir / "key_file.json")
+        assert key is not None and server.keys["inference"] != key
+        yield Door(server.inference_url, key, store_url, archive_version(archive), server.keys["inference"])
+    finally:
+        stop(run_dir)
+
+
+def test_torchserve_s_router_answers_records_and_explains_again_through_torchserve(torchserve: Door) -> None:
+    _stored(torchserve, "ts-1", "a lovely film")
+    status, page = _call(torchserve, "GET", "/v1/records?model=sentiment")
+    assert status == 200 and [event["id"] for event in page["data"]] == ["ts-1"]
+    assert _call(torchserve, "GET", "/v1/records", key=torchserve.inference)[0] == 403
+    assert _call(torchserve, "GET", "/v1/records", key=None)[0] == 401
+    assert _call(torchserve, "GET", "/v1/records/ts-1/page")[0] == 200
+    status, done = _call(torchserve, "POST", "/v1/records/ts-1/explain", {"explain": {"method": "grad_x_input"}})
+    assert status == 200, done
+    assert done["parent"] == "ts-1" and done["answer"]["explanation"]["method"] == "grad_x_input"
+    assert _call(torchserve, "DELETE", "/v1/records/ts-1")[1] == {"id": "ts-1", "erased": 1}
