@@ -194,3 +194,40 @@ def test_torchserve_s_router_answers_records_and_explains_again_through_torchser
     assert status == 200, done
     assert done["parent"] == "ts-1" and done["answer"]["explanation"]["method"] == "grad_x_input"
     assert _call(torchserve, "DELETE", "/v1/records/ts-1")[1] == {"id": "ts-1", "erased": 1}
+
+
+def test_every_kserve_answer_has_its_request_id() -> None:
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from fastapi.testclient import TestClient
+
+    from doors.kserve.request_ids import RequestIds, oip_request_id
+
+    app = FastAPI()
+
+    async def seen(request: Any) -> JSONResponse:
+        return JSONResponse({"id": request.headers.get("x-request-id")})
+
+    app.add_route("/seen", seen, methods=["GET"])
+    app.add_middleware(RequestIds)
+    client = TestClient(app)
+    mine = client.get("/seen", headers={"X-Request-Id": "caller-1"})
+    assert mine.headers["x-request-id"] == "caller-1" and mine.json() == {"id": "caller-1"}
+    made = client.get("/seen")
+    assert made.headers["x-request-id"] == made.json()["id"] and len(made.json()["id"]) == 36
+    refused = client.get("/seen", headers={"X-Request-Id": "../escape"})
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid_request"
+    assert oip_request_id("oip-id", {"x-request-id": "header"}) == "oip-id"
+    assert oip_request_id(None, {"X-Request-Id": "header"}) == "header"
+    assert oip_request_id("", None) is None
+
+
+def test_a_kserve_door_answers_with_the_callers_id(door: Door) -> None:
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a lovely film"]}]}
+    request = urllib.request.Request(f"{door.url}/v2/models/sentiment/infer", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "X-Request-Id": "oip-1"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        assert reply.headers["X-Request-Id"] == "oip-1"
+        assert json.loads(reply.read())["id"] == "oip-1"
+    with urllib.request.urlopen(f"{door.url}/v2/health/ready", timeout=30) as reply:
+        assert len(reply.headers["X-Request-Id"]) == 36
