@@ -1,8 +1,10 @@
-"""The records routes on a running KServe door (doors/kserve/records_routes.py): a door started with
-``EXPLAIN_RECORDS`` (SQLite, payload full) makes its records key beside its config, reads its store on
+"""The records routes on running doors: a KServe door started with ``EXPLAIN_RECORDS`` (SQLite, and a real
+PostgreSQL the tests start; payload full) makes its records key beside its config, reads its store on
 ``/v1/records``, refuses a caller without the key (401), a path-like id (400) and an unknown one (404), explains a
 stored prediction again by another method in-process (a new record whose ``parent`` is the old one, with the
-model's version), and erases it."""
+model's version), erases it, and echoes every answer's ``X-Request-Id``; the client and ``explain records`` against
+it; TorchServe's door with records on (its router in front, the inference key refused with 403, a record explained
+again through TorchServe)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from records import build_record, open_store
 from records.keys import records_key
 from serving_core.recording import archive_version
 from tests.doors_support import missing_extras
+from tests.postgres_server import PostgresServer, postgres_server
 from tests.serving_support import REPO_ROOT, tiny_archives
 
 pytestmark = pytest.mark.slow
@@ -37,7 +40,13 @@ class Door:
 
 
 @pytest.fixture(scope="module")
-def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+def postgres() -> Iterator[PostgresServer]:
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def door(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
     missing = missing_extras()
     if missing:
         pytest.skip(missing)
@@ -45,7 +54,11 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
 
     archive = tiny_archives()["sentiment"]
     run_dir = tmp_path_factory.mktemp("records-door")
-    store_url = f"sqlite:///{run_dir / 'records.sqlite3'}"
+    if request.param == "sqlite":
+        store_url = f"sqlite:///{run_dir / 'records.sqlite3'}"
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres")
+        store_url = server.new_database()
     ports = Ports.free()
     env = {"OMP_NUM_THREADS": "1", "EXPLAIN_RECORDS": store_url, "EXPLAIN_RECORDS_PAYLOAD": "full"}
     launcher.start("kserve", {"sentiment": archive}, run_dir, ports.inference, ports.grpc_inference, timeout=400,
