@@ -4,6 +4,7 @@
 
     explain-serve --models reviews=/models/reviews [topics=/models/topics ...] [--workdir DIR]
                   [--server torchserve|kserve|ray] [--port 8080] [--grpc-port 7070] [--default-method attnlrp]
+                  [--records sqlite|sqlite:///path|postgresql://...|http(s)://...] [--records-payload full|hash|none]
 
 Each folder (``config.json``, safetensors weights, tokenizer or image-processor files, as ``save_pretrained`` writes
 them) is validated and packaged into the working directory (``WORKDIR/model_store/build/packages/NAME``, reused while
@@ -13,8 +14,10 @@ unchanged), then the service starts in the foreground, prints how to call it (th
 is installed.
 
 This is the launcher ``make serve MODELS=...`` runs (:mod:`doors.launch`), given the working
-directory's folders; exit status as its: 0 stopped, 1 the service failed, 2 a checkpoint or setting was refused
-(nothing started).
+directory's folders. ``--records STORE`` keeps a record of every answered row in ``STORE`` (docs/RECORDS.md): it
+sets ``EXPLAIN_RECORDS`` (and ``--records-payload`` ``EXPLAIN_RECORDS_PAYLOAD``) for every process started, as
+``EXPLAIN_RECORDS=STORE make serve`` does. Exit status as the launcher's: 0 stopped, 1 the service failed, 2 a
+checkpoint or setting was refused (nothing started).
 """
 
 from __future__ import annotations
@@ -72,7 +75,38 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile", default="archive", help="batching profile: archive (default), cpu, cpu-pooled, gpu"
     )
     parser.add_argument("--replicas", type=int, help="--server ray: replicas per model")
+    parser.add_argument(
+        "--records",
+        metavar="STORE",
+        help="keep a record of every answered row: sqlite (a file in the working directory), sqlite:///path, "
+        "postgresql://..., http(s)://... (default: $EXPLAIN_RECORDS, else none)",
+    )
+    parser.add_argument(
+        "--records-payload",
+        choices=("full", "hash", "none"),
+        help="how much of each input a record keeps (default: $EXPLAIN_RECORDS_PAYLOAD, else hash)",
+    )
     return parser
+
+
+def records_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The ``EXPLAIN_RECORDS*`` variables ``--records`` and ``--records-payload`` set (checked, so that a bad store
+    is refused before anything starts).
+
+    Raises:
+        SettingsError: the store URL or payload is not one the records package can use.
+    """
+    from records import records_settings
+    from records.settings import ENV_PAYLOAD, ENV_STORE
+
+    settings: dict[str, str] = {}
+    if args.records:
+        settings[ENV_STORE] = args.records
+    if args.records_payload:
+        settings[ENV_PAYLOAD] = args.records_payload
+    if settings:
+        records_settings(None, {**os.environ, **settings}, "--records")
+    return settings
 
 
 def launcher_arguments(args: argparse.Namespace, workdir: Path) -> list[str]:
@@ -113,6 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["GRPC_INFERENCE_PORT"] = str(args.grpc_port)
     if args.default_method:
         os.environ[DEFAULT_METHOD_ENV] = args.default_method
+    from records import SettingsError
+
+    try:
+        os.environ.update(records_environment(args))
+    except SettingsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     for variable in ("MODEL_STORE", "RUN_DIR", "SERVER", "MODELS", "MODELS_FILE"):  # the launcher's make settings
         os.environ.pop(variable, None)
     workdir = current_workdir()

@@ -8,6 +8,7 @@ Examples::
     explain "the crew was rude" --compare attention,rollout,relevance --grpc --html out.html
     explain --model digits --image digit.png --compare rollout,relevance --png out.png
     explain --input tweets.txt --method rollout --jsonl results.jsonl      # one text per line, or JSON lines
+    explain records list --model sentiment                                 # the service's records (records_cli)
 
 Where the server is: ``--url``/``--grpc-address`` (or ``$EXPLAIN_URL``/``$EXPLAIN_GRPC_ADDRESS``), else the server
 started by ``make start`` or ``explain-serve`` (``--run-dir``, default ``$EXPLAIN_WORKDIR/run``, else ``./run``: its
@@ -265,9 +266,15 @@ def _target(value: str | None) -> str | int | None:
 
 
 def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 1 some input failed, 2 bad usage)."""
+    """Run the CLI; returns the exit status (0 ok, 1 some input failed, 2 bad usage). ``explain records ...`` reads
+    the service's records (:mod:`explain_client.records_cli`)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["records"]:
+        from . import records_cli
+
+        return records_cli.main(given[1:], stdout)
     parser = build_parser()
-    args = parser.parse_args(join_dash_values(sys.argv[1:] if argv is None else argv, parser))
+    args = parser.parse_args(join_dash_values(given, parser))
     stdin = stdin or sys.stdin
     out = stdout or sys.stdout
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")

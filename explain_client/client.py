@@ -22,6 +22,7 @@ from .generation import DocumentInput, Generation, GenerationCall, Message, Step
 
 # load_requests lived in this module; it stays importable from here.
 from .inputs import load_requests as load_requests
+from .records import RecordsClient, read_records_key
 from .results import Prediction, ServiceError
 from .streams import GenerationStream
 from .transport import DEFAULT_GRPC_ADDRESS, DEFAULT_REST_URL, Backend, GrpcBackend, RestBackend, Transport
@@ -65,6 +66,7 @@ class ExplainClient:
         retries: further attempts of a call that failed in a retryable way (see :func:`is_retryable`), after
             ``RETRY_BACKOFF_S`` s, doubled each time. Safe because a prediction or explanation is a pure function of
             the request. ``0`` turns retrying off.
+        records_key: the records key (:attr:`records`); default: the ``records`` entry of ``token_file``.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class ExplainClient:
         timeout: float = 60.0,
         concurrency: int = 8,
         retries: int = 1,
+        records_key: str | None = None,
     ) -> None:
         """Create the client (a gRPC channel is opened lazily by gRPC on the first call)."""
         if transport not in ("rest", "grpc"):
@@ -98,6 +101,21 @@ class ExplainClient:
         self._backend: Backend = (
             GrpcBackend(grpc_address, resolved) if transport == "grpc" else RestBackend(url, resolved)
         )
+        self._url = url
+        self._records_key = records_key
+        self._records: RecordsClient | None = None
+
+    @property
+    def records(self) -> RecordsClient:
+        """The service's records over REST, whatever the transport (:class:`~explain_client.records.RecordsClient`:
+        ``list``, ``iterate``, ``get``, ``page``, ``explain``, ``erase``), with the records key given or read from
+        the token file's ``records`` entry."""
+        if self._records is None:
+            key = self._records_key
+            if key is None and self._token_file is not None:
+                key = read_records_key(self._token_file)
+            self._records = RecordsClient(self._url, key, self.timeout)
+        return self._records
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, transport: Transport = "rest", **kwargs: Any) -> ExplainClient:
@@ -135,6 +153,8 @@ class ExplainClient:
     def close(self) -> None:
         """Close the gRPC channel or the pooled REST connections."""
         self._backend.close()
+        if self._records is not None:
+            self._records.close()
 
     def call(self, model: str, request: Request, timeout: float | None = None) -> Prediction:
         """Send one :class:`Request`, again up to ``retries`` times while it fails in a retryable way.

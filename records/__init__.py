@@ -15,7 +15,9 @@ whose writer commits them in one transaction before the answers leave (or applie
 - :mod:`~records.writer`: the writer, the ``on_store_error`` policy and ``explain_record_errors_total``;
 - :mod:`~records.recorder`: :class:`~records.recorder.Recorder`, a model's settings and its (shared) writer: what a
   door holds;
-- :mod:`~records.cli`: ``explain-records verify|list|show|erase|retain``.
+- :mod:`~records.cli`: ``explain-records verify|list|show|erase|retain``;
+- :mod:`~records.api`: the ``/v1/records`` routes, door-neutral (list, read, page, re-explain, erase, behind the
+  records key); :mod:`~records.keys`: the records key in ``key_file.json``.
 """
 
 from __future__ import annotations

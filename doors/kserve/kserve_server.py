@@ -2,7 +2,8 @@
 (127.0.0.1 unless ``INFERENCE_ADDRESS`` says otherwise), requests bounded in size, the error table's statuses on
 both transports, ``explain`` listed among the server's OIP extensions, an OIP REST body read as every OIP client sends
 it (JSON without a ``Content-Type``, the binary data extension, a compressed body: :mod:`doors.kserve.rest_body`), and
-the OpenAI API for the generation models (:mod:`doors.kserve.openai_routes`).
+the OpenAI API for the generation models (:mod:`doors.kserve.openai_routes`), and every REST answer's
+``X-Request-Id`` (:mod:`doors.kserve.request_ids`; an OIP answer's ``id`` is the request's, else that id).
 
 KServe's own server binds REST to 0.0.0.0 and gRPC to ``[::]``, with no way to choose; this module starts the same
 REST application and gRPC servicer on the address given instead. Everything else — the routes (OIP v2, v1
@@ -46,6 +47,7 @@ from .generate_routes import add_generate_routes
 from .kserve_model import ExplainModel, RequestError, RetryableError
 from .oip import EXTENSION
 from .openai_routes import add_openai_routes
+from .request_ids import RequestIds, oip_request_id
 from .rest_body import infer_request_from_body
 
 logger = logging.getLogger(__name__)
@@ -77,11 +79,14 @@ class ExplainDataPlane(DataPlane):
             RequestError: ``invalid_request`` (or ``request_too_large``) for a body that is not such a request.
         """
         if not isinstance(body, bytes):
-            return super().decode_inference_request(body, headers, model_name)
-        try:
-            return infer_request_from_body(body, headers or {}, model_name, MAX_REQUEST_BYTES)
-        except RowError as error:
-            raise RequestError(error) from None
+            request = super().decode_inference_request(body, headers, model_name)
+        else:
+            try:
+                request = infer_request_from_body(body, headers or {}, model_name, MAX_REQUEST_BYTES)
+            except RowError as error:
+                raise RequestError(error) from None
+        request.id = oip_request_id(request.id, headers)  # the answer's id: the OIP id, else the X-Request-Id
+        return request
 
 
 class BodyLimit:
@@ -262,6 +267,7 @@ class ExplainModelServer(ModelServer):
         kserve_app.add_exception_handler(RetryableError, _door_error)
         kserve_app.add_middleware(RawInferBodies)
         kserve_app.add_middleware(BodyLimit)
+        kserve_app.add_middleware(RequestIds)  # every answer's X-Request-Id (the caller's, or one made)
         kserve_app.add_middleware(TraceRequests)  # outermost: the span covers the body limit's refusals too
         rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension, self.http_port,
                           grace_period=5, timeout_keep_alive=self.timeout_keep_alive)  # fmt: skip

@@ -8,7 +8,9 @@ model) and the cluster to join (``ray_address``; absent: a local Ray started her
 ``ray_cpus`` CPUs; ``attach``: use the Serve applications already running there, as a KubeRay RayService deploys
 them, instead of deploying). ``metrics_port`` also serves ``/metrics`` (KServe's request histograms and the
 explanation metrics) on ``metrics_address`` for Prometheus, apart from the REST port. The OpenAI Batch API
-(:mod:`doors.kserve.batch_routes`) keeps its files and batches in ``batch_api/`` beside ``CONFIG.json``.
+(:mod:`doors.kserve.batch_routes`) keeps its files and batches in ``batch_api/`` beside ``CONFIG.json``. When the
+deployment keeps records (``EXPLAIN_RECORDS``), the REST port also has the ``/v1/records`` routes
+(:mod:`doors.kserve.records_routes`), behind the records key of ``key_file.json`` beside ``CONFIG.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: The Batch API's state folder, in the run folder (beside ``CONFIG.json``).
 BATCH_STATE = "batch_api"
+#: The door's tokens, in its run folder: the records key (``records``), as TorchServe keeps its own.
+KEY_FILE = "key_file.json"
 
 #: The doors this process serves: those of :data:`doors.DOORS` whose launch module is this package's.
 DOORS = tuple(name for name, door in ALL_DOORS.items() if door.module == "doors.kserve.launch")
@@ -143,6 +147,7 @@ def _serve(config: DoorConfig, backends: list[Any], run_dir: Path) -> None:
     from .batch_routes import add_batch_api
     from .kserve_model import ExplainModel
     from .kserve_server import ExplainModelServer
+    from .records_routes import add_records_routes
 
     if config.metrics_port is not None:
         from prometheus_client import start_http_server
@@ -154,6 +159,7 @@ def _serve(config: DoorConfig, backends: list[Any], run_dir: Path) -> None:
         model.load()
         logger.info("model %s ready (%s head, %s door)", model.name, model.head_type, config.server)
     add_batch_api(app, models, run_dir / BATCH_STATE)
+    add_records_routes(app, {model.name: model for model in models}, run_dir / KEY_FILE, door=config.server)
     server = ExplainModelServer(config.address, config.http_port, config.grpc_port, config.grpc_threads)
     server.serve(models)
 

@@ -1,5 +1,6 @@
 """Process control: start the explanation-metrics exporter, TorchServe's Java frontend and, when a model is a
-generation model (the OpenAI API) or has an explanation pool, the router in front of it (the public inference ports;
+generation model (the OpenAI API) or has an explanation pool, or the deployment keeps records (``EXPLAIN_RECORDS``:
+the router answers ``/v1/records``), the router in front of it (the public inference ports;
 TorchServe listens on loopback behind it) in the background, wait until every model has a ready worker, and stop them
 by their pid files (the mechanics are :mod:`supervise.processes`; :mod:`doors.torchserve.supervision` watches them
 under ``serve``).
@@ -27,6 +28,9 @@ from typing import Any
 
 from doors.models import DEFAULT_MODELS, default_model_store, missing_archives
 from doors.torchserve.config import MAX_REQUEST_SIZE, Ports, link_store, write_config
+from records import records_settings
+from records.keys import ensure_records_key
+from serving_core.recording import archive_version
 from supervise.environment import bind_address, run_dir_from_env
 from supervise.processes import (
     Launch,
@@ -172,7 +176,8 @@ def start(
     store = link_store(run_dir, model_store, models, overrides or {})
     if batches is None:
         batches = os.environ.get("EXPLAIN_BATCHES", "").lower() in ("1", "true", "yes")
-    routed = bool(store.pools or store.generation or batches) if router is None else router or batches
+    keeps_records = records_settings(None, None, "EXPLAIN_RECORDS") is not None
+    routed = bool(store.pools or store.generation or batches or keeps_records) if router is None else router or batches
     config = write_config(run_dir, ports, store.path, behind_router=routed)
     launches = {
         "exporter": Launch(
@@ -187,6 +192,8 @@ def start(
     if routed:  # the router takes the public inference ports
         batch_models = {name: store.path / name for name in models} if batches else None
         command = tuple(router_command(ports, store.pools, store.generation, batch_models, run_dir / BATCH_STATE))
+        if keeps_records:
+            command += tuple(records_arguments(run_dir, model_store, models))
         launches["router"] = Launch("the router", command, cwd, env, run_dir / "router.log", run_dir / ROUTER_PID)
     processes = {name: spawn(launch) for name, launch in launches.items()}
     owner = owner_pid()
@@ -204,6 +211,8 @@ def start(
     except BaseException:
         stop(run_dir)
         raise
+    if keeps_records:  # beside the keys TorchServe wrote when it started
+        ensure_records_key(run_dir / "key_file.json")
     return server
 
 
@@ -242,6 +251,15 @@ def router_command(
         for name, path in batch_models.items():
             command += ["--batch-model", f"{name}={path}"]
     return command
+
+
+def records_arguments(run_dir: Path, model_store: Path, models: Mapping[str, str]) -> list[str]:
+    """The router's records arguments (:mod:`doors.torchserve.records_door`): the key file, and each model's version
+    (its archive's fingerprint, :func:`serving_core.recording.archive_version`; empty when it has none)."""
+    arguments = ["--records-key-file", str(run_dir / "key_file.json")]
+    for name, archive in models.items():
+        arguments += ["--model-version", f"{name}={archive_version(model_store / archive) or ''}"]
+    return arguments
 
 
 def wait_ready(server: Server, timeout: float, served: tuple[str, ...] | None = None) -> None:

@@ -38,6 +38,7 @@ import grpc
 
 from doors.torchserve.batch_door import BatchDoor
 from doors.torchserve.openai_door import OpenAIRoutes
+from doors.torchserve.records_door import RecordsRoutes, parse_versions
 from explain_client.protos import inference_stubs
 from forwarding import Forwarder, Policy, RefusedError, Reply, Upstream, serve_until_signalled
 from serving_core.pools import asks_for_explanation, pool_name
@@ -60,11 +61,19 @@ class PoolRouter(Policy):
     name = "Router"
     grpc_streams = frozenset({"StreamPredictions"})
 
-    def __init__(self, pools: Iterable[str], generation: Iterable[str] = (), batches: BatchDoor | None = None) -> None:
-        """Route for these models (their served names, without the pool suffix); ``batches``: the Batch API."""
+    def __init__(
+        self,
+        pools: Iterable[str],
+        generation: Iterable[str] = (),
+        batches: BatchDoor | None = None,
+        records: RecordsRoutes | None = None,
+    ) -> None:
+        """Route for these models (their served names, without the pool suffix); ``batches``: the Batch API;
+        ``records``: the records routes (:mod:`doors.torchserve.records_door`), when the deployment keeps records."""
         self.pools = frozenset(pools)
         self.openai = OpenAIRoutes(generation, self.rest_path, created=int(time.time()))
         self.batches = batches
+        self.records = records
 
     def respond(
         self,
@@ -75,8 +84,13 @@ class PoolRouter(Policy):
         upstream: Upstream,
         headers: Mapping[str, str] | None = None,
     ) -> Reply | None:
-        """The OpenAI API's answer (:class:`~doors.torchserve.openai_door.OpenAIRoutes`) or the Batch API's
-        (:class:`~doors.torchserve.batch_door.BatchDoor`); ``None`` otherwise."""
+        """The records routes' answer (:class:`~doors.torchserve.records_door.RecordsRoutes`), the Batch API's
+        (:class:`~doors.torchserve.batch_door.BatchDoor`) or the OpenAI API's
+        (:class:`~doors.torchserve.openai_door.OpenAIRoutes`); ``None`` otherwise."""
+        if self.records is not None:
+            answered = self.records.respond(method, path, authorization, body, upstream)
+            if answered is not None:
+                return answered
         if self.batches is not None:
             answer = self.batches.respond(method, path, authorization, body, upstream, headers)
             if answer is not None:
@@ -166,14 +180,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch-model", action="append", default=[], type=name_value, help="NAME=ARCHIVE a batch may ask for (repeat)"
     )
+    parser.add_argument(
+        "--records-key-file", type=Path, help="key_file.json: answer /v1/records when EXPLAIN_RECORDS is set"
+    )
+    parser.add_argument("--model-version", action="append", default=[], help="NAME=VERSION of a served model (repeat)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     batches = None
     if args.batch_root is not None:
         batches = BatchDoor(args.batch_root, {name: Path(path) for name, path in args.batch_model})
+    records = None
+    if args.records_key_file is not None:
+        records = RecordsRoutes(args.records_key_file, parse_versions(args.model_version))
+    policy = PoolRouter(args.pool, args.generation, batches, records)
     router = Forwarder(
-        PoolRouter(args.pool, args.generation, batches), args.listen, args.rest_port, args.grpc_port,
-        args.upstream_rest_port, args.upstream_grpc_port, args.max_body,
+        policy, args.listen, args.rest_port, args.grpc_port, args.upstream_rest_port,
+        args.upstream_grpc_port, args.max_body,
     )  # fmt: skip
     pools = ", ".join(sorted(args.pool)) or "none"
     generation = ", ".join(sorted(args.generation)) or "none"

@@ -1,0 +1,96 @@
+"""The records routes on the KServe door (and on Ray Serve replicas behind it): ``/v1/records`` and its sub-routes
+(:mod:`records.api`) added to KServe's FastAPI application, when the deployment keeps records (``EXPLAIN_RECORDS``).
+
+The routes read the deployment's store with a connection of their own, on one thread of their own (the store's
+calls block), and ask for the records key of ``key_file.json`` in the door's run folder (made when missing,
+:func:`records.keys.ensure_records_key`). A re-explanation is served in this process by the model's backend
+(:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`, as the door's REST route serves the document) and
+recorded through the model's :class:`~records.recorder.Recorder` with the re-explained record as its ``parent``
+(:func:`serving_core.recording.record_batch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from records import new_request_id, open_store, records_settings
+from records.api import PREFIX, RecordsApi, Reexplained
+from records.keys import ensure_records_key
+from records.recorder import Recorder
+from serving_core.recording import AnsweredRow, archive_version, record_batch, refused_answers
+
+from .kserve_model import ExplainModel
+
+logger = logging.getLogger(__name__)
+
+
+def add_records_routes(
+    app: FastAPI,
+    models: Mapping[str, ExplainModel],
+    key_file: Path,
+    environ: Mapping[str, str] | None = None,
+    door: str = "kserve",
+) -> RecordsApi | None:
+    """Add ``/v1/records`` and its sub-routes to ``app`` over the deployment's store, when it keeps records.
+
+    Args:
+        app: KServe's FastAPI application.
+        models: The served models by name.
+        key_file: The door's ``key_file.json`` (its ``records`` entry is made when missing).
+        environ: The environment (default ``os.environ``).
+        door: The door's name in the records (``kserve`` or ``ray``).
+
+    Returns:
+        The routes' :class:`~records.api.RecordsApi`; None when the deployment keeps no records (no route added).
+
+    Raises:
+        SettingsError: the ``EXPLAIN_RECORDS*`` settings are not usable.
+        StoreUnavailableError: the store cannot be opened.
+    """
+    settings = records_settings(None, environ, "EXPLAIN_RECORDS")
+    if settings is None:
+        return None
+    store = open_store(settings.store, settings.payload)
+    recorders = {name: Recorder.open(name, None, environ) for name in models}
+    versions = {name: archive_version(model.settings.archive) for name, model in models.items()}
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-api")
+    serving: list[asyncio.AbstractEventLoop] = []  # the loop the models serve on, known at the first request
+
+    def reexplain(name: str, document: Mapping[str, Any], parent: str) -> Reexplained:
+        model = models[name]
+        answers = asyncio.run_coroutine_threadsafe(model.answer_documents([document]), serving[0]).result()
+        request = new_request_id()
+        row = AnsweredRow(request_id=request, index=None, answer=answers[0], input=document, parent=parent)
+        refusals = record_batch(recorders[name], task=model.settings.config.task, door=door,
+                                version=versions[name], rows=[row])  # fmt: skip
+        return Reexplained(request, refused_answers(answers, refusals)[0])
+
+    api = RecordsApi(store, key=ensure_records_key(key_file), versions=versions, reexplain=reexplain)
+
+    async def records(request: Request) -> Response:
+        body = await request.body()
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        if not serving:
+            serving.append(asyncio.get_running_loop())
+        reply = await serving[0].run_in_executor(
+            pool, api.respond, request.method, target, request.headers.get("authorization"), body
+        )
+        assert reply is not None  # every path routed here is a records path
+        return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+
+    methods = ["GET", "POST", "DELETE", "PUT", "PATCH"]
+    app.add_api_route(PREFIX, records, methods=methods)
+    app.add_api_route(PREFIX + "/{rest:path}", records, methods=methods)
+    logger.info("records routes on %s (the records key is in %s)", PREFIX, key_file)
+    return api
+
+
+__all__ = ["add_records_routes"]

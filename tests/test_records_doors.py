@@ -1,0 +1,246 @@
+"""The records routes on running doors: a KServe door started with ``EXPLAIN_RECORDS`` (SQLite, and a real
+PostgreSQL the tests start; payload full) makes its records key beside its config, reads its store on
+``/v1/records``, refuses a caller without the key (401), a path-like id (400) and an unknown one (404), explains a
+stored prediction again by another method in-process (a new record whose ``parent`` is the old one, with the
+model's version), erases it, and echoes every answer's ``X-Request-Id``; the client and ``explain records`` against
+it; TorchServe's door with records on (its router in front, the inference key refused with 403, a record explained
+again through TorchServe)."""
+
+from __future__ import annotations
+
+import io
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from doors.torchserve.config import Ports
+from records import build_record, open_store
+from records.keys import records_key
+from serving_core.recording import archive_version
+from tests.doors_support import missing_extras
+from tests.postgres_server import PostgresServer, postgres_server
+from tests.serving_support import REPO_ROOT, tiny_archives
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Door:
+    url: str
+    key: str
+    store_url: str
+    version: str | None
+    inference: str | None = None
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def door(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    missing = missing_extras()
+    if missing:
+        pytest.skip(missing)
+    from doors.kserve import launch as launcher
+
+    archive = tiny_archives()["sentiment"]
+    run_dir = tmp_path_factory.mktemp("records-door")
+    if request.param == "sqlite":
+        store_url = f"sqlite:///{run_dir / 'records.sqlite3'}"
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres")
+        store_url = server.new_database()
+    ports = Ports.free()
+    env = {"OMP_NUM_THREADS": "1", "EXPLAIN_RECORDS": store_url, "EXPLAIN_RECORDS_PAYLOAD": "full"}
+    launcher.start("kserve", {"sentiment": archive}, run_dir, ports.inference, ports.grpc_inference, timeout=400,
+                   env=env)  # fmt: skip
+    try:
+        key = records_key(run_dir / "key_file.json")
+        assert key is not None
+        yield Door(f"http://127.0.0.1:{ports.inference}", key, store_url, archive_version(archive))
+    finally:
+        launcher.stop(run_dir)
+
+
+def _call(door: Door, method: str, path: str, body: Any = None, key: str | None = "records") -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {door.key if key == 'records' else key}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(door.url + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            status, raw, kind = reply.status, reply.read(), reply.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as error:
+        status, raw, kind = error.code, error.read(), error.headers.get("Content-Type", "")
+    return status, (json.loads(raw) if kind.startswith("application/json") else raw.decode())
+
+
+def _stored(door: Door, request_id: str, text: str) -> None:
+    answer = {"label": "positive", "label_id": 1, "probabilities": {"negative": 0.4, "positive": 0.6}}
+    record = build_record(model="sentiment", version=door.version, task="classification", door="kserve",
+                          request_id=request_id, index=None, answer=answer,
+                          input={"text": text, "explain": False})  # fmt: skip
+    with open_store(door.store_url, payload="full") as store:
+        store.write([record])
+
+
+def test_records_are_read_explained_again_and_erased(door: Door) -> None:
+    _stored(door, "served-1", "a lovely film")
+    status, page = _call(door, "GET", "/v1/records?model=sentiment")
+    assert status == 200 and "served-1" in [event["id"] for event in page["data"]]
+    status, one = _call(door, "GET", "/v1/records/served-1")
+    assert status == 200 and one["data"]["input"]["document"]["text"] == "a lovely film"
+    status, html = _call(door, "GET", "/v1/records/served-1/page")
+    assert status == 200 and "a lovely film" in html
+    status, done = _call(door, "POST", "/v1/records/served-1/explain", {"explain": {"method": "grad_x_input"}})
+    assert status == 200, done
+    assert done["parent"] == "served-1" and done["answer"]["explanation"]["method"] == "grad_x_input"
+    status, child = _call(door, "GET", f"/v1/records/{done['id']}")
+    assert status == 200 and child["data"]["parent"] == "served-1"
+    assert child["data"]["method"] == "grad_x_input" and child["data"]["model"]["version"] == door.version
+    status, drawn = _call(door, "GET", f"/v1/records/{done['id']}/page")
+    assert status == 200 and "grad_x_input" in drawn
+    status, erased = _call(door, "DELETE", "/v1/records/served-1")
+    assert status == 200 and erased == {"id": "served-1", "erased": 1}
+    with open_store(door.store_url) as store:
+        assert store.verify().ok
+
+
+def test_refusals(door: Door) -> None:
+    _stored(door, "served-2", "a dull film")
+    assert _call(door, "GET", "/v1/records", key=None)[0] == 401
+    assert _call(door, "GET", "/v1/records", key="not-the-key")[0] == 401
+    assert _call(door, "GET", "/v1/records/nobody")[1]["error"]["code"] == "record_not_found"
+    status, refused = _call(door, "GET", "/v1/records/..%2F..%2Fetc%2Fpasswd")
+    assert status == 400 and refused["error"]["code"] == "invalid_record_id"
+    status, refused = _call(door, "POST", "/v1/records/served-2/explain", {"explain": {"method": "no_such_method"}})
+    assert status == 400 and refused["answer"]["error"]["code"] == "unknown_method"
+
+
+def test_a_door_without_records_has_no_records_routes(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+
+    from doors.kserve.records_routes import add_records_routes
+
+    app = FastAPI()
+    assert add_records_routes(app, {}, tmp_path / "key_file.json", environ={}) is None
+    assert not (tmp_path / "key_file.json").exists()
+
+
+def test_the_client_and_the_cli_read_explain_again_and_erase(door: Door, tmp_path: Path) -> None:
+    from explain_client import ExplainClient
+    from explain_client.cli import main
+    from explain_client.results import ServiceError
+
+    _stored(door, "served-3", "a fine film")
+    with ExplainClient(url=door.url, records_key=door.key) as client:
+        records = client.records
+        assert "served-3" in [event["id"] for event in records.iterate(model="sentiment")]
+        assert records.get("served-3")["data"]["input"]["document"]["text"] == "a fine film"
+        assert "a fine film" in records.page("served-3")
+        again = records.explain("served-3", "grad_x_input")
+        assert again.parent == "served-3" and again.answer["explanation"]["method"] == "grad_x_input"
+        assert records.get(again.id)["data"]["parent"] == "served-3"
+        with pytest.raises(ServiceError) as refused:
+            records.explain("served-3", "no_such_method")
+        assert refused.value.code == "unknown_method"
+        with pytest.raises(ServiceError) as refused:
+            records.get("nobody")
+        assert refused.value.code == "record_not_found" and refused.value.http_status == 404
+    with ExplainClient(url=door.url, records_key="wrong") as client, pytest.raises(ServiceError) as refused:
+        client.records.list()
+    assert refused.value.code == "unauthenticated"
+    out = io.StringIO()
+    common = ["records", "--url", door.url, f"--records-key={door.key}"]
+    assert main([*common, "list", "--model", "sentiment"], stdout=out) == 0
+    assert "served-3" in out.getvalue()
+    page = tmp_path / "record.html"
+    assert main([*common, "page", "served-3", "-o", str(page)], stdout=io.StringIO()) == 0
+    assert "a fine film" in page.read_text()
+    out = io.StringIO()
+    assert main([*common, "explain", "served-3", "--method", "grad_x_input"], stdout=out) == 0
+    assert json.loads(out.getvalue())["parent"] == "served-3"
+    out = io.StringIO()
+    assert main([*common, "erase", "served-3"], stdout=out) == 0 and "erased 1" in out.getvalue()
+    assert main([*common, "show", "..%2Fescape"], stdout=io.StringIO()) == 1
+
+
+@pytest.fixture(scope="module")
+def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    from doors.torchserve.process import start, stop
+
+    archive = tiny_archives()["sentiment"]
+    run_dir = tmp_path_factory.mktemp("records-torchserve")
+    store_url = f"sqlite:///{run_dir / 'records.sqlite3'}"
+    ports = Ports.free()
+    with pytest.MonkeyPatch.context() as patch:  # what EXPLAIN_RECORDS=... make start gives the processes
+        patch.setenv("EXPLAIN_RECORDS", store_url)
+        patch.setenv("EXPLAIN_RECORDS_PAYLOAD", "full")
+        server = start(run_dir, REPO_ROOT, {"sentiment": str(archive.resolve())}, ports, timeout=300)
+    try:
+        assert server.router_pid is not None  # records on: the router is in front, whatever else is served
+        key = records_key(run_dir / "key_file.json")
+        assert key is not None and server.keys["inference"] != key
+        yield Door(server.inference_url, key, store_url, archive_version(archive), server.keys["inference"])
+    finally:
+        stop(run_dir)
+
+
+def test_torchserve_s_router_answers_records_and_explains_again_through_torchserve(torchserve: Door) -> None:
+    _stored(torchserve, "ts-1", "a lovely film")
+    status, page = _call(torchserve, "GET", "/v1/records?model=sentiment")
+    assert status == 200 and [event["id"] for event in page["data"]] == ["ts-1"]
+    assert _call(torchserve, "GET", "/v1/records", key=torchserve.inference)[0] == 403
+    assert _call(torchserve, "GET", "/v1/records", key=None)[0] == 401
+    assert _call(torchserve, "GET", "/v1/records/ts-1/page")[0] == 200
+    status, done = _call(torchserve, "POST", "/v1/records/ts-1/explain", {"explain": {"method": "grad_x_input"}})
+    assert status == 200, done
+    assert done["parent"] == "ts-1" and done["answer"]["explanation"]["method"] == "grad_x_input"
+    assert _call(torchserve, "DELETE", "/v1/records/ts-1")[1] == {"id": "ts-1", "erased": 1}
+
+
+def test_every_kserve_answer_has_its_request_id() -> None:
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from fastapi.testclient import TestClient
+
+    from doors.kserve.request_ids import RequestIds, oip_request_id
+
+    app = FastAPI()
+
+    async def seen(request: Any) -> JSONResponse:
+        return JSONResponse({"id": request.headers.get("x-request-id")})
+
+    app.add_route("/seen", seen, methods=["GET"])
+    app.add_middleware(RequestIds)
+    client = TestClient(app)
+    mine = client.get("/seen", headers={"X-Request-Id": "caller-1"})
+    assert mine.headers["x-request-id"] == "caller-1" and mine.json() == {"id": "caller-1"}
+    made = client.get("/seen")
+    assert made.headers["x-request-id"] == made.json()["id"] and len(made.json()["id"]) == 36
+    refused = client.get("/seen", headers={"X-Request-Id": "../escape"})
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid_request"
+    assert oip_request_id("oip-id", {"x-request-id": "header"}) == "oip-id"
+    assert oip_request_id(None, {"X-Request-Id": "header"}) == "header"
+    assert oip_request_id("", None) is None
+
+
+def test_a_kserve_door_answers_with_the_callers_id(door: Door) -> None:
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a lovely film"]}]}
+    request = urllib.request.Request(f"{door.url}/v2/models/sentiment/infer", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "X-Request-Id": "oip-1"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        assert reply.headers["X-Request-Id"] == "oip-1"
+        assert json.loads(reply.read())["id"] == "oip-1"
+    with urllib.request.urlopen(f"{door.url}/v2/health/ready", timeout=30) as reply:
+        assert len(reply.headers["X-Request-Id"]) == 36
