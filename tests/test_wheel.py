@@ -132,7 +132,9 @@ def test_the_wheel_carries_its_data_files_typing_licence_and_version(wheels: dic
     assert f"\nVersion: {__version__}\n" in metadata and "\nLicense-Expression: MIT\n" in metadata
     assert "\nRequires-Python: <3.14,>=3.11\n" in metadata
     core = [req for req in _requires(metadata) if "extra ==" not in req]
-    assert core == ["torch>=2.6", "transformers<6,>=5.20"], "the library needs torch (a range) and transformers"
+    assert core == ["torch>=2.6", "transformers<6,>=5.20", "scipy>=1.11"], (
+        "the library needs torch (a range), transformers and scipy (attention_flow's solver)"
+    )
     client_pin = f"transformer-explain-client=={__version__}"
     for extra in ("serve", "eval"):
         assert f'{client_pin}; extra == "{extra}"' in _requires(metadata), extra

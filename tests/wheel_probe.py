@@ -45,7 +45,8 @@ def environment() -> dict[str, Any]:
         "py_typed": (package / "py.typed").is_file(),
         "data_files": sorted(
             str(path.relative_to(site))
-            for path in (site / "model_store").rglob("*")
+            for root in ("model_store", "doors")
+            for path in (site / root).rglob("*")
             if path.is_file() and path.suffix not in {".py", ".pyc"}
         ),
         "distributions": sorted(dist.metadata["Name"].lower() for dist in importlib.metadata.distributions()),
