@@ -424,3 +424,16 @@ def test_the_records_store_is_door_neutral() -> None:
     assert offenders("records", forbidden) == []
     core = {name for names in imported("records").values() for name in names if name.startswith("serving_core")}
     assert core <= {"serving_core.errors"}
+
+
+def test_the_router_and_the_launcher_import_no_torch() -> None:
+    """The router restarts in a fraction of a second after a kill (its supervisor starts it again under load), and
+    ``make serve`` answers ``--help`` at once: neither imports torch (the Batch API's job runner is imported only by a
+    router that serves batches)."""
+    import subprocess
+    import sys
+
+    for module in ("doors.torchserve.router", "doors.launch", "doors.explain_serve"):
+        probe = f"import sys, {module}; print('torch' in sys.modules)"
+        found = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+        assert found.stdout.strip() == "False", f"{module} imports torch"

@@ -31,18 +31,20 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import grpc
 
-from doors.torchserve.batch_door import BatchDoor
 from doors.torchserve.openai_door import OpenAIRoutes
 from doors.torchserve.records_door import RecordsRoutes, parse_versions
 from explain_client.protos import inference_stubs
 from forwarding import Forwarder, Policy, RefusedError, Reply, Upstream, serve_until_signalled
 from serving_core.pools import asks_for_explanation, pool_name
 from supervise.environment import name_value
+
+if TYPE_CHECKING:
+    from doors.torchserve.batch_door import BatchDoor
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     batches = None
-    if args.batch_root is not None:
+    if args.batch_root is not None:  # imported only then: the job runner's imports (torch) stay out of the router
+        from doors.torchserve.batch_door import BatchDoor
+
         batches = BatchDoor(args.batch_root, {name: Path(path) for name, path in args.batch_model})
     records = None
     if args.records_key_file is not None:
