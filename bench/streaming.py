@@ -36,8 +36,9 @@ import torch
 from bench.common import load_average
 from bench.generation import build_model, word_tokenizer
 
-#: The prompt both sides continue (the tiny model's words are its vocabulary's, ``w3``...).
-WRITER_PROMPT = "Explain in two sentences why the sky is blue."
+#: The prompt both sides continue (the tiny model's words are its vocabulary's, ``w3``...). The writer's is a story to
+#: continue, not a question: as a bare completion (no chat template) the instruct model ends a question's turn at once.
+WRITER_PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 WRITER_DEFAULT = Path("model_store/build/writer/model")
 #: Seconds between the two sides' rounds.
 PAUSE_S = 0.5
