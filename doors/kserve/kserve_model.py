@@ -358,8 +358,12 @@ class ExplainModel(Model):
         return refusals
 
     def _observe(self, rows: Sequence[Any], served: Served, encode: float) -> None:
-        """Record each row's error or stages (the encode time shared equally by the request's rows)."""
+        """Record each row's error or stages (the encode time shared equally by the request's rows), and hand it to the
+        model's monitor."""
         task = get_task(self.settings.config.task)
         share = encode / max(len(served.outcomes), 1)
+        monitor = self.backend.monitor
         for row, outcome in zip(rows, served.outcomes, strict=True):
             task.observe(self.name, row, outcome, served.timings, share)
+            if monitor is not None:
+                monitor.observe(row, outcome)

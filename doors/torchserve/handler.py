@@ -5,9 +5,10 @@ through :func:`serving_core.task.get_task`) do the work. ``handle`` decodes each
 gets its own error), serves the valid rows with one ``service.run``, encodes each row in the encoding it came in, sets
 each row's REST status and content type, and records the metrics. Each row gets its request id before it is decoded
 (:func:`doors.torchserve.row_records.request_ids`) and its record after it is encoded, before the batch's answers
-leave (:func:`doors.torchserve.row_records.record_rows`; a row the store refuses is answered ``records_unavailable``). It never uses
-``BaseHandler.handle``/``explain_handle``, which decide for the whole batch from row 0 and explain row 0 only. No
-per-request state is stored on ``self``.
+leave (:func:`doors.torchserve.row_records.record_rows`; a row the store refuses is answered ``records_unavailable``);
+each served row is handed to the model's monitor (:mod:`monitoring.serving`), whose canaries run between batches.
+It never uses ``BaseHandler.handle``/``explain_handle``, which decide for the whole batch from row 0 and explain row 0
+only. No per-request state is stored on ``self``.
 
 A row that asks for a stream (a generation request with ``"stream": true``; :mod:`serving_core.streaming`) is sent its
 token events as the service writes them, each as one JSON line to its client alone (TorchServe's intermediate
@@ -18,12 +19,15 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from monitoring.monitor import Monitor
+from monitoring.serving import start_monitor
 from records.recorder import Recorder
 from serving_core import metrics
 from serving_core.config import ConfigError, HandlerConfig
@@ -113,14 +117,18 @@ class ExplanationHandler:
         self.service: Service[Any, Any] | None = None
         self.model_name = ""
         self.recorder: Recorder | None = None
+        self.monitor: Monitor | None = None
+        self._serving = threading.Lock()  # held around service.run: the monitor's canaries run between batches
 
     def initialize(self, context: Any) -> None:
         """Read the ``handler:`` config from ``model-config.yaml``, open the model's recorder (its ``records:`` section,
-        else the deployment's ``EXPLAIN_RECORDS``) and load the model.
+        else the deployment's ``EXPLAIN_RECORDS``), load the model and start its monitor (``handler.monitor``; absent:
+        on with the defaults, ``false``: off; :func:`monitoring.serving.start_monitor`).
 
         Raises:
             ConfigError: if the config is invalid or its task is not this handler's.
             records.settings.SettingsError: if the records settings are not usable.
+            ValueError: if the monitor setting, or its baseline or canary file, is not valid.
         """
         config = HandlerConfig.from_model_yaml(context.model_yaml_config)
         if self.task and config.task != self.task:
@@ -134,6 +142,9 @@ class ExplanationHandler:
             lower_priority()  # this worker process serves the pool alone: predictions go first on shared cores
         self.recorder = Recorder.open(self.model_name, config.records)
         self.service = get_task(config.task).load(config, model_dir, device)
+        self.monitor = start_monitor(self.model_name, get_task(config.task), config, self.service, config.monitor,
+                                     base=Path(properties.get("model_dir", ".")),
+                                     is_idle=lambda: not self._serving.locked(), lock=self._serving)  # fmt: skip
         self.config = config
         metrics.check_multiprocess()
         self.initialized = True
@@ -162,7 +173,8 @@ class ExplanationHandler:
             if task.streams(decoded[index]):
                 streams[index] = RowStream(partial(_send_event, context, index))
                 decoded[index] = task.with_listener(decoded[index], streams[index].listener)
-        outcomes, timings = self.service.run(decoded, encodings)
+        with self._serving:
+            outcomes, timings = self.service.run(decoded, encodings)
         metrics.observe_generated_tokens(self.model_name, timings.tokens)
         responses: list[bytes] = []
         answers: list[dict[str, Any]] = []
@@ -182,6 +194,8 @@ class ExplanationHandler:
                 context.set_response_status(outcome.error.http_status, outcome.error.phrase, index)
                 logger.debug("row %d: %s %s", index, outcome.error.code, outcome.error.message)
             task.observe(self.model_name, decoded[index], outcome, timings, encode_seconds)
+            if self.monitor is not None:
+                self.monitor.observe(decoded[index], outcome)
             responses.append(body)
         refusals = record_rows(self.recorder, task=config.task, version=config.model_version, context=context,
                                data=data, answers=answers, ids=ids)  # fmt: skip
