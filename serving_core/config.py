@@ -103,9 +103,9 @@ class HandlerConfig:
             worker). Default: half the archive's ``responseTimeout`` (TorchServe's 120 s when the yaml sets none),
             :func:`default_time_budget`. A token classifier's row is estimated for each entity it explains, a
             generation row for the tokens it may write and the steps it explains.
-        records: The model's ``records:`` section (:mod:`records.settings`: store, payload, retention_days,
-            on_store_error), None when absent: the deployment's ``EXPLAIN_RECORDS``/``EXPLAIN_RECORDS_PAYLOAD``
-            environment then decides (:meth:`records.recorder.Recorder.open`).
+        records: The model's ``records:`` section (:mod:`records.settings`: a store URL, off, or a mapping of store,
+            payload, retention_days and on_store_error), None when absent: the deployment's ``EXPLAIN_RECORDS`` and
+            ``EXPLAIN_RECORDS_PAYLOAD`` environment then decides (:meth:`records.recorder.Recorder.open`).
         model_version: The model's version as its records name it: the archive's fingerprint, written into the
             ``handler:`` section by :func:`model_store.package.package` (None: an archive packaged elsewhere).
         monitor: The model's ``monitor:`` value (:mod:`monitoring.config`; None when absent: on with the defaults;
@@ -137,7 +137,7 @@ class HandlerConfig:
     chat_template: str | None = None
     max_messages: int = 64
     max_documents: int = 16
-    records: Mapping[str, Any] | None = field(default=None, hash=False)  # a mapping: not part of the hash
+    records: Mapping[str, Any] | str | bool | None = field(default=None, hash=False)  # a mapping: not part of the hash
     model_version: str | None = None
     monitor: Any = field(default=None, hash=False)
 
@@ -327,13 +327,13 @@ def _chat_template(value: Any) -> str | None:
     return value
 
 
-def _records_section(value: Any) -> Mapping[str, Any] | None:
-    """``handler.records``: a mapping (its keys are checked by :func:`records.settings.records_settings` when the
-    model loads), or None when absent."""
-    if value is None:
-        return None
+def _records_section(value: Any) -> Mapping[str, Any] | str | bool | None:
+    """``handler.records``: a mapping, a store URL, or off (``false``/``off``); None when absent. Its values are
+    checked by :func:`records.settings.records_settings` when the model loads (they may come from the environment)."""
+    if value is None or value is False or isinstance(value, str):
+        return value
     if not isinstance(value, Mapping):
-        raise ConfigError(f"handler.records must be a mapping (store, payload, ...), got {value!r}")
+        raise ConfigError(f"handler.records must be a store URL, a mapping (store, payload, ...) or off, got {value!r}")
     return dict(value)
 
 
