@@ -29,7 +29,7 @@ from typing import Any
 from monitoring.monitor import Monitor
 from monitoring.serving import start_monitor
 from records.recorder import Recorder
-from serving_core import metrics
+from serving_core import metrics, tracing
 from serving_core.config import ConfigError, HandlerConfig
 from serving_core.deadlines import header_deadline, headers_deadline
 from serving_core.errors import RowError
@@ -158,6 +158,10 @@ class ExplanationHandler:
         metrics.observe_batch(self.model_name, len(data))
         encodings = [row_encoding(row) for row in data]
         ids = request_ids(context, len(data))
+        spans = [  # each row in its caller's trace (REST headers; gRPC: entries of the input map)
+            tracing.start_row_span(context.get_all_request_header(index) or row, f"TorchServe {task.name}")
+            for index, row in enumerate(data)
+        ]
         decoded: list[Any] = []
         streams: dict[int, RowStream] = {}
         for index, row in enumerate(data):
@@ -166,29 +170,35 @@ class ExplanationHandler:
                 decoded.append(given)
                 continue
             try:
-                decoded.append(_decoded(task, row, context, index, config))
+                with tracing.within(spans[index]), tracing.stage("decode"):
+                    decoded.append(_decoded(task, row, context, index, config))
             except RowError as error:
                 decoded.append(error)
                 continue
             if task.streams(decoded[index]):
                 streams[index] = RowStream(partial(_send_event, context, index))
                 decoded[index] = task.with_listener(decoded[index], streams[index].listener)
-        with self._serving:
+        links = [tracing.span_context(span) for span in spans]
+        with self._serving, tracing.batch_span(links, attributes={"explain.batch_rows": len(data)}):
             outcomes, timings = self.service.run(decoded, encodings)
         metrics.observe_generated_tokens(self.model_name, timings.tokens)
         responses: list[bytes] = []
         answers: list[dict[str, Any]] = []
         for index, outcome in enumerate(outcomes):
             started = time.perf_counter()
-            answer = error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
-            answers.append(answer)
-            if index in streams:  # its last event: the answer, or the error keeping the text sent
-                body = json_line(streams[index].final(answer))
-                context.set_response_content_type(index, JSON_LINES)
-            else:
-                body = task.encode(outcome, config)
-                context.set_response_content_type(index, CONTENT_TYPES[outcome.encoding])
+            with tracing.within(spans[index]), tracing.stage("encode"):
+                answer = error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
+                answers.append(answer)
+                if index in streams:  # its last event: the answer, or the error keeping the text sent
+                    body = json_line(streams[index].final(answer))
+                    context.set_response_content_type(index, JSON_LINES)
+                else:
+                    body = task.encode(outcome, config)
+                    context.set_response_content_type(index, CONTENT_TYPES[outcome.encoding])
             encode_seconds = time.perf_counter() - started
+            with tracing.within(spans[index]):
+                tracing.record_explanations([outcome])
+            tracing.end_span(spans[index])
             started_stream = index in streams and streams[index].sent > 0  # its status went with its first event
             if outcome.error is not None and not started_stream:
                 context.set_response_status(outcome.error.http_status, outcome.error.phrase, index)

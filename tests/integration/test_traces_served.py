@@ -6,8 +6,9 @@
   stage; the explained row's ``explanation`` span (``explain.method``, ``explain.targets``, ``explain.seconds``)
   is the request span's child. An OpenAI completion's span carries the GenAI attributes.
 - TorchServe behind the router: a REST prediction and a gRPC ``Predictions`` call with the caller's ``traceparent``:
-  the router's spans continue the caller's trace (TorchServe's handler joins it once it reads the header: see
-  serving_core/tracing.py).
+  the router's spans continue the caller's trace, and TorchServe's handler continues the router's: each row's span
+  (``TorchServe <task>``) is the router span's child, with its ``decode``, ``encode`` and ``explanation`` spans, and
+  the batch span (``explain.batch_rows``) links it.
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ def test_torchserve_behind_the_router_continues_the_callers_trace(torchserve: An
 
     def both(spans: list[ReceivedSpan]) -> bool:
         traces = {span.trace_id for span in spans if span.parent_span_id == CALLER_SPAN}
-        return {TRACE_ID, grpc_trace} <= traces
+        worker = any(span.name == "TorchServe text" and span.trace_id == TRACE_ID for span in spans)
+        return {TRACE_ID, grpc_trace} <= traces and worker
 
     spans = receiver.wait_for(both, timeout=30)
     rest = [span for span in _in_caller_trace(spans) if span.parent_span_id == CALLER_SPAN]
@@ -192,3 +194,9 @@ def test_torchserve_behind_the_router_continues_the_callers_trace(torchserve: An
     assert rest[0].attributes == {"http.request.method": "POST", "http.response.status_code": 200}
     call = [span for span in spans if span.trace_id == grpc_trace and span.parent_span_id == CALLER_SPAN]
     assert [span.name for span in call] == ["Router Predictions"], call
+    worker = [span for span in spans if span.trace_id == TRACE_ID and span.name == "TorchServe text"]
+    assert [span.parent_span_id for span in worker] == [rest[0].span_id], worker  # the handler's row span
+    stages = {span.name for span in spans if span.parent_span_id == worker[0].span_id}
+    assert {"decode", "encode", "explanation"} <= stages, stages
+    batch = [span for span in spans if span.name == "batch" and (TRACE_ID, worker[0].span_id) in span.links]
+    assert len(batch) == 1 and batch[0].attributes["explain.batch_rows"] >= 1, batch
