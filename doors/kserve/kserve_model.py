@@ -31,7 +31,7 @@ from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters
 
 from records.recorder import Recorder
-from serving_core import metrics, wire
+from serving_core import metrics, tracing, wire
 from serving_core.deadlines import headers_deadline
 from serving_core.errors import RowError
 from serving_core.recording import (
@@ -188,14 +188,16 @@ class ExplainModel(Model):
     async def _infer(self, request: InferRequest, headers: Mapping[str, str] | None = None) -> InferResponse:
         config = self.settings.config
         try:
-            rows = oip.decode_request(to_oip_request(request), config, headers_deadline(headers))
+            with tracing.stage("decode"):
+                rows = oip.decode_request(to_oip_request(request), config, headers_deadline(headers))
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
         served = await self._serve(rows)
         started = time.perf_counter()
         try:
-            outputs = oip.encode_response(served.outcomes, config)
+            with tracing.stage("encode"):
+                outputs = oip.encode_response(served.outcomes, config)
         except RowError as error:
             raise RequestError(error) from None
         finally:
@@ -207,14 +209,16 @@ class ExplainModel(Model):
         config = self.settings.config
         try:
             deadline = headers_deadline(headers)
-            rows = get_task(config.task).with_deadlines(v1.decode_instances(payload, config, explain), deadline)
+            with tracing.stage("decode"):
+                rows = get_task(config.task).with_deadlines(v1.decode_instances(payload, config, explain), deadline)
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
         served = await self._serve(rows)
         started = time.perf_counter()
         try:
-            answer = v1.encode_predictions(served.outcomes, config, explain)
+            with tracing.stage("encode"):
+                answer = v1.encode_predictions(served.outcomes, config, explain)
         except RowError as error:
             raise RequestError(error) from None
         finally:

@@ -3,8 +3,9 @@
 
 - The KServe door: an OIP ``infer`` over REST and over gRPC, each with the caller's ``traceparent``: the request span
   continues the caller's trace; the batch span (a trace of its own) links it and parents the service's ``forward``
-  stage; the explained row's ``explanation`` span (``explain.method``, ``explain.targets``, ``explain.seconds``)
-  is the request span's child. An OpenAI completion's span carries the GenAI attributes.
+  stage; the door's ``decode`` and ``encode`` stages and the explained row's ``explanation`` span
+  (``explain.method``, ``explain.targets``, ``explain.seconds``) are the request span's children. An OpenAI
+  completion's span carries the GenAI attributes.
 - TorchServe behind the router: a REST prediction and a gRPC ``Predictions`` call with the caller's ``traceparent``:
   the router's spans continue the caller's trace, and TorchServe's handler continues the router's: each row's span
   (``TorchServe <task>``) is the router span's child, with its ``decode``, ``encode`` and ``explanation`` spans, and
@@ -98,7 +99,8 @@ def test_the_kserve_door_traces_a_request_in_the_callers_trace(
         ours = [span for span in spans if span.trace_id == trace_id]
         roots = {span.span_id for span in ours if span.parent_span_id == CALLER_SPAN}
         linked = [span for span in spans if span.name == "batch" and any(link[1] in roots for link in span.links)]
-        return bool(roots) and any(span.name == "explanation" for span in ours) and bool(linked)
+        explained = any(span.name == "explanation" for span in ours) and any(span.name == "encode" for span in ours)
+        return bool(roots) and explained and bool(linked)
 
     spans = receiver.wait_for(complete, timeout=30)
     ours = [span for span in spans if span.trace_id == trace_id]
@@ -109,6 +111,8 @@ def test_the_kserve_door_traces_a_request_in_the_callers_trace(
     assert request_span.name == expected and request_span.kind == 2 and request_span.service == "explain-service"
     explanation = next(span for span in ours if span.name == "explanation")
     assert explanation.parent_span_id == request_span.span_id
+    stages = {span.name for span in ours if span.parent_span_id == request_span.span_id}
+    assert {"decode", "encode"} <= stages, stages  # the door's own stages of the request
     assert explanation.attributes["explain.method"] == "grad_x_input"
     assert explanation.attributes["explain.targets"] == 1 and explanation.attributes["explain.seconds"] > 0
     batch = next(span for span in spans if span.name == "batch" and (trace_id, request_span.span_id) in span.links)
