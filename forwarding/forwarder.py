@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 
 from serving_core import tracing
+from serving_core.recording import REQUEST_ID_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +365,10 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
                 self._reply(503, "the model server is not reachable yet; retry")
                 return 503
             self.send_response(response.status, response.reason)
+            given = self.headers.get(REQUEST_ID_HEADER)
             for name, value in response.getheaders():
+                if name.lower() == REQUEST_ID_HEADER.lower() and given:
+                    value = given  # TorchServe echoes its own id: the caller's is the one its record has
                 if name.lower() not in DROPPED_HEADERS:
                     self.send_header(name, value)
             if payload is not None:

@@ -38,7 +38,7 @@ import logging
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +205,10 @@ def build_model(
         )
         if archived:
             with stage(f"{spec.name}: package the TorchServe archive", progress):
-                make_archive(spec.name, spec.handler, model_dir, spec.serving, archive_dir, extra_files=[metrics_path])
+                serving = replace(
+                    spec.serving, extra_handler_keys={**spec.serving.extra_handler_keys, "model_version": archive_fp}
+                )  # its records' version
+                make_archive(spec.name, spec.handler, model_dir, serving, archive_dir, extra_files=[metrics_path])
             write_fingerprints(build_dir, {**stored, "archive": archive_fp, "archive_inputs": archive_doc})
         else:
             logger.info("%s: archive up to date, reusing %s", spec.name, archive_dir)

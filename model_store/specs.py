@@ -195,7 +195,7 @@ def archive_fingerprint(spec: ModelSpec, model_fp: str, metrics_path: Path) -> t
         else {"path": str(spec.handler), "sha256": None},
         "model_config": spec.serving.to_yaml(),
         "metrics_sha256": file_sha256(metrics_path),
-        "sources": source_hashes(["archive.py"]),
+        "sources": source_hashes(["archive.py", "build.py"]),  # build.py writes handler.model_version
         "versions": package_versions(["torch-model-archiver"]),
     }
     return digest(document), document

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from explainers import DEFAULT_METHOD, available_methods
@@ -49,6 +49,9 @@ _KNOWN_KEYS = frozenset(
         "chat_template",
         "max_messages",
         "max_documents",
+        "records",
+        "model_version",
+        "monitor",
     }
 )
 
@@ -100,6 +103,13 @@ class HandlerConfig:
             worker). Default: half the archive's ``responseTimeout`` (TorchServe's 120 s when the yaml sets none),
             :func:`default_time_budget`. A token classifier's row is estimated for each entity it explains, a
             generation row for the tokens it may write and the steps it explains.
+        records: The model's ``records:`` section (:mod:`records.settings`: a store URL, off, or a mapping of store,
+            payload, retention_days and on_store_error), None when absent: the deployment's ``EXPLAIN_RECORDS`` and
+            ``EXPLAIN_RECORDS_PAYLOAD`` environment then decides (:meth:`records.recorder.Recorder.open`).
+        model_version: The model's version as its records name it: the archive's fingerprint, written into the
+            ``handler:`` section by :func:`model_store.package.package` (None: an archive packaged elsewhere).
+        monitor: The model's ``monitor:`` value (:mod:`monitoring.config`; None when absent: on with the defaults;
+            ``false``: off). Checked when the model loads (:func:`monitoring.serving.start_monitor`).
 
     The ``generation`` task (causal LMs) has no labels; ``max_length`` bounds its prompts in tokens (a longer prompt
     is ``too_many_tokens``: a truncated prompt would change what is generated).
@@ -127,6 +137,9 @@ class HandlerConfig:
     chat_template: str | None = None
     max_messages: int = 64
     max_documents: int = 16
+    records: Mapping[str, Any] | str | bool | None = field(default=None, hash=False)  # a mapping: not part of the hash
+    model_version: str | None = None
+    monitor: Any = field(default=None, hash=False)
 
     @classmethod
     def from_model_yaml(
@@ -198,6 +211,9 @@ class HandlerConfig:
             chat_template=_chat_template(section.get("chat_template")),
             max_messages=_int_key(section, "max_messages", 64),
             max_documents=_int_key(section, "max_documents", 16),
+            records=_records_section(section.get("records")),
+            model_version=_model_version(section.get("model_version")),
+            monitor=section.get("monitor"),
         )
         if config.max_length < 3 and facts.labelled:
             raise ConfigError(f"handler.max_length must be at least 3, got {config.max_length}")
@@ -308,6 +324,24 @@ def _chat_template(value: Any) -> str | None:
             raise ConfigError(
                 f"handler.chat_template is not a valid Jinja template: {error} (line {error.lineno})"
             ) from None
+    return value
+
+
+def _records_section(value: Any) -> Mapping[str, Any] | str | bool | None:
+    """``handler.records``: a mapping, a store URL, or off (``false``/``off``); None when absent. Its values are
+    checked by :func:`records.settings.records_settings` when the model loads (they may come from the environment)."""
+    if value is None or value is False or isinstance(value, str):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"handler.records must be a store URL, a mapping (store, payload, ...) or off, got {value!r}")
+    return dict(value)
+
+
+def _model_version(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"handler.model_version must be a non-empty string, got {value!r}")
     return value
 
 

@@ -105,6 +105,25 @@ def archive_version(archive: Path) -> str | None:
     return str(value) if value else None
 
 
+def served_version(archive: Path) -> str | None:
+    """The version a served archive's records name: ``handler.model_version`` of its ``model-config.yaml`` (what
+    :func:`model_store.package.package` writes, and what the TorchServe handler reads), else
+    :func:`archive_version`; None when it has neither.
+
+    Args:
+        archive: The archive folder.
+    """
+    import yaml
+
+    try:
+        document = yaml.safe_load((archive / "model-config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        document = None
+    handler = document.get("handler") if isinstance(document, dict) else None
+    value = handler.get("model_version") if isinstance(handler, dict) else None
+    return str(value) if value else archive_version(archive)
+
+
 def row_indexes(count: int) -> list[int | None]:
     """The row indexes of a request of ``count`` rows: ``[None]`` for one row, else ``0 .. count - 1``."""
     return [None] if count == 1 else list(range(count))
@@ -177,4 +196,5 @@ __all__ = [
     "record_batch",
     "refused_answers",
     "row_indexes",
+    "served_version",
 ]

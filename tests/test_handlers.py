@@ -45,11 +45,32 @@ def test_config_from_archive_yaml(tmp_path: Path) -> None:
         ({"task": "image", "labels": ["a"]}, "image_size"),
         ({"task": "text", "labels": ["a"], "colour": 1}, "unknown handler key"),
         ({"task": "text", "labels": ["a"], "device": "tpu"}, "handler.device"),
+        ({"task": "text", "labels": ["a"], "records": 3}, "handler.records"),
+        ({"task": "text", "labels": ["a"], "model_version": ""}, "handler.model_version"),
     ],
 )
 def test_config_errors_say_what_is_wrong(section: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         HandlerConfig.from_model_yaml({"handler": section} if section is not None else {})
+
+
+def test_the_records_version_and_monitor_settings_are_kept() -> None:
+    base = {"task": "text", "labels": ["a"]}
+    absent = HandlerConfig.from_model_yaml({"handler": base})
+    assert (absent.records, absent.model_version, absent.monitor) == (None, None, None)
+    section = {"store": "sqlite:///records.sqlite3", "payload": "full"}
+    given = HandlerConfig.from_model_yaml(
+        {"handler": {**base, "records": section, "model_version": "abc", "monitor": False}}
+    )
+    assert (given.records, given.model_version, given.monitor) == (section, "abc", False)
+    assert HandlerConfig.from_model_yaml({"handler": {**base, "records": False}}).records is False
+    assert HandlerConfig.from_model_yaml({"handler": {**base, "records": "sqlite"}}).records == "sqlite"
+
+
+def test_the_packaged_archive_names_its_version() -> None:
+    archive = tiny_archives()["sentiment"]
+    config = HandlerConfig.from_model_yaml(yaml.safe_load((archive / "model-config.yaml").read_text()))
+    assert config.model_version is not None and len(config.model_version) == 64
 
 
 def test_decode_json_variants() -> None:

@@ -316,6 +316,9 @@ class _Context:
     def set_response_status(self, status: int, phrase: str, index: int) -> None:
         self.statuses[index] = status
 
+    def set_response_header(self, index: int, name: str, value: str) -> None:
+        pass
+
 
 @pytest.fixture(scope="module")
 def length_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -4,7 +4,9 @@ PostgreSQL the tests start; payload full) makes its records key beside its confi
 stored prediction again by another method in-process (a new record whose ``parent`` is the old one, with the
 model's version), erases it, and echoes every answer's ``X-Request-Id``; the client and ``explain records`` against
 it; TorchServe's door with records on (its router in front, the inference key refused with 403, a record explained
-again through TorchServe)."""
+again through TorchServe). Online answers on both doors (OIP ``infer`` and v1 ``:predict`` on KServe, REST predictions
+through TorchServe) each have their record, under the ``X-Request-Id`` the answer echoes, with the model's version,
+and ``explain-records verify`` passes on the store."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ import pytest
 
 from doors.torchserve.config import Ports
 from records import build_record, open_store
+from records.cli import main as records_main
 from records.keys import records_key
-from serving_core.recording import archive_version
+from serving_core.recording import served_version
 from tests.doors_support import missing_extras
 from tests.postgres_server import PostgresServer, postgres_server
 from tests.serving_support import REPO_ROOT, tiny_archives
@@ -66,7 +69,7 @@ def door(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     try:
         key = records_key(run_dir / "key_file.json")
         assert key is not None
-        yield Door(f"http://127.0.0.1:{ports.inference}", key, store_url, archive_version(archive))
+        yield Door(f"http://127.0.0.1:{ports.inference}", key, store_url, served_version(archive))
     finally:
         launcher.stop(run_dir)
 
@@ -191,7 +194,7 @@ def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
         assert server.router_pid is not None  # records on: the router is in front, whatever else is served
         key = records_key(run_dir / "key_file.json")
         assert key is not None and server.keys["inference"] != key
-        yield Door(server.inference_url, key, store_url, archive_version(archive), server.keys["inference"])
+        yield Door(server.inference_url, key, store_url, served_version(archive), server.keys["inference"])
     finally:
         stop(run_dir)
 
@@ -244,3 +247,46 @@ def test_a_kserve_door_answers_with_the_callers_id(door: Door) -> None:
         assert json.loads(reply.read())["id"] == "oip-1"
     with urllib.request.urlopen(f"{door.url}/v2/health/ready", timeout=30) as reply:
         assert len(reply.headers["X-Request-Id"]) == 36
+
+
+def _post(url: str, body: Any, headers: dict[str, str]) -> tuple[str, Any]:
+    """POST ``body`` as JSON; the answer's ``X-Request-Id`` and JSON document."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **headers})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return reply.headers["X-Request-Id"], json.loads(reply.read())
+
+
+def _recorded(door: Door, record_id: str) -> dict[str, Any]:
+    """The record ``record_id`` as the records routes read it (it must be there): its event's ``data``."""
+    status, one = _call(door, "GET", f"/v1/records/{record_id}")
+    assert status == 200, one
+    assert one["id"] == record_id and one["data"]["model"]["name"] == "sentiment"
+    return dict(one["data"])
+
+
+def test_kserve_online_answers_are_recorded(door: Door) -> None:
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a lovely film"]}]}
+    echoed, _ = _post(f"{door.url}/v2/models/sentiment/infer", body, {"X-Request-Id": "online-oip-1"})
+    assert echoed == "online-oip-1"
+    data = _recorded(door, "online-oip-1")
+    assert data["model"]["version"] == door.version and data["door"] == "kserve" and data["error"] is None
+    instances = {"instances": [{"text": "a dull film"}, {"text": "a fine film"}]}
+    echoed, answer = _post(f"{door.url}/v1/models/sentiment:predict", instances, {})
+    assert len(answer["predictions"]) == 2
+    for index, text in enumerate(["a dull film", "a fine film"]):
+        assert _recorded(door, f"{echoed}-{index}")["input"]["document"]["text"] == text
+    assert records_main(["verify", door.store_url]) == 0
+
+
+def test_torchserve_online_answers_are_recorded(torchserve: Door) -> None:
+    url = f"{torchserve.url}/predictions/sentiment"
+    auth = {"Authorization": f"Bearer {torchserve.inference}"}
+    echoed, answer = _post(url, {"text": "a lovely film"}, {**auth, "X-Request-Id": "online-ts-1"})
+    assert echoed == "online-ts-1" and "label" in answer
+    data = _recorded(torchserve, "online-ts-1")
+    assert data["door"] == "torchserve" and data["model"]["version"] == torchserve.version
+    assert data["input"]["document"]["text"] == "a lovely film" and data["prediction"]["label"] == answer["label"]
+    made, _ = _post(url, {"text": "a dull film"}, auth)
+    assert made and _recorded(torchserve, made)["input"]["document"]["text"] == "a dull film"
+    assert records_main(["verify", torchserve.store_url]) == 0

@@ -159,6 +159,9 @@ def test_explained_and_skipped_rows_are_counted(service: ExplanationService) -> 
         def set_response_status(self, code: int, phrase: str, index: int) -> None:
             pass
 
+        def set_response_header(self, index: int, name: str, value: str) -> None:
+            pass
+
     handler = ExplanationHandler()
     handler.service, handler.config, handler.model_name = service, service.config, "unsure-test"
     confidences = _confidences(service)

@@ -6,9 +6,12 @@ replicas (:class:`doors.kserve.ray_deployment.RayBackend`). Both take decoded ro
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from monitoring.monitor import Monitor
+from monitoring.serving import start_monitor
 from serving_core import tracing
 from serving_core.loading import worker_device
 from serving_core.task import BatchTimings, Service, get_task
@@ -31,6 +34,9 @@ class Backend(Protocol):
     #: Whether a streaming row's events reach the door as they are written (rows served in the door's process);
     #: where not, its door sends its answer's events once it is served.
     streams: bool
+    #: The model's monitor in the door's process (:mod:`monitoring.serving`), which the door hands each served row;
+    #: None when monitoring is off or the rows are served elsewhere.
+    monitor: Monitor | None
 
     def load(self) -> str:
         """Load (or connect to) the model; returns its head type (classifiers: ``single_label``, ``multi_label`` or
@@ -67,7 +73,8 @@ def run_rows(service: Service[Any, Any], rows: list[Any]) -> tuple[list[Any], Ba
 
 
 class LocalBackend:
-    """The model in the door's process, behind a :class:`~doors.kserve.batching.RowBatcher`."""
+    """The model in the door's process, behind a :class:`~doors.kserve.batching.RowBatcher`, with its monitor (the
+    canaries run between batches: a lock is held around each batch)."""
 
     streams = True
 
@@ -76,15 +83,29 @@ class LocalBackend:
         self.settings = settings
         self._service: Service[Any, Any] | None = None
         self._batcher: RowBatcher | None = None
+        self._serving = threading.Lock()
+        self.monitor: Monitor | None = None
 
     def load(self) -> str:
-        """Load the checkpoint and start batching."""
+        """Load the checkpoint, start its monitor (``handler.monitor``; ``false``: off) and start batching.
+
+        Raises:
+            ValueError: if the monitor setting, or its baseline or canary file, is not valid.
+        """
         service = load_service(self.settings)
         self._service = service
-        self._batcher = RowBatcher(
-            lambda rows: run_rows(service, rows), self.settings.batch_size, self.settings.max_batch_delay
-        )
+        config = self.settings.config
+        self.monitor = start_monitor(self.settings.name, get_task(config.task), config, service, config.monitor,
+                                     base=self.settings.archive, is_idle=lambda: not self._serving.locked(),
+                                     lock=self._serving)  # fmt: skip
+        self._batcher = RowBatcher(self._run, self.settings.batch_size, self.settings.max_batch_delay)
         return service.head_type
+
+    def _run(self, rows: list[Any]) -> tuple[list[Any], BatchTimings]:
+        """One batch on the service, holding the serving lock."""
+        assert self._service is not None
+        with self._serving:
+            return run_rows(self._service, rows)
 
     async def serve(self, rows: Sequence[Any]) -> Served:
         """Serve the rows in the next batch."""

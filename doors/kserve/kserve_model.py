@@ -30,15 +30,25 @@ from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters
 
-from serving_core import metrics, wire
+from records.recorder import Recorder
+from serving_core import metrics, tracing, wire
 from serving_core.deadlines import headers_deadline
 from serving_core.errors import RowError
+from serving_core.recording import (
+    AnsweredRow,
+    door_request_id,
+    record_batch,
+    refused_answers,
+    row_indexes,
+    served_version,
+)
 from serving_core.streaming import RowStream, answer_events
 from serving_core.task import get_task
 
 from . import oip, v1
 from .backends import Backend, UnavailableError
 from .batching import Served
+from .request_ids import oip_request_id
 
 
 class RequestError(GrpcException):
@@ -139,9 +149,14 @@ class ExplainModel(Model):
         self.settings = backend.settings
         self.head_type = "single_label"
         self.ready = False
+        self.recorder: Recorder | None = None
+        self.version: str | None = None
 
     def load(self) -> bool:
-        """Load the backend's model (every task has an OIP codec: its own, or the generic one of JSON documents)."""
+        """Load the backend's model (every task has an OIP codec: its own, or the generic one of JSON documents) and
+        open its recorder (its ``records:`` section, else the deployment's ``EXPLAIN_RECORDS``)."""
+        self.recorder = Recorder.open(self.name, self.settings.config.records)
+        self.version = served_version(self.settings.archive)
         self.head_type = self.backend.load()
         self.ready = True
         return self.ready
@@ -173,36 +188,44 @@ class ExplainModel(Model):
     async def _infer(self, request: InferRequest, headers: Mapping[str, str] | None = None) -> InferResponse:
         config = self.settings.config
         try:
-            rows = oip.decode_request(to_oip_request(request), config, headers_deadline(headers))
+            with tracing.stage("decode"):
+                rows = oip.decode_request(to_oip_request(request), config, headers_deadline(headers))
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
         served = await self._serve(rows)
         started = time.perf_counter()
         try:
-            outputs = oip.encode_response(served.outcomes, config)
+            with tracing.stage("encode"):
+                outputs = oip.encode_response(served.outcomes, config)
         except RowError as error:
             raise RequestError(error) from None
         finally:
             self._observe(rows, served, time.perf_counter() - started)
+        self._record(served, oip_request_id(request.id, headers), headers)
         return to_infer_response(self.name, request, outputs)
 
     async def _v1(self, payload: Any, explain: bool, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
         config = self.settings.config
         try:
             deadline = headers_deadline(headers)
-            rows = get_task(config.task).with_deadlines(v1.decode_instances(payload, config, explain), deadline)
+            with tracing.stage("decode"):
+                rows = get_task(config.task).with_deadlines(v1.decode_instances(payload, config, explain), deadline)
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
         served = await self._serve(rows)
         started = time.perf_counter()
         try:
-            return v1.encode_predictions(served.outcomes, config, explain)
+            with tracing.stage("encode"):
+                answer = v1.encode_predictions(served.outcomes, config, explain)
         except RowError as error:
             raise RequestError(error) from None
         finally:
             self._observe(rows, served, time.perf_counter() - started)
+        instances = payload.get("instances") if isinstance(payload, Mapping) else None
+        self._record(served, None, headers, instances if isinstance(instances, list) else None)
+        return answer
 
     async def answer_documents(self, documents: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """JSON documents of the model's task (what the TorchServe door takes as a body) served together, each one's
@@ -227,7 +250,8 @@ class ExplainModel(Model):
             for outcome in served.outcomes
         ]
         self._observe(rows, served, time.perf_counter() - started)
-        return answers
+        refusals = self._record(served, None, None, list(documents), refuse=False)
+        return [dict(answer) for answer in refused_answers(answers, refusals)]
 
     async def stream_documents(
         self, documents: Sequence[Mapping[str, Any]]
@@ -290,9 +314,60 @@ class ExplainModel(Model):
             metrics.observe_generated_tokens(self.name, served.timings.tokens)
         return served
 
+    def _record(
+        self,
+        served: Served,
+        given: str | None,
+        headers: Mapping[str, str] | None,
+        inputs: Sequence[Any] | None = None,
+        refuse: bool = True,
+    ) -> list[RowError | None]:
+        """Commit one record per answered row (:func:`serving_core.recording.record_batch`) before the answer leaves:
+        the request's id is ``given`` (an OIP request's own id) or its ``X-Request-Id`` (else a new one), each row's
+        index its place in the request (None for a single row), its input ``inputs[index]`` (a JSON document) when
+        known.
+
+        Returns:
+            Per row, None or the error to answer instead (``records_unavailable``).
+
+        Raises:
+            RequestError: ``invalid_request`` when the request's id is not a valid record id; when ``refuse``, the
+                store's refusal (``records_unavailable``) for the whole request.
+        """
+        if self.recorder is None:
+            return [None] * len(served.outcomes)
+        config = self.settings.config
+        task = get_task(config.task)
+        try:
+            request = door_request_id({"X-Request-Id": given} if given else headers)
+        except RowError as error:
+            raise RequestError(error) from None
+        outcomes = served.outcomes
+        documents = list(inputs) if inputs is not None and len(inputs) == len(outcomes) else [None] * len(outcomes)
+        rows = [
+            AnsweredRow(
+                request_id=request,
+                index=index,
+                answer=wire.error_document(outcome.error)
+                if outcome.error is not None
+                else task.to_dict(outcome, config),
+                input=dict(document) if isinstance(document, Mapping) else None,
+            )
+            for index, outcome, document in zip(row_indexes(len(outcomes)), outcomes, documents, strict=True)
+        ]
+        refusals = record_batch(self.recorder, task=config.task, door="kserve", version=self.version, rows=rows)
+        refused = next((refusal for refusal in refusals if refusal is not None), None)
+        if refuse and refused is not None:
+            raise RequestError(refused)
+        return refusals
+
     def _observe(self, rows: Sequence[Any], served: Served, encode: float) -> None:
-        """Record each row's error or stages (the encode time shared equally by the request's rows)."""
+        """Record each row's error or stages (the encode time shared equally by the request's rows), and hand it to the
+        model's monitor."""
         task = get_task(self.settings.config.task)
         share = encode / max(len(served.outcomes), 1)
+        monitor = self.backend.monitor
         for row, outcome in zip(rows, served.outcomes, strict=True):
             task.observe(self.name, row, outcome, served.timings, share)
+            if monitor is not None:
+                monitor.observe(row, outcome)

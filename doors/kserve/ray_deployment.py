@@ -117,6 +117,7 @@ class RayBackend:
     a row's listener does not cross to the replicas)."""
 
     streams = False
+    monitor = None  # the rows are served on the replicas
 
     def __init__(self, settings: ModelSettings, handle: DeploymentHandle | None = None) -> None:
         """Use ``handle``, or deploy the model on :meth:`load`."""

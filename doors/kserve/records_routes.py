@@ -25,7 +25,7 @@ from records import new_request_id, open_store, records_settings
 from records.api import PREFIX, RecordsApi, Reexplained
 from records.keys import ensure_records_key
 from records.recorder import Recorder
-from serving_core.recording import AnsweredRow, archive_version, record_batch, refused_answers
+from serving_core.recording import AnsweredRow, record_batch, refused_answers, served_version
 
 from .kserve_model import ExplainModel
 
@@ -60,7 +60,7 @@ def add_records_routes(
         return None
     store = open_store(settings.store, settings.payload)
     recorders = {name: Recorder.open(name, None, environ) for name in models}
-    versions = {name: archive_version(model.settings.archive) for name, model in models.items()}
+    versions = {name: served_version(model.settings.archive) for name, model in models.items()}
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-api")
     serving: list[asyncio.AbstractEventLoop] = []  # the loop the models serve on, known at the first request
 

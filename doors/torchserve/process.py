@@ -30,7 +30,7 @@ from doors.models import DEFAULT_MODELS, default_model_store, missing_archives
 from doors.torchserve.config import MAX_REQUEST_SIZE, Ports, link_store, write_config
 from records import records_settings
 from records.keys import ensure_records_key
-from serving_core.recording import archive_version
+from serving_core.recording import served_version
 from supervise.environment import bind_address, run_dir_from_env
 from supervise.processes import (
     Launch,
@@ -255,10 +255,10 @@ def router_command(
 
 def records_arguments(run_dir: Path, model_store: Path, models: Mapping[str, str]) -> list[str]:
     """The router's records arguments (:mod:`doors.torchserve.records_door`): the key file, and each model's version
-    (its archive's fingerprint, :func:`serving_core.recording.archive_version`; empty when it has none)."""
+    (its archive's fingerprint, :func:`serving_core.recording.served_version`; empty when it has none)."""
     arguments = ["--records-key-file", str(run_dir / "key_file.json")]
     for name, archive in models.items():
-        arguments += ["--model-version", f"{name}={archive_version(model_store / archive) or ''}"]
+        arguments += ["--model-version", f"{name}={served_version(model_store / archive) or ''}"]
     return arguments
 
 

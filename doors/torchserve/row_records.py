@@ -37,17 +37,22 @@ from .records_door import PARENT_HEADER
 
 
 def request_ids(context: Any, count: int) -> list[str | RowError]:
-    """Each row's request id: the caller's ``X-Request-Id`` when valid, else a new one; a row whose header is not a
-    valid id gets its ``invalid_request`` error (the handler answers it as the row's error).
+    """Each row's request id: the caller's ``X-Request-Id`` when valid, else TorchServe's own id of the row (the one
+    its answer's ``x-request-id`` carries), else a new one; a row whose header is not a valid id gets its
+    ``invalid_request`` error (the handler answers it as the row's error).
 
     Args:
         context: TorchServe's context of the batch.
         count: The number of rows.
     """
+    own = getattr(context, "request_ids", None) or {}  # TorchServe's id of each row, which it echoes
     ids: list[str | RowError] = []
     for index in range(count):
+        headers = context.get_all_request_header(index)
+        if header(headers, REQUEST_ID_HEADER) is None and own.get(index):
+            headers = {REQUEST_ID_HEADER: own[index]}
         try:
-            ids.append(door_request_id(context.get_all_request_header(index)))
+            ids.append(door_request_id(headers))
         except RowError as error:
             ids.append(error)
     return ids

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,9 @@ def package(
         stage.mkdir()
         for file_name, source in checkpoint.files.items():
             (stage / file_name).symlink_to(source)
-        make_archive(name, entry_file(checkpoint.task), stage, serving_config(checkpoint, settings), archive)
+        config = serving_config(checkpoint, settings)
+        versioned = replace(config, extra_handler_keys={**config.extra_handler_keys, "model_version": expected})
+        make_archive(name, entry_file(checkpoint.task), stage, versioned, archive)  # its records name the version
     stamp.parent.mkdir(exist_ok=True)
     stamp.write_text(json.dumps({"fingerprint": expected, "inputs": document}, indent=2) + "\n", encoding="utf-8")
     logger.info("%s: packaged %s (%s, %s head) -> %s", name, checkpoint.architecture, checkpoint.task,

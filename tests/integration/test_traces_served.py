@@ -3,11 +3,13 @@
 
 - The KServe door: an OIP ``infer`` over REST and over gRPC, each with the caller's ``traceparent``: the request span
   continues the caller's trace; the batch span (a trace of its own) links it and parents the service's ``forward``
-  stage; the explained row's ``explanation`` span (``explain.method``, ``explain.targets``, ``explain.seconds``)
-  is the request span's child. An OpenAI completion's span carries the GenAI attributes.
+  stage; the door's ``decode`` and ``encode`` stages and the explained row's ``explanation`` span
+  (``explain.method``, ``explain.targets``, ``explain.seconds``) are the request span's children. An OpenAI
+  completion's span carries the GenAI attributes.
 - TorchServe behind the router: a REST prediction and a gRPC ``Predictions`` call with the caller's ``traceparent``:
-  the router's spans continue the caller's trace (TorchServe's handler joins it once it reads the header: see
-  serving_core/tracing.py).
+  the router's spans continue the caller's trace, and TorchServe's handler continues the router's: each row's span
+  (``TorchServe <task>``) is the router span's child, with its ``decode``, ``encode`` and ``explanation`` spans, and
+  the batch span (``explain.batch_rows``) links it.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ def test_the_kserve_door_traces_a_request_in_the_callers_trace(
         ours = [span for span in spans if span.trace_id == trace_id]
         roots = {span.span_id for span in ours if span.parent_span_id == CALLER_SPAN}
         linked = [span for span in spans if span.name == "batch" and any(link[1] in roots for link in span.links)]
-        return bool(roots) and any(span.name == "explanation" for span in ours) and bool(linked)
+        explained = any(span.name == "explanation" for span in ours) and any(span.name == "encode" for span in ours)
+        return bool(roots) and explained and bool(linked)
 
     spans = receiver.wait_for(complete, timeout=30)
     ours = [span for span in spans if span.trace_id == trace_id]
@@ -108,6 +111,8 @@ def test_the_kserve_door_traces_a_request_in_the_callers_trace(
     assert request_span.name == expected and request_span.kind == 2 and request_span.service == "explain-service"
     explanation = next(span for span in ours if span.name == "explanation")
     assert explanation.parent_span_id == request_span.span_id
+    stages = {span.name for span in ours if span.parent_span_id == request_span.span_id}
+    assert {"decode", "encode"} <= stages, stages  # the door's own stages of the request
     assert explanation.attributes["explain.method"] == "grad_x_input"
     assert explanation.attributes["explain.targets"] == 1 and explanation.attributes["explain.seconds"] > 0
     batch = next(span for span in spans if span.name == "batch" and (trace_id, request_span.span_id) in span.links)
@@ -184,7 +189,8 @@ def test_torchserve_behind_the_router_continues_the_callers_trace(torchserve: An
 
     def both(spans: list[ReceivedSpan]) -> bool:
         traces = {span.trace_id for span in spans if span.parent_span_id == CALLER_SPAN}
-        return {TRACE_ID, grpc_trace} <= traces
+        worker = any(span.name == "TorchServe text" and span.trace_id == TRACE_ID for span in spans)
+        return {TRACE_ID, grpc_trace} <= traces and worker
 
     spans = receiver.wait_for(both, timeout=30)
     rest = [span for span in _in_caller_trace(spans) if span.parent_span_id == CALLER_SPAN]
@@ -192,3 +198,9 @@ def test_torchserve_behind_the_router_continues_the_callers_trace(torchserve: An
     assert rest[0].attributes == {"http.request.method": "POST", "http.response.status_code": 200}
     call = [span for span in spans if span.trace_id == grpc_trace and span.parent_span_id == CALLER_SPAN]
     assert [span.name for span in call] == ["Router Predictions"], call
+    worker = [span for span in spans if span.trace_id == TRACE_ID and span.name == "TorchServe text"]
+    assert [span.parent_span_id for span in worker] == [rest[0].span_id], worker  # the handler's row span
+    stages = {span.name for span in spans if span.parent_span_id == worker[0].span_id}
+    assert {"decode", "encode", "explanation"} <= stages, stages
+    batch = [span for span in spans if span.name == "batch" and (TRACE_ID, worker[0].span_id) in span.links]
+    assert len(batch) == 1 and batch[0].attributes["explain.batch_rows"] >= 1, batch
