@@ -87,6 +87,8 @@ COPY explain_eval ./explain_eval
 # explain-batch (batch/) and explain-records (records/): the console scripts of offline jobs and of the audit store.
 COPY batch ./batch
 COPY records ./records
+# The monitors every served model runs (monitoring/: drift, canaries, health; explain-monitor).
+COPY monitoring ./monitoring
 COPY bench ./bench
 # The per-pod authenticating proxy (Kubernetes sidecar; deploy/kubernetes/deployment.yaml).
 COPY deploy/__init__.py deploy/auth_proxy.py ./deploy/

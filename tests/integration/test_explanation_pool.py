@@ -144,8 +144,9 @@ def test_a_concurrent_mix_is_answered_in_kind(server: Server) -> None:
 
 def test_streaming_rpcs_are_refused_and_the_worker_lives(server: Server) -> None:
     """TorchServe 0.12 kills a worker whose handler answers a streaming call with one plain message; the router refuses
-    ``StreamPredictions`` and ``StreamPredictions2`` (called as raw methods: the client's stubs have ``Predictions``
-    only) with UNIMPLEMENTED before they reach it."""
+    ``StreamPredictions`` of a request that does not stream (here a classifier's: only a generation request with
+    ``"stream": true`` streams) with INVALID_ARGUMENT and ``StreamPredictions2`` with UNIMPLEMENTED, before they reach
+    it (called as raw methods: the client's stubs have ``Predictions`` only)."""
     inference_pb2, _ = protos.inference_stubs()
     service = "/org.pytorch.serve.grpc.inference.InferenceAPIsService"
     metadata = [("authorization", f"Bearer {server.keys['inference']}")]
@@ -157,14 +158,12 @@ def test_streaming_rpcs_are_refused_and_the_worker_lives(server: Server) -> None
         bidi = channel.stream_stream(f"{service}/StreamPredictions2")
         payload = request.SerializeToString()
         calls = (
-            lambda: list(stream(payload, metadata=metadata, timeout=60)),
-            lambda: list(bidi(iter([payload]), metadata=metadata, timeout=60)),
+            (lambda: list(stream(payload, metadata=metadata, timeout=60)), grpc.StatusCode.INVALID_ARGUMENT),
+            (lambda: list(bidi(iter([payload]), metadata=metadata, timeout=60)), grpc.StatusCode.UNIMPLEMENTED),
         )
-        for call in calls:
+        for call, code in calls:
             with pytest.raises(grpc.RpcError) as refused:
                 call()
-            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED and "Predictions" in str(
-                refused.value.details()
-            )
+            assert refused.value.code() == code and "Predictions" in str(refused.value.details())
     assert json.loads(_grpc(server, "sentiment", {"body": json.dumps(document).encode()}))["explanation"]
     assert {name: worker_pids(server, name) for name in workers} == workers
