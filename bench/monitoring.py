@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     reference, stream = arguments.reference, arguments.stream
     if len(airline) < reference + stream or len(cars) < reference // 2 + stream:
         raise SystemExit(f"too few tweets: {len(airline)} airline, {len(cars)} cars")
-    print(f"model {folder}, method {arguments.method}, {len(airline)} airline and {len(cars)} car tweets\n")
+    shown = folder.relative_to(Path.cwd()) if folder.is_relative_to(Path.cwd()) else folder  # a result file's path
+    print(f"model {shown}, method {arguments.method}, {len(airline)} airline and {len(cars)} car tweets\n")
     started = time.perf_counter()
     documents = [{"text": text} for text in airline[: reference + stream] + cars[: reference // 2 + stream]]
     served = model.run(documents, arguments.method)
