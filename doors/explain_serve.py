@@ -21,8 +21,8 @@ sets ``EXPLAIN_RECORDS`` (and ``--records-payload`` ``EXPLAIN_RECORDS_PAYLOAD``)
 ``EXPLAIN_RECORDS=STORE make serve`` does. The ``--monitor*`` flags set the ``monitor:`` keys of every model served
 (docs/MONITORING.md), over each model's own (a models file's): they reach each archive's ``model-config.yaml``
 (``handler.monitor``) through ``EXPLAIN_MONITOR`` (:func:`doors.models.monitor_from_environment`), and the baseline
-and canary files are validated and copied into the archives. Exit status as the launcher's: 0 stopped, 1 the service failed, 2 a
-checkpoint or setting was refused (nothing started).
+and canary files are validated and copied into the archives. Exit status as the launcher's: 0 stopped, 1 the service
+failed, 2 a checkpoint or setting was refused (nothing started).
 """
 
 from __future__ import annotations

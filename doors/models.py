@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODELS = {"sentiment": "sentiment/archive", "digits": "digits/archive", "entities": "entities/archive"}
 
 #: The monitor setting laid over every packaged model's own (``explain-serve --monitor*`` sets it): JSON, ``false``,
-#: ``true`` or a mapping of ``monitor:`` keys whose ``baseline``/``canaries`` are a file or model name → file
-#: (:func:`model_store.package.monitor_files.monitor_override`).
+#: ``true`` or a mapping of ``monitor:`` keys whose ``baseline``/``canaries`` are a file or model name → file, and
+#: ``on: true`` to turn on a model whose own setting is ``false`` (:mod:`model_store.package.monitor_files`).
 MONITOR_ENV = "EXPLAIN_MONITOR"
 
 __all__ = [

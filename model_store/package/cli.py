@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from model_store.package.monitor_files import add_monitor_arguments, monitor_override
 from model_store.package.models_file import ModelEntry, read_models_file
+from model_store.package.monitor_files import add_monitor_arguments, monitor_override
 from model_store.package.packaging import default_out, package
 from model_store.package.settings import PackageError, Settings, check_name
 from model_store.package.validate import validate

@@ -30,6 +30,9 @@ ARCHIVE_NAMES = {"baseline": "monitor-baseline.json", "canaries": "monitor-canar
 #: The setting's keys that name a file.
 FILE_KEYS = tuple(ARCHIVE_NAMES)
 
+#: The key of a flags' override that turns monitoring on where a model's own setting is ``false`` (``--monitor``).
+ON = "on"
+
 
 def check_setting(value: Any, where: str) -> None:
     """Check a ``monitor:`` value's keys and numbers (not its files: :func:`monitor_files` reads them).
@@ -83,7 +86,7 @@ def archived_setting(value: Any) -> Any:
     its files replaced by their names in the archive (:data:`ARCHIVE_NAMES`)."""
     if not isinstance(value, Mapping):
         return value
-    return {key: ARCHIVE_NAMES[key] if key in ARCHIVE_NAMES else item for key, item in value.items()}
+    return {key: ARCHIVE_NAMES.get(key, item) for key, item in value.items()}
 
 
 def resolve_files(value: Any, base: Path) -> Any:
@@ -102,7 +105,8 @@ def overlay(own: Any, override: Any) -> Any:
     """A model's ``monitor:`` value (``own``) with ``override`` laid over it (flags that apply to every model).
 
     ``override`` ``None``: ``own``; ``False``: off; ``True``: on (``own``'s keys kept, ``false`` turned on); a
-    mapping: its keys replace ``own``'s (``window`` and ``window_s`` replace each other).
+    mapping: its keys replace ``own``'s (``window`` and ``window_s`` replace each other) where the model is monitored
+    (a model's ``monitor: false`` stays off unless the mapping has ``on: true``, as ``--monitor`` gives).
     """
     if override is None:
         return own
@@ -111,11 +115,14 @@ def overlay(own: Any, override: Any) -> Any:
     base = dict(own) if isinstance(own, Mapping) else {}
     if override is True:
         return base or True
-    if "window" in override:
+    keys = {key: value for key, value in override.items() if key != ON}
+    if own is False and not override.get(ON):
+        return False
+    if "window" in keys:
         base.pop("window_s", None)
-    if "window_s" in override:
+    if "window_s" in keys:
         base.pop("window", None)
-    return {**base, **override}
+    return {**base, **keys}
 
 
 def add_monitor_arguments(parser: argparse.ArgumentParser, per_model: bool) -> None:
@@ -160,8 +167,9 @@ def add_monitor_arguments(parser: argparse.ArgumentParser, per_model: bool) -> N
 
 def monitor_override(args: argparse.Namespace) -> Any:
     """The ``monitor:`` value the ``--monitor*`` flags give (``None``: no flag given): ``False``, ``True``, or a
-    mapping of the keys given, file paths made absolute; with several models, ``baseline``/``canaries`` are
-    mappings of model name (``""``: a bare file, for the one model served) to file.
+    mapping of the keys given (and ``on: true`` with ``--monitor``: :func:`overlay`), file paths made absolute; with
+    several models, ``baseline``/``canaries`` are mappings of model name (``""``: a bare file, for the one model
+    served) to file.
 
     Raises:
         ValueError: for ``--no-monitor`` with other monitor flags, a value out of range (checked as the setting is),
@@ -190,7 +198,7 @@ def monitor_override(args: argparse.Namespace) -> Any:
             raise ValueError(f"--no-monitor turns monitoring off: drop {', '.join(_flags(keys))}")
         return False
     if keys:
-        return keys
+        return {**keys, ON: True} if args.monitor else keys
     return True if args.monitor else None
 
 
@@ -207,7 +215,7 @@ def _per_model_files(values: Sequence[str], flag: str) -> dict[str, str]:
         if not separator or NAME_PATTERN.fullmatch(name) is None or not path:
             name, path = "", value
         if name in files:
-            raise ValueError(f"{flag} names {'a bare FILE' if not name else name} twice")
+            raise ValueError(f"{flag} names {name or 'a bare FILE'} twice")
         files[name] = str(Path(path).expanduser().resolve())
     return files
 

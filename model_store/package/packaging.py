@@ -4,8 +4,8 @@ again only when its fingerprint changed.
 The fingerprint covers the copied files' names, sizes and modification times (hashing gigabytes of weights would take
 longer than packaging), the content of the monitor's baseline and canary files (copied to the archive's root: a
 changed baseline is a new version), the settings as the archive's ``model-config.yaml``, the handler and packaging
-code, and the archiver and transformers versions. The checkpoint's files are linked into a staging folder, never copied from
-anywhere else.
+code, and the archiver and transformers versions. The checkpoint's files are linked into a staging folder, never
+copied from anywhere else.
 """
 
 from __future__ import annotations
