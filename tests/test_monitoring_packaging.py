@@ -126,6 +126,32 @@ def test_a_bad_monitor_file_is_refused_with_one_message(
     assert not out.exists(), "nothing is written for a refused file"
 
 
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        (("made_up", "LABEL_1", "words"), "entry made_up / LABEL_1: 'made_up' is not a registered method"),
+        (("attnlrp", "positive", "words"), "label 'positive' is none of this model's: LABEL_0, LABEL_1, other"),
+        (("attnlrp", "LABEL_0", "patches"), "its shares are over patches, a text model's are over words"),
+    ],
+)
+def test_a_baseline_of_another_model_is_refused(
+    folder: Path, tmp_path: Path, entry: tuple[str, str, str], reason: str
+) -> None:
+    """A baseline whose entries the model's monitor would never compare with (another model's labels, an unknown
+    method, patches for words) is refused at package time, not left to a silent first-window baseline."""
+    method, label, kind = entry
+    shares: dict[Any, float] = {(0, 1): 0.5} if kind == "patches" else {"good": 0.5}
+    path = tmp_path / "other.json"
+    write_baseline(Baseline("other", {(method, label): BaselineEntry(method, label, kind, 3, shares)}), path)
+    out = tmp_path / "store"
+    status, message = _package_cli(str(folder), "--name", "reviews", "--out", str(out), "--monitor-baseline", str(path))
+    assert status == 2 and message.count("\n") == 1, message
+    assert (
+        message.startswith(f"error: model reviews: monitor.baseline: bad baseline file {path}: ") and reason in message
+    )
+    assert not out.exists()
+
+
 def test_bad_monitor_settings_are_refused(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "store"
     status, message = _package_cli(str(folder), "--name", "r", "--out", str(out), "--monitor-k", "0")

@@ -81,6 +81,42 @@ def monitor_files(value: Any, name: str) -> dict[str, Path]:
     return files
 
 
+def check_baseline_fits(path: Path, name: str, task: str, labels: Sequence[str]) -> None:
+    """Refuse a baseline (already read once by :func:`monitor_files`) that the model's monitor could never compare:
+    an entry of a method that is not registered, of a label the monitor never keeps (the model's labels, entity
+    types for a token classifier, ``all`` for generation, or ``other``), or of words for an image model (patches for
+    a text one).
+
+    Raises:
+        PackageError: ``model NAME: monitor.baseline: bad baseline file PATH: entry METHOD / LABEL: REASON``.
+    """
+    from explainers import available_methods, label_scheme
+    from monitoring.baseline import read_baseline
+    from monitoring.readers import ALL, OTHER
+
+    if task == "generation":
+        allowed = {ALL}
+    elif task == "token_classification":
+        allowed = {tag.type for tag in label_scheme(list(labels)).tags if not tag.outside}
+    else:
+        allowed = set(labels)
+    allowed.add(OTHER)
+    kind = "patches" if task == "image" else "words"
+    methods = set(available_methods())
+    for (method, label), entry in read_baseline(path).entries.items():
+        if method not in methods:
+            problem = f"{method!r} is not a registered method"
+        elif label not in allowed:
+            problem = f"label {label!r} is none of this model's: {', '.join(sorted(allowed))}"
+        elif entry.kind != kind:
+            problem = f"its shares are over {entry.kind}, a {task} model's are over {kind}"
+        else:
+            continue
+        raise PackageError(
+            f"model {name}: monitor.baseline: bad baseline file {path}: entry {method} / {label}: {problem}"
+        )
+
+
 def archived_setting(value: Any) -> Any:
     """The ``handler.monitor`` value of the archive: ``None`` (absent: on) and booleans as they are, a mapping with
     its files replaced by their names in the archive (:data:`ARCHIVE_NAMES`)."""

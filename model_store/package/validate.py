@@ -31,7 +31,7 @@ from model_store.package.limits import (
     config_image_size,
     generation_max_length,
 )
-from model_store.package.monitor_files import monitor_files
+from model_store.package.monitor_files import ARCHIVE_NAMES, check_baseline_fits, monitor_files
 from model_store.package.settings import PackageError, Settings, Task, check_name
 from serving_core.registry import TASKS, task_of_architecture
 
@@ -300,6 +300,9 @@ def validate(path: Path | str, name: str, settings: Settings | None = None) -> C
         for file_name, source in files.items():
             (stage / file_name).symlink_to(source)
         checkpoint = _validate_staged(folder, stage, files, tuple(left_out), task, architecture, shapes, settings)
+    baseline = monitored.get(ARCHIVE_NAMES["baseline"])
+    if baseline is not None:
+        check_baseline_fits(baseline, name, checkpoint.task, checkpoint.labels)
     return replace(checkpoint, monitor_files=monitored)
 
 
