@@ -318,6 +318,8 @@ def prompt_words(context: Sequence[Any], granularity: str) -> PromptWords | None
             return None  # not a token's own characters: its words are not known
         characters[unit.start : unit.end] = unit.text
         offsets.append((unit.start, unit.end))
+    if all(offset is None for offset in offsets):
+        return None  # a slow tokenizer's tokens: no characters, no words
     labels = [_segment_label(unit) for unit in prompt]
     units = token_units(
         "".join(characters), offsets, "word", segments=_segments(offsets, labels), pieces=[unit.text for unit in prompt]

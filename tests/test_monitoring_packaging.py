@@ -276,3 +276,20 @@ def test_the_environment_is_json_of_the_flags() -> None:
     assert json.loads(on[MONITOR_ENV]) == {"k": 2, "on": True}
     args = parser.parse_args(["--models", "a=/x", "--monitor-k", "3", "--monitor-baseline", "/b.json"])
     assert json.loads(explain_serve.monitor_environment(args)[MONITOR_ENV]) == {"k": 3, "baseline": {"": "/b.json"}}
+
+
+def test_a_bad_monitor_variable_is_refused(folder: Path) -> None:
+    from doors.models import MONITOR_ENV, monitor_from_environment
+
+    entries = package_module.parse_models(f"a={folder},b={folder}")
+    assert monitor_from_environment(entries, {}) == entries
+    laid = monitor_from_environment(entries, {MONITOR_ENV: '{"k": 4, "baseline": {"b": "/x.json"}}'})
+    assert [entry.settings.monitor for entry in laid] == [{"k": 4}, {"k": 4, "baseline": "/x.json"}]
+    for value, message in (
+        ("nope", "is not JSON"),
+        ("[1]", "must be false, true or a mapping"),
+        ('{"k": 0}', "monitor.k must be a positive integer"),
+        ('{"baseline": "/x.json"}', "one baseline file for 2 models"),
+    ):
+        with pytest.raises(package_module.PackageError, match=message):
+            monitor_from_environment(entries, {MONITOR_ENV: value})
