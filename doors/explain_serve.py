@@ -5,6 +5,8 @@
     explain-serve --models reviews=/models/reviews [topics=/models/topics ...] [--workdir DIR]
                   [--server torchserve|kserve|ray] [--port 8080] [--grpc-port 7070] [--default-method attnlrp]
                   [--records sqlite|sqlite:///path|postgresql://...|http(s)://...] [--records-payload full|hash|none]
+                  [--monitor|--no-monitor] [--monitor-window ROWS] [--monitor-k K] [--monitor-interval SECONDS]
+                  [--monitor-baseline [NAME=]FILE ...] [--monitor-canaries [NAME=]FILE ...]
 
 Each folder (``config.json``, safetensors weights, tokenizer or image-processor files, as ``save_pretrained`` writes
 them) is validated and packaged into the working directory (``WORKDIR/model_store/build/packages/NAME``, reused while
@@ -16,13 +18,17 @@ is installed.
 This is the launcher ``make serve MODELS=...`` runs (:mod:`doors.launch`), given the working
 directory's folders. ``--records STORE`` keeps a record of every answered row in ``STORE`` (docs/RECORDS.md): it
 sets ``EXPLAIN_RECORDS`` (and ``--records-payload`` ``EXPLAIN_RECORDS_PAYLOAD``) for every process started, as
-``EXPLAIN_RECORDS=STORE make serve`` does. Exit status as the launcher's: 0 stopped, 1 the service failed, 2 a
-checkpoint or setting was refused (nothing started).
+``EXPLAIN_RECORDS=STORE make serve`` does. The ``--monitor*`` flags set the ``monitor:`` keys of every model served
+(docs/MONITORING.md), over each model's own (a models file's): they reach each archive's ``model-config.yaml``
+(``handler.monitor``) through ``EXPLAIN_MONITOR`` (:func:`doors.models.monitor_from_environment`), and the baseline
+and canary files are validated and copied into the archives. Exit status as the launcher's: 0 stopped, 1 the service
+failed, 2 a checkpoint or setting was refused (nothing started).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -32,6 +38,8 @@ from types import FrameType
 
 from doors import DEFAULT_DOOR, DOORS
 from doors.launch import DEFAULT_METHOD_ENV
+from doors.models import MONITOR_ENV
+from model_store.package.monitor_files import add_monitor_arguments, monitor_override
 from supervise.workdir import WORKDIR_ENV
 from supervise.workdir import workdir as current_workdir
 
@@ -86,7 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("full", "hash", "none"),
         help="how much of each input a record keeps (default: $EXPLAIN_RECORDS_PAYLOAD, else hash)",
     )
+    add_monitor_arguments(parser, per_model=True)
     return parser
+
+
+def monitor_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The ``EXPLAIN_MONITOR`` variable the ``--monitor*`` flags set (none when no flag is given: then
+    ``$EXPLAIN_MONITOR`` applies, else each model's own setting).
+
+    Raises:
+        ValueError: for ``--no-monitor`` with other monitor flags, or a value out of range.
+    """
+    override = monitor_override(args)
+    return {} if override is None else {MONITOR_ENV: json.dumps(override)}
 
 
 def records_environment(args: argparse.Namespace) -> dict[str, str]:
@@ -151,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         os.environ.update(records_environment(args))
-    except SettingsError as error:
+        os.environ.update(monitor_environment(args))
+    except (SettingsError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for variable in ("MODEL_STORE", "RUN_DIR", "SERVER", "MODELS", "MODELS_FILE"):  # the launcher's make settings

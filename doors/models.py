@@ -10,8 +10,10 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from supervise.workdir import model_store_dir, workdir
 
@@ -19,12 +21,19 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODELS = {"sentiment": "sentiment/archive", "digits": "digits/archive", "entities": "entities/archive"}
 
+#: The monitor setting laid over every packaged model's own (``explain-serve --monitor*`` sets it): JSON, ``false``,
+#: ``true`` or a mapping of ``monitor:`` keys whose ``baseline``/``canaries`` are a file or model name → file, and
+#: ``on: true`` to turn on a model whose own setting is ``false`` (:mod:`model_store.package.monitor_files`).
+MONITOR_ENV = "EXPLAIN_MONITOR"
+
 __all__ = [
     "DEFAULT_MODELS",
+    "MONITOR_ENV",
     "check_served_default",
     "default_model_store",
     "ensure_models",
     "missing_archives",
+    "monitor_from_environment",
     "package_own_models",
 ]
 
@@ -90,6 +99,7 @@ def package_own_models(
     names = [entry.name for entry in entries]
     if len(set(names)) != len(names):
         raise PackageError(f"a model name is given twice in MODELS and MODELS_FILE: {names}")
+    entries = monitor_from_environment(entries, os.environ)
     checked = [validate(entry.path, entry.name, entry.settings) for entry in entries]
     out = model_store / "packages"
     models: dict[str, str] = {}
@@ -98,6 +108,35 @@ def package_own_models(
         models[entry.name] = str(result.archive.relative_to(model_store))
     pairs = [(entry.name, checkpoint.task) for entry, checkpoint in zip(entries, checked, strict=True)]
     return models, next((pair for pair in pairs if pair[1] == "text"), pairs[0])
+
+
+def monitor_from_environment(entries: Sequence[Any], environ: Mapping[str, str]) -> list[Any]:
+    """``entries`` (:class:`model_store.package.ModelEntry`) with :data:`MONITOR_ENV`'s setting laid over each
+    model's own ``monitor:`` key by key (:func:`model_store.package.monitor_files.overlay`); as they are without it.
+
+    Raises:
+        PackageError: for a value that is not JSON or not a monitor setting, a bare file with several models, or a
+            file for a model that is not served.
+    """
+    from model_store.package import PackageError
+    from model_store.package.monitor_files import check_setting, overlay, override_for
+
+    raw = environ.get(MONITOR_ENV, "").strip()
+    if not raw:
+        return list(entries)
+    try:
+        override = json.loads(raw)
+    except ValueError:
+        raise PackageError(f"{MONITOR_ENV} is not JSON (false, true or a mapping of monitor keys): {raw!r}") from None
+    if override is not None and not isinstance(override, bool | dict):
+        raise PackageError(f"{MONITOR_ENV} must be false, true or a mapping of monitor keys, got {raw!r}")
+    names = [entry.name for entry in entries]
+    laid = []
+    for entry in entries:
+        monitor = overlay(entry.settings.monitor, override_for(override, entry.name, names, MONITOR_ENV))
+        check_setting(monitor, f"{MONITOR_ENV} for model {entry.name}")
+        laid.append(replace(entry, settings=replace(entry.settings, monitor=monitor)))
+    return laid
 
 
 def check_served_default(model_store: Path, models: Mapping[str, str], method: str) -> None:

@@ -5,9 +5,9 @@ Every worker monitors the rows it served itself, so each gauge says how the expo
 (``multiprocess_mode``; ``live``: a dead worker's value is dropped):
 
 - ``explain_attribution_ndcg``, ``explain_attribution_rank_correlation``, ``explain_attribution_mass_cosine``
-  ``{model,method,label}``, ``explain_canary_agreement``, ``explain_canary_prediction_agreement``
-  ``{model,method}`` and ``explain_coverage{model,method}``: ``livemin``, the worst live worker's value (one series
-  per label set, and an alert fires when any worker drifts);
+  ``{model,method,label}``, ``explain_canary_agreement`` and ``explain_canary_prediction_agreement``
+  ``{model,method}``: ``livemin``, the worst live worker's value (one series per label set, and an alert fires when
+  any worker drifts);
 - ``explain_attribution_window_rows{model,method,label}``: ``livesum``, the rows in all live workers' windows;
 - ``explain_attribution_baseline_rows{model,method,label}``: ``livemax`` (a baseline file gives every worker the same
   count; a first-window baseline the largest);
@@ -16,8 +16,12 @@ Every worker monitors the rows it served itself, so each gauge says how the expo
   workers, as every histogram);
 - ``explain_monitor_dropped_rows{model}``: rows the monitor dropped because its queue was full (a counter).
 
-``explain_coverage`` is a worker's own ratio; where an explanation pool serves the explanations and other workers the
-predictions, the deployment's coverage is the ratio of ``explain_explanations_total`` rates (docs/MONITORING.md).
+Coverage (explained rows over predicted rows) is no gauge here: a worker sees only the rows it served, and behind an
+explanation pool the pool's workers serve the explained rows and the model's own the others, so no worker's ratio is
+the model's. Every worker counts its rows in ``explain_explanations_total{model,method}`` (:mod:`serving_core.metrics`;
+``none``: a prediction only; a pool's rows under its model's name), and Prometheus takes the ratio across all of
+them: the recording rule ``model_method:explain_coverage:ratio_rate5m`` (``deploy/prometheus/alerts.yml``,
+docs/MONITORING.md).
 
 Label values: ``model`` the served model's name, ``method`` a registered method, ``label`` one of the model's labels
 (entity types for token classifiers, ``all`` for generation) or ``other`` — never request text.
@@ -70,13 +74,6 @@ CANARY_PREDICTION_AGREEMENT = Gauge(
     PER_METHOD,
     multiprocess_mode="livemin",
 )
-COVERAGE = Gauge(
-    "explain_coverage",
-    "Explained rows by the method over predicted rows, over the monitor's last window of served rows "
-    "(lowest live worker)",
-    PER_METHOD,
-    multiprocess_mode="livemin",
-)
 SPECIAL_SHARE = Histogram(
     "explain_attribution_special_share",
     "Share of an explanation's absolute mass on special and template tokens",
@@ -101,6 +98,6 @@ DROPPED = Counter("explain_monitor_dropped_rows", "Rows the monitor dropped: its
 METRIC_NAMES = (
     "explain_attribution_ndcg", "explain_attribution_rank_correlation", "explain_attribution_mass_cosine",
     "explain_attribution_window_rows", "explain_attribution_baseline_rows", "explain_canary_agreement",
-    "explain_canary_prediction_agreement", "explain_coverage", "explain_attribution_special_share",
+    "explain_canary_prediction_agreement", "explain_attribution_special_share",
     "explain_attribution_entropy", "explain_attribution_negative_share", "explain_monitor_dropped_rows_total",
 )  # fmt: skip

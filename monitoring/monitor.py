@@ -3,10 +3,11 @@
 :meth:`Monitor.observe` only puts ``(row, outcome)`` on a bounded queue (a full queue drops the row and counts it in
 ``explain_monitor_dropped_rows``); the monitor's daemon thread reads each row (:mod:`monitoring.readers`), adds its
 explanations' health numbers to the histograms, their shares to the drift window of their (method, label)
-(:class:`~monitoring.drift.DriftTracker`), and keeps the coverage of the last ``window`` served rows. Canaries run on
-their own thread (:meth:`Monitor.start_canaries`). Memory per model: the queue, one window per (method, label) —
-at most ``5 × capacity`` counters each, and methods and labels are the registry's and the model's — and the
-coverage window of ``window`` method names.
+(:class:`~monitoring.drift.DriftTracker`), and keeps the coverage of the last ``window`` rows it was handed
+(:meth:`Monitor.coverage`, in process; the exported coverage is taken across workers, :mod:`monitoring.metrics`).
+Canaries run on their own thread (:meth:`Monitor.start_canaries`). Memory per model: the queue, one window per
+(method, label) — at most ``5 × capacity`` counters each, and methods and labels are the registry's and the
+model's — and the coverage window of ``window`` method names.
 """
 
 from __future__ import annotations
@@ -175,11 +176,11 @@ class Monitor:
         self._served.append(method)
         if method is not None:
             self._explained[method] += 1
-        for name, count in self._explained.items():
-            metrics.COVERAGE.labels(self.model, name).set(count / len(self._served))
 
     def coverage(self) -> dict[str, float]:
-        """Each method's explained rows over the served rows of the coverage window."""
+        """Each method's explained rows over the served rows of the coverage window (this monitor's rows: the
+        exported coverage is Prometheus's ratio of every worker's ``explain_explanations_total``,
+        :mod:`monitoring.metrics`)."""
         return {name: count / len(self._served) for name, count in self._explained.items() if self._served}
 
     def start_canaries(self, explain: Explain, is_idle: Callable[[], bool] = lambda: True) -> CanaryRunner | None:

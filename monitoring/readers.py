@@ -10,8 +10,9 @@ shares (:mod:`monitoring.shares`) keyed by method and a bounded label.
 - ``token_classification``: one explanation per explained entity, over the row's words; label: the entity type
   (``PER`` for ``B-PER``).
 - ``generation``: the prompt's words (template and special tokens apart), the mean share over the row's explained
-  steps (or its summed span, or its sentences); label :data:`ALL`. Drift needs the words: rows answered in
-  ``word`` granularity join it; rows in tokens or sentences join the health numbers only.
+  steps (or its summed span, or its sentences); label :data:`ALL`. A row answered in tokens is grouped into the
+  words the service gives in ``word`` granularity from its context's offsets (:func:`prompt_words`); a row answered
+  in sentences joins the health numbers only (a sentence's score cannot be split into words).
 
 Label values come only from the model's label set (a value outside it is :data:`OTHER`), method values only from the
 registry (:func:`serving_core.metrics.metric_method`), never from request text.
@@ -23,7 +24,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from explainers import label_scheme, token_units, unit_scores
+from explainers import Segment, Unit, label_scheme, token_units, unit_scores
 from serving_core.metrics import metric_method
 from serving_core.tasks.text_units import text_units
 
@@ -244,20 +245,111 @@ class GenerationReader:
             lists.append(outcome.span.scores)
         if not lists:
             return Reading(True)
-        word_context = outcome.granularity == "word" and outcome.context is not None
-        rows = []
-        for scores in lists:
-            if outcome.context is not None:
-                units = [
-                    ScoredUnit(word_key(unit.text) if word_context else index, float(score), unit.template)
-                    for index, (unit, score) in enumerate(zip(outcome.context, scores, strict=False))
-                    if not unit.generated
-                ]
-            else:
-                special = outcome.prompt_special or []
-                units = [
-                    ScoredUnit(index, float(score), bool(special[index]) if index < len(special) else False)
-                    for index, score in enumerate(scores[: len(outcome.prompt_tokens)])
-                ]
-            rows.append(row_shares(units))
-        return Reading(True, (Observation(metric_method(outcome.method), ALL, average_shares(rows), word_context),))
+        words = prompt_words(outcome.context, outcome.granularity) if outcome.context is not None else None
+        rows = [row_shares(self._units(outcome, scores, words)) for scores in lists]
+        method = metric_method(outcome.method)
+        return Reading(True, (Observation(method, ALL, average_shares(rows), words is not None),))
+
+    @staticmethod
+    def _units(outcome: Any, scores: Sequence[float], words: PromptWords | None) -> list[ScoredUnit]:
+        """One explanation's prompt units: its words where known, else the context's units or the prompt's tokens,
+        keyed by position (health only)."""
+        if words is not None:
+            return [ScoredUnit(key, score, special)
+                    for (key, special), score in zip(words.described, words.scores(scores), strict=False)]  # fmt: skip
+        if outcome.context is not None:
+            return [
+                ScoredUnit(index, float(score), unit.template)
+                for index, (unit, score) in enumerate(zip(outcome.context, scores, strict=False))
+                if not unit.generated
+            ]
+        special = outcome.prompt_special or []
+        return [
+            ScoredUnit(index, float(score), bool(special[index]) if index < len(special) else False)
+            for index, score in enumerate(scores[: len(outcome.prompt_tokens)])
+        ]
+
+
+@dataclass(frozen=True)
+class PromptWords:
+    """The words of a generation row's prompt.
+
+    Attributes:
+        described: per word, its key (:func:`~monitoring.shares.word_key`) and whether it is kept apart (a template
+            token, a token without characters).
+        units: a context in tokens: the words as units over the prompt's tokens (``None``: the context is in words).
+    """
+
+    described: tuple[tuple[str, bool], ...]
+    units: tuple[Unit, ...] | None = None
+
+    def scores(self, scores: Sequence[float]) -> list[float]:
+        """One explanation's scores over the context units, as the words' scores (a context in tokens: summed over
+        each word's tokens)."""
+        if self.units is None:
+            return [float(score) for score in scores]
+        prompt = [float(score) for score in scores[: self.units[-1].stop]] if self.units else []
+        return unit_scores(prompt, list(self.units)).tolist() if prompt else []
+
+
+def prompt_words(context: Sequence[Any], granularity: str) -> PromptWords | None:
+    """The words of a generation row's prompt from its context units (``None``: a context in sentences, whose scores
+    cannot be split into words, or tokens whose characters are not known).
+
+    A context in words gives them as they are. A context in tokens gives each prompt token's characters and place in
+    the rendered prompt (:func:`serving_core.tasks.generation_context.row_context`): the tokens are grouped into
+    words again as the service groups them for ``granularity: word`` — over the rendered prompt's text (characters
+    that no token covers read as white space), never across the messages, documents or prompt the tokens are in,
+    the template's tokens and the tokens without characters apart.
+    """
+    prompt = [unit for unit in context if not unit.generated]
+    if granularity == "word":
+        return PromptWords(tuple((word_key(unit.text), bool(unit.template)) for unit in prompt))
+    if granularity != "token" or not prompt:
+        return None
+    offsets: list[tuple[int, int] | None] = []
+    length = max((unit.end for unit in prompt if unit.end is not None), default=0)
+    characters = [" "] * length
+    for unit in prompt:
+        if unit.start is None or unit.end is None:
+            offsets.append(None)
+            continue
+        if unit.end - unit.start != len(unit.text):
+            return None  # not a token's own characters: its words are not known
+        characters[unit.start : unit.end] = unit.text
+        offsets.append((unit.start, unit.end))
+    if all(offset is None for offset in offsets):
+        return None  # a slow tokenizer's tokens: no characters, no words
+    labels = [_segment_label(unit) for unit in prompt]
+    units = token_units(
+        "".join(characters), offsets, "word", segments=_segments(offsets, labels), pieces=[unit.text for unit in prompt]
+    )
+    described = tuple((word_key(unit.text), unit.label is None) for unit in units)
+    return PromptWords(described, tuple(units))
+
+
+def _segment_label(unit: Any) -> Hashable:
+    """A prompt token's segment label as :func:`serving_core.tasks.generation_context.row_context` gave it."""
+    if unit.message is not None:
+        return ("message", unit.message)
+    if unit.document is not None:
+        return ("document", unit.document)
+    return None if unit.template else ("prompt", 0)
+
+
+def _segments(offsets: Sequence[tuple[int, int] | None], labels: Sequence[Hashable]) -> list[Segment]:
+    """Each run of consecutive tokens with characters of one segment label, as a segment over their characters."""
+    segments: list[Segment] = []
+    current: list[Any] = []  # [start, end, label]
+    for offset, label in zip(offsets, labels, strict=True):
+        if offset is None:
+            continue
+        if current and current[2] == label:
+            current[1] = max(current[1], offset[1])
+            continue
+        if current and current[2] is not None:
+            segments.append(Segment(current[0], current[1], current[2]))
+        current = [offset[0], offset[1], label]
+    if current and current[2] is not None:
+        segments.append(Segment(current[0], current[1], current[2]))
+    return segments

@@ -33,6 +33,7 @@ from tests.metric_names import (
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 UNIT_TESTS = sorted(PROMETHEUS_DIR.glob("*_test.yml"))
 OBJECTIVE = "method:explain_seconds:p99_objective"
+COVERAGE = "model_method:explain_coverage:ratio_rate5m"
 
 
 def _promtool() -> str:
@@ -147,3 +148,29 @@ def test_the_name_check_catches_an_unknown_metric() -> None:
     }
     assert "explain_made_up_total" not in known_metric_names()
     assert {"explain_seconds_bucket", "explain_errors_total", "explain_attribution_ndcg"} <= known_metric_names()
+
+
+def test_coverage_is_recorded_across_every_worker_and_shown_on_the_dashboard() -> None:
+    """Coverage is Prometheus's ratio of every worker's counters (an explanation pool's rows count under its model's
+    name), recorded once and unit-tested on a pooled model; the dashboard shows the same ratio."""
+    rule = next(rule for rule in rules() if rule.get("record") == COVERAGE)
+    expression = " ".join(str(rule["expr"]).split())
+    assert expression_metrics(expression) == {"explain_explanations_total"}
+    numerator, denominator = expression.split(" / ")
+    assert 'method!="none"' in numerator and "by (model, method)" in numerator
+    assert "method" not in denominator.split("group_left ()")[1].replace("by (model)", "")
+    tested = [
+        case["expr"]
+        for path in UNIT_TESTS
+        for test in yaml.safe_load(path.read_text())["tests"]
+        for case in test.get("promql_expr_test", [])
+    ]
+    assert COVERAGE in tested
+    panel = next(
+        panel
+        for panel in json.loads((DEPLOY / "grafana" / "dashboards" / "explanation-service.json").read_text())["panels"]
+        if "coverage" in panel["title"].lower()
+    )
+    shown = " ".join(target["expr"] for target in panel["targets"])
+    assert expression_metrics(shown) == {"explain_explanations_total"}
+    assert 'method!="none"' in shown and "group_left" in shown

@@ -471,7 +471,6 @@ def test_coverage_counts_predicted_rows() -> None:
     finally:
         monitor.close()
     assert monitor.coverage() == {"attnlrp": pytest.approx(0.2)}
-    assert REGISTRY.get_sample_value("explain_coverage", {"model": "coverage-test", "method": "attnlrp"}) == 0.2
 
 
 def test_metric_labels_never_come_from_request_text() -> None:
@@ -574,3 +573,24 @@ def test_a_monitor_with_a_window_in_time() -> None:
     reading = monitor.readings["attnlrp", "neg"]
     assert monitor.trackers["attnlrp", "neg"].baseline is not None
     assert reading.ndcg < 0.5 and reading.window_rows <= 21
+
+
+def test_generation_words_need_the_tokens_characters() -> None:
+    """A context in tokens is grouped into words from the tokens' characters; tokens without characters (a slow
+    tokenizer) and sentences give no words (health only)."""
+    from monitoring.readers import prompt_words
+    from serving_core.tasks.chat_schema import ContextUnit
+
+    text = "<s>Isn't it 3.5 km?"
+    pieces = [("<s>", None, None), ("Is", 3, 5), ("n't", 5, 8), (" it", 8, 11), (" 3", 11, 13), (".5", 13, 15),
+              (" km", 15, 18), ("?", 18, 19)]  # fmt: skip
+    context = [ContextUnit(piece, start, end, template=start is None) for piece, start, end in pieces]
+    context.append(ContextUnit("ok", 0, 2, generated=True))
+    assert all(start is None or text[start:end] == piece for piece, start, end in pieces)
+    words = prompt_words(context, "token")
+    assert words is not None
+    assert words.described == (("<s>", True), ("isn't", False), ("it", False), ("3.5", False), ("km", False),
+                                ("?", False))  # fmt: skip
+    assert words.scores([1.0, 0.5, 0.25, 2.0, 1.0, 1.0, -3.0, 0.5, 9.0]) == [1.0, 0.75, 2.0, 2.0, -3.0, 0.5]
+    assert prompt_words([ContextUnit("<s>", None, None, template=True), ContextUnit("a", None, None)], "token") is None
+    assert prompt_words([ContextUnit("Isn't it.", 0, 9)], "sentence") is None

@@ -224,6 +224,58 @@ def test_generation_is_monitored_over_the_prompts_words(tmp_path: Path) -> None:
     assert words.label == "all" and words.drift
     assert set(words.shares.shares) == set(prompt.split())  # the prompt's words, none of the answer's
     assert sum(words.shares.shares.values()) == pytest.approx(1.0)
-    tokens = readings["token"]
-    assert not tokens.drift  # tokens: health only
+    tokens = readings["token"]  # tokens: grouped into the same words, with the same shares
+    assert tokens.drift
+    assert tokens.shares.shares.keys() == words.shares.shares.keys()
+    for key, share in words.shares.shares.items():
+        assert tokens.shares.shares[key] == pytest.approx(share, abs=1e-5)
+    assert tokens.shares.special_share == pytest.approx(words.shares.special_share, abs=1e-5)
     assert tokens.shares.negative_share == pytest.approx(words.shares.negative_share)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral"])
+def test_a_chat_row_answered_in_tokens_is_monitored_over_the_same_words(family: str, tmp_path: Path) -> None:
+    """Messages, documents and a chat template: a row answered in tokens gives the prompt words (template tokens
+    apart) and shares that the same row answered in words gives, so every explained row joins the drift window."""
+    from serving_core.wire import Encoding
+    from tests.chat_zoo import save_chat_model
+
+    model = InProcessModel("chat", save_chat_model(family, tmp_path / family))
+    body: dict[str, object] = {
+        "messages": [{"role": "user", "content": "Isn't the staff's service quick, e.g. 3.5 minutes? Lovely!"}],
+        "max_new_tokens": 3,
+    }
+    if family == "qwen3":
+        body["documents"] = [{"title": "Review", "text": "The well-known waiter was slow; food cold."}]
+    readings = {}
+    for granularity in ("word", "token"):
+        explain = {"method": "attnlrp", "granularity": granularity, "steps": [0, 2]}
+        row = model.task.decode_row({"body": {**body, "explain": explain}}, False, model.config)
+        outcomes, _ = model.service.run([row], [Encoding.JSON])
+        assert outcomes[0].error is None, outcomes[0].error
+        readings[granularity] = model.reader(row, outcomes[0]).explained[0]
+    words, tokens = readings["word"], readings["token"]
+    assert words.drift and tokens.drift
+    assert {"staff's", "3.5", "lovely"} <= set(words.shares.shares)
+    assert tokens.shares.shares.keys() == words.shares.shares.keys()
+    for key, share in words.shares.shares.items():
+        assert tokens.shares.shares[key] == pytest.approx(share, abs=1e-6)
+    assert tokens.shares.special_share == pytest.approx(words.shares.special_share, abs=1e-6)
+    assert tokens.shares.entropy == pytest.approx(words.shares.entropy, abs=1e-6)
+
+
+def test_rows_answered_in_tokens_fill_the_generation_drift_window(tmp_path: Path) -> None:
+    """Every explained generation row answered in tokens joins the prompt-word window (sentences: health only)."""
+    from monitoring.monitor import Monitor
+    from monitoring.readers import GenerationReader
+    from tests.generation_checkpoint import causal_lm
+
+    model = InProcessModel("writer", causal_lm(tmp_path / "writer"))
+    monitor = Monitor("window-test", MonitorConfig(window=5), GenerationReader(), start=False)
+    for granularity, expected in (("token", 2), ("sentence", 2), ("word", 3)):
+        body = {"prompt": TEXTS[0], "max_new_tokens": 2, "explain": {"method": "attnlrp", "granularity": granularity}}
+        row = model.task.decode_row({"body": body}, False, model.config)
+        for _ in range(2 if granularity == "token" else 1):
+            outcomes, _ = model.service.run([row], [row.encoding])
+            monitor.process(row, outcomes[0])
+        assert monitor.trackers[("attnlrp", "all")].window.rows == expected, granularity

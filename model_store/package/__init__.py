@@ -16,6 +16,8 @@ One job per module, each readable alone:
   :class:`Checkpoint`.
 - :mod:`~model_store.package.packaging`: :func:`package` writes (or, while its fingerprint is unchanged, reuses) the
   archive.
+- :mod:`~model_store.package.monitor_files`: the ``monitor:`` setting, its baseline and canary files validated and
+  copied into the archive, and the ``--monitor*`` flags.
 - :mod:`~model_store.package.models_file`: ``MODELS="name=path,..."`` and the YAML models file.
 - :mod:`~model_store.package.cli`: the command line.
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from model_store.package.models_file import ModelEntry, read_models_file
+from model_store.package.monitor_files import add_monitor_arguments, monitor_override
 from model_store.package.packaging import default_out, package
 from model_store.package.settings import PackageError, Settings, check_name
 from model_store.package.validate import validate
@@ -37,6 +38,12 @@ def _settings_from_args(args: argparse.Namespace) -> Settings:
         overrides["chat_template"] = Settings(chat_template=args.chat_template).chat_template_text()
     if args.bf16:
         overrides["bf16"] = True
+    try:
+        monitor = monitor_override(args)
+    except ValueError as error:
+        raise PackageError(f"options: {error}") from None
+    if monitor is not None:
+        overrides["monitor"] = monitor
     settings = replace(Settings(), **overrides)
     settings.check("options")
     return settings
@@ -88,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="FILE",
         help="generation models: a Jinja chat template file to render chat messages with (default: the checkpoint's)",
     )
+    add_monitor_arguments(parser, per_model=False)
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(message)s")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from model_store.package.monitor_files import resolve_files
 from model_store.package.settings import PackageError, Settings, check_name
 
 
@@ -49,6 +50,9 @@ def read_models_file(path: Path) -> list[ModelEntry]:
             max_length: 256
           tickets: {path: /models/tickets, threshold: 0.4}
           writer: {path: /models/writer, chat_template: templates/chatml.jinja}   # a file, or the template itself
+          news:                            # the monitor's files are copied into the archive
+            path: /models/news
+            monitor: {window: 500, k: 20, baseline: news-baseline.json, canaries: news-canaries.json}
 
     Raises:
         PackageError: if the file is unreadable or a key is unknown or wrong.
@@ -77,6 +81,8 @@ def read_models_file(path: Path) -> list[ModelEntry]:
         settings = Settings.from_mapping({**defaults, **own}, where)
         if settings.chat_template is not None:  # a file named relative to the models file: read it here
             settings = replace(settings, chat_template=settings.chat_template_text(path.parent))
+        if isinstance(settings.monitor, Mapping):  # its baseline and canary files: relative to the models file
+            settings = replace(settings, monitor=resolve_files(settings.monitor, path.parent.resolve()))
         entries.append(ModelEntry(check_name(str(name)), model_path, settings))
     return _distinct(entries, str(path))
 

@@ -2,9 +2,10 @@
 again only when its fingerprint changed.
 
 The fingerprint covers the copied files' names, sizes and modification times (hashing gigabytes of weights would take
-longer than packaging), the settings as the archive's ``model-config.yaml``, the handler and packaging code, and the
-archiver and transformers versions. The checkpoint's files are linked into a staging folder, never copied from
-anywhere else.
+longer than packaging), the content of the monitor's baseline and canary files (copied to the archive's root: a
+changed baseline is a new version), the settings as the archive's ``model-config.yaml``, the handler and packaging
+code, and the archiver and transformers versions. The checkpoint's files are linked into a staging folder, never
+copied from anywhere else.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from model_store import REPO_ROOT, default_build_dir
 from model_store.archive import MANIFEST_PATH, ServingConfig, entry_file, make_archive
 from model_store.files import file_sha256
 from model_store.fingerprint import digest, package_versions
+from model_store.package.monitor_files import archived_setting
 from model_store.package.settings import Settings
 from model_store.package.validate import Checkpoint, validate
 
@@ -50,6 +52,8 @@ def serving_config(checkpoint: Checkpoint, settings: Settings) -> ServingConfig:
         extra["pad_token_id"] = checkpoint.pad_token_id
     if settings.explain_below is not None:
         extra["explain_below"] = float(settings.explain_below)
+    if settings.monitor is not None:
+        extra["monitor"] = archived_setting(settings.monitor)
     if checkpoint.task == "generation":
         extra["max_new_tokens"] = settings.max_new_tokens
         extra["default_new_tokens"] = settings.default_new_tokens
@@ -87,6 +91,7 @@ def fingerprint(checkpoint: Checkpoint, settings: Settings, name: str) -> tuple[
             for file_name, source in sorted(checkpoint.files.items())
         },
         "model_config": serving_config(checkpoint, settings).to_yaml(),
+        "monitor_files": {file_name: file_sha256(source) for file_name, source in checkpoint.monitor_files.items()},
         "code": {path: file_sha256(REPO_ROOT / path) for path in (*_code_files(), str(handler.relative_to(REPO_ROOT)))},
         "versions": package_versions(["torch-model-archiver", "transformers"]),
     }
@@ -143,9 +148,13 @@ def package(
         stage.mkdir()
         for file_name, source in checkpoint.files.items():
             (stage / file_name).symlink_to(source)
+        extra_files = []
+        for file_name, source in checkpoint.monitor_files.items():  # at the archive's root, under fixed names
+            (Path(work) / file_name).symlink_to(source)
+            extra_files.append(Path(work) / file_name)
         config = serving_config(checkpoint, settings)
         versioned = replace(config, extra_handler_keys={**config.extra_handler_keys, "model_version": expected})
-        make_archive(name, entry_file(checkpoint.task), stage, versioned, archive)  # its records name the version
+        make_archive(name, entry_file(checkpoint.task), stage, versioned, archive, extra_files)  # records: version
     stamp.parent.mkdir(exist_ok=True)
     stamp.write_text(json.dumps({"fingerprint": expected, "inputs": document}, indent=2) + "\n", encoding="utf-8")
     logger.info("%s: packaged %s (%s, %s head) -> %s", name, checkpoint.architecture, checkpoint.task,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,6 +60,10 @@ class Settings:
             checkpoint's own (``tokenizer_config.json`` or ``chat_template.jinja``, which are packaged with it): the
             template itself, or the path of a file holding it (a models file's relative paths are relative to it).
             ``None``: the checkpoint's; a checkpoint with neither serves prompts only (``messages`` are refused).
+        monitor: What the explanations say, monitored (docs/MONITORING.md): ``None`` (absent) or ``true``: on with
+            the defaults; ``false``: off; a mapping ``{window, window_s, k, baseline, canaries, interval_s,
+            capacity, queue}``. The ``baseline`` and ``canaries`` files are validated and copied into the archive
+            (:mod:`model_store.package.monitor_files`).
     """
 
     default_method: str | None = None
@@ -78,6 +82,7 @@ class Settings:
     explanation_batch_size: int | None = None
     explanation_max_batch_delay: int | None = None
     chat_template: str | None = None
+    monitor: Any = field(default=None, hash=False)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> Settings:
@@ -150,6 +155,9 @@ class Settings:
             not isinstance(self.chat_template, str) or not self.chat_template.strip()
         ):
             raise PackageError(f"{where}: chat_template must be a Jinja template or the path of a file holding one")
+        from model_store.package.monitor_files import check_setting
+
+        check_setting(self.monitor, where)
 
     def chat_template_text(self, base: Path | None = None) -> str | None:
         """The chat template itself: ``chat_template`` when it is a template (it holds ``{{`` or ``{%``), else the

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from model_store.package.limits import (
     config_image_size,
     generation_max_length,
 )
+from model_store.package.monitor_files import ARCHIVE_NAMES, check_baseline_fits, monitor_files
 from model_store.package.settings import PackageError, Settings, Task, check_name
 from serving_core.registry import TASKS, task_of_architecture
 
@@ -61,6 +62,8 @@ class Checkpoint:
         chat_template: Generation models: the chat template setting to serve (``None``: the checkpoint's own).
         warnings: What is served but worth fixing (generic labels, a substituted pad token).
         left_out: Files of the folder not copied (pickle weights, code, sub-folders).
+        monitor_files: The monitor's baseline and canary files, validated, by their names in the archive
+            (:mod:`model_store.package.monitor_files`).
     """
 
     path: Path
@@ -79,6 +82,7 @@ class Checkpoint:
     chat_template: str | None = None
     warnings: tuple[str, ...] = ()
     left_out: tuple[str, ...] = field(default_factory=tuple)
+    monitor_files: Mapping[str, Path] = field(default_factory=dict)
 
 
 def _task_of(architecture: str) -> Task | None:
@@ -238,6 +242,7 @@ def validate(path: Path | str, name: str, settings: Settings | None = None) -> C
     settings = settings or Settings()
     settings.check()
     check_name(name)
+    monitored = monitor_files(settings.monitor, name)
     raw = str(path)
     if "://" in raw:
         raise PackageError(
@@ -294,7 +299,11 @@ def validate(path: Path | str, name: str, settings: Settings | None = None) -> C
         stage = Path(work)
         for file_name, source in files.items():
             (stage / file_name).symlink_to(source)
-        return _validate_staged(folder, stage, files, tuple(left_out), task, architecture, shapes, settings)
+        checkpoint = _validate_staged(folder, stage, files, tuple(left_out), task, architecture, shapes, settings)
+    baseline = monitored.get(ARCHIVE_NAMES["baseline"])
+    if baseline is not None:
+        check_baseline_fits(baseline, name, checkpoint.task, checkpoint.labels)
+    return replace(checkpoint, monitor_files=monitored)
 
 
 def _validate_staged(
