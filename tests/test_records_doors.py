@@ -10,6 +10,7 @@ and ``explain-records verify`` passes on the store."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import urllib.error
@@ -290,3 +291,56 @@ def test_torchserve_online_answers_are_recorded(torchserve: Door) -> None:
     made, _ = _post(url, {"text": "a dull film"}, auth)
     assert made and _recorded(torchserve, made)["input"]["document"]["text"] == "a dull film"
     assert records_main(["verify", torchserve.store_url]) == 0
+
+
+@pytest.mark.parametrize("payload", ["full", "hash"])
+def test_kserve_rows_are_recorded_with_their_input_under_the_ids_the_answer_shows(payload: str, tmp_path: Path) -> None:
+    """In-process (the door's model over its in-process backend): an OIP request of two rows is recorded as
+    ``<id>-0`` and ``<id>-1``, each row's input the OIP request of that row alone (full: the document; hash: its
+    salted digest), the answer's ``id`` the request's (made when it had none: the same id as the records'); a v1
+    answer shows its ``id`` and each instance's record id in ``ids``."""
+    if missing_extras():
+        pytest.skip(missing_extras())
+    from kserve.protocol.infer_type import InferInput, InferRequest
+
+    from doors.kserve.backends import LocalBackend
+    from doors.kserve.kserve_model import ExplainModel
+    from doors.kserve.settings import read_settings
+    from records import input_matches
+    from records.recorder import Recorder
+
+    model = ExplainModel(LocalBackend(read_settings("sentiment", tiny_archives()["sentiment"])))
+    model.load()
+    store_url = f"sqlite:///{tmp_path / 'records.sqlite3'}"
+    model.recorder = Recorder.open("sentiment", {"store": store_url, "payload": payload})
+    texts = ["a lovely film", "a dull film"]
+
+    def infer(headers: dict[str, str], request_id: str | None = None) -> Any:
+        inputs = [InferInput("text", [2], "BYTES", list(texts))]
+        request = InferRequest("sentiment", inputs, request_id=request_id, parameters={"explain_method": "rollout"})
+        return asyncio.run(model.predict(request, headers))
+
+    try:
+        answered = infer({"X-Request-Id": "oip-rows"})
+        made = infer({})
+        own = infer({"X-Request-Id": "header"}, request_id="oip-own")
+        v1_answer = asyncio.run(model.predict({"instances": texts + [{"text": "fine"}]}, {"X-Request-Id": "v1-rows"}))
+        with open_store(store_url, payload=payload) as store:
+            salt = store.salt
+            for request_id in ("oip-rows", made.id, "oip-own"):
+                for index, text in enumerate(texts):
+                    stored = store.get(f"{request_id}-{index}")
+                    assert stored is not None, (request_id, index)
+                    data = stored.event["data"]
+                    assert data["door"] == "kserve" and data["method"] == "rollout" and data["error"] is None
+                    row = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+                           "parameters": {"explain_method": "rollout"}}  # fmt: skip
+                    assert data["input"]["payload"] == payload
+                    assert input_matches(stored.event, row, salt)
+                    assert not input_matches(stored.event, {**row, "parameters": {}}, salt)
+            assert [store.get(record_id) is not None for record_id in v1_answer["ids"]] == [True] * 3
+            assert store.verify().ok
+    finally:
+        model.stop()
+    assert answered.id == "oip-rows" and own.id == "oip-own" and len(made.id) == 36
+    assert v1_answer["id"] == "v1-rows" and v1_answer["ids"] == ["v1-rows-0", "v1-rows-1", "v1-rows-2"]
