@@ -41,6 +41,7 @@ class Door:
     store_url: str
     version: str | None
     inference: str | None = None
+    grpc: str | None = None
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,8 @@ def door(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     try:
         key = records_key(run_dir / "key_file.json")
         assert key is not None
-        yield Door(f"http://127.0.0.1:{ports.inference}", key, store_url, served_version(archive))
+        yield Door(f"http://127.0.0.1:{ports.inference}", key, store_url, served_version(archive),
+                   grpc=f"127.0.0.1:{ports.grpc_inference}")  # fmt: skip
     finally:
         launcher.stop(run_dir)
 
@@ -272,12 +274,37 @@ def test_kserve_online_answers_are_recorded(door: Door) -> None:
     assert echoed == "online-oip-1"
     data = _recorded(door, "online-oip-1")
     assert data["model"]["version"] == door.version and data["door"] == "kserve" and data["error"] is None
-    instances = {"instances": [{"text": "a dull film"}, {"text": "a fine film"}]}
+    assert data["input"]["document"]["inputs"][0]["data"] == ["a lovely film"]
+    instances = {"instances": [{"text": "a dull film"}, "a fine film"]}
     echoed, answer = _post(f"{door.url}/v1/models/sentiment:predict", instances, {})
-    assert len(answer["predictions"]) == 2
-    for index, text in enumerate(["a dull film", "a fine film"]):
-        assert _recorded(door, f"{echoed}-{index}")["input"]["document"]["text"] == text
+    assert len(answer["predictions"]) == 2 and answer["id"] == echoed
+    assert answer["ids"] == [f"{echoed}-0", f"{echoed}-1"]
+    for record_id, text in zip(answer["ids"], ["a dull film", "a fine film"], strict=True):
+        assert _recorded(door, record_id)["input"]["document"]["text"] == text
     assert records_main(["verify", door.store_url]) == 0
+
+
+def test_kserve_grpc_answers_carry_their_record_id(door: Door) -> None:
+    from bench.oip_client import GrpcOip
+
+    assert door.grpc is not None
+    client = GrpcOip(door.grpc)
+    pb = client.pb
+    texts = [b"a lovely film", b"a dull film"]
+    tensor = pb.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[2],
+                                                   contents=pb.InferTensorContents(bytes_contents=texts))  # fmt: skip
+    try:
+        made = client.stub.ModelInfer(pb.ModelInferRequest(model_name="sentiment", inputs=[tensor]), timeout=120)
+        named = client.stub.ModelInfer(pb.ModelInferRequest(model_name="sentiment", inputs=[tensor]), timeout=120,
+                                       metadata=[("x-request-id", "grpc-meta")])  # fmt: skip
+    finally:
+        client.close()
+    assert named.id == "grpc-meta" and made.id and made.id != named.id
+    for request_id in (made.id, named.id):
+        for index, text in enumerate(texts):
+            data = _recorded(door, f"{request_id}-{index}")
+            assert data["input"]["document"]["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": [1],
+                                                               "data": [text.decode()]}  # fmt: skip
 
 
 def test_torchserve_online_answers_are_recorded(torchserve: Door) -> None:
@@ -324,7 +351,7 @@ def test_kserve_rows_are_recorded_with_their_input_under_the_ids_the_answer_show
         answered = infer({"X-Request-Id": "oip-rows"})
         made = infer({})
         own = infer({"X-Request-Id": "header"}, request_id="oip-own")
-        v1_answer = asyncio.run(model.predict({"instances": texts + [{"text": "fine"}]}, {"X-Request-Id": "v1-rows"}))
+        v1_answer = asyncio.run(model.predict({"instances": [*texts, {"text": "fine"}]}, {"X-Request-Id": "v1-rows"}))
         with open_store(store_url, payload=payload) as store:
             salt = store.salt
             for request_id in ("oip-rows", made.id, "oip-own"):
