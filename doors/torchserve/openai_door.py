@@ -130,6 +130,7 @@ class OpenAIRoutes:
         try:
             translated = replace(translated, id=door_request_id(headers))
         except RowError as error:
+            self._check_token(authorization, upstream)
             raise OpenAIError(error.code, error.message) from None
         echoed = {REQUEST_ID_HEADER: translated.id}
         if translated.stream:
