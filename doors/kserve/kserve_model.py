@@ -30,7 +30,7 @@ from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters
 
-from records import new_request_id
+from records import new_request_id, records_settings
 from records.recorder import Recorder
 from serving_core import metrics, tracing, wire
 from serving_core.deadlines import headers_deadline
@@ -151,7 +151,12 @@ class ExplainModel(Model):
         """Load the backend's model (every task has an OIP codec: its own, or the generic one of JSON documents) and
         open its recorder (its ``records:`` section, else the deployment's ``EXPLAIN_RECORDS``), unless the backend
         records the rows where it serves them (Ray Serve replicas)."""
-        self.recorder = None if self.backend.records else Recorder.open(self.name, self.settings.config.records)
+        section = self.settings.config.records
+        if self.backend.records:
+            records_settings(section, where=f"model {self.name}: records")  # refused here, before the replicas start
+            self.recorder = None
+        else:
+            self.recorder = Recorder.open(self.name, section)
         self.version = served_version(self.settings.archive)
         self.head_type = self.backend.load()
         self.ready = True
