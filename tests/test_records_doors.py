@@ -326,8 +326,9 @@ def test_kserve_rows_are_recorded_with_their_input_under_the_ids_the_answer_show
     ``<id>-0`` and ``<id>-1``, each row's input the OIP request of that row alone (full: the document; hash: its
     salted digest), the answer's ``id`` the request's (made when it had none: the same id as the records'); a v1
     answer shows its ``id`` and each instance's record id in ``ids``."""
-    if missing_extras():
-        pytest.skip(missing_extras())
+    missing = missing_extras()
+    if missing:
+        pytest.skip(missing)
     from kserve.protocol.infer_type import InferInput, InferRequest
 
     from doors.kserve.backends import LocalBackend
