@@ -108,9 +108,12 @@ def test_records_are_read_explained_again_and_erased(door: Door) -> None:
     assert status == 200 and one["data"]["input"]["document"]["text"] == "a lovely film"
     status, html = _call(door, "GET", "/v1/records/served-1/page")
     assert status == 200 and "a lovely film" in html
+    before = {event["id"] for event in _call(door, "GET", "/v1/records?model=sentiment&limit=1000")[1]["data"]}
     status, done = _call(door, "POST", "/v1/records/served-1/explain", {"explain": {"method": "grad_x_input"}})
     assert status == 200, done
     assert done["parent"] == "served-1" and done["answer"]["explanation"]["method"] == "grad_x_input"
+    after = {event["id"] for event in _call(door, "GET", "/v1/records?model=sentiment&limit=1000")[1]["data"]}
+    assert after - before == {done["id"]}  # one record of the re-explanation
     status, child = _call(door, "GET", f"/v1/records/{done['id']}")
     assert status == 200 and child["data"]["parent"] == "served-1"
     assert child["data"]["method"] == "grad_x_input" and child["data"]["model"]["version"] == door.version

@@ -13,6 +13,11 @@ the same way: the model's task has an OIP codec (its own, or the generic codec o
 for either backend, next to KServe's own ``request_*_seconds`` histograms on ``/metrics``. The LLM routes beside OIP
 (the OpenAI API, the generate extension) serve JSON documents (:meth:`ExplainModel.answer_documents`) or their streams
 of events (:meth:`ExplainModel.stream_documents`).
+
+Every request has an id (:meth:`ExplainModel.request_id`: an OIP request's own ``id``, else its ``X-Request-Id``,
+else one made), which its answer carries (OIP ``id``, v1 ``id`` and each instance's record id in ``ids``), and its
+answered rows, errors included, are recorded (:mod:`doors.kserve.row_records`) before the answer (or a stream's last
+event) leaves: in this process for the in-process backend, on the replica that served them for Ray Serve.
 """
 
 from __future__ import annotations
