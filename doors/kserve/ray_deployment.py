@@ -27,6 +27,7 @@ from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle
 
+from monitoring.config import parse_monitor
 from monitoring.serving import start_monitor
 from records.recorder import Recorder
 from serving_core import tracing, wire
@@ -215,8 +216,13 @@ class RayBackend:
         self._env = env
 
     def load(self) -> str:
-        """Deploy the replicas (unless a handle was given) and read the model's head type from one of them."""
+        """Deploy the replicas (unless a handle was given) and read the model's head type from one of them.
+
+        Raises:
+            MonitorConfigError: the model's ``monitor:`` setting is not valid (refused before any replica starts).
+        """
         if self._handle is None:
+            parse_monitor(self.settings.config.monitor, self.settings.archive)
             self._handle = deploy(self.settings, self._env)
         head: str = self._handle.head_type.remote().result(timeout_s=self.settings.response_timeout)
         return head
