@@ -23,6 +23,7 @@ event) leaves: in this process for the in-process backend, on the replica that s
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -49,6 +50,8 @@ from .backends import Backend, UnavailableError
 from .batching import Served
 from .request_ids import oip_request_id
 from .row_records import RequestRecords, commit
+
+logger = logging.getLogger(__name__)
 
 
 class RequestError(GrpcException):
@@ -333,10 +336,16 @@ class ExplainModel(Model):
                 yield index, event
 
     async def _serve(self, rows: list[Any], records: RequestRecords) -> Served:
+        logger.debug("%s: request %s, %d rows", self.name, records.request_id, len(rows))
         try:
             served = await self.backend.serve(rows, records)
         except UnavailableError as error:
+            logger.warning("%s: request %s not served: %s", self.name, records.request_id, error)
             raise RetryableError(str(error)) from None
+        failed = [outcome.error.code for outcome in served.outcomes if outcome.error is not None]
+        if failed:
+            logger.info("%s: request %s: %d of %d rows failed (%s)", self.name, records.request_id, len(failed),
+                        len(rows), ", ".join(sorted(set(failed))))  # fmt: skip
         if served.first:
             metrics.observe_batch(self.name, served.batch_rows)
             metrics.observe_generated_tokens(self.name, served.timings.tokens)
