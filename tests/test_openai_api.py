@@ -315,3 +315,7 @@ def test_the_routers_openai_answers_carry_the_request_id_and_send_each_choice_it
     refused = routes.respond("POST", "/v1/chat/completions", "Bearer t", one, Up(), {"X-Request-Id": "../x"})  # type: ignore[arg-type]
     assert refused is not None and refused.status == 400 and isinstance(refused.body, bytes)
     assert json.loads(refused.body)["error"]["code"] == "invalid_request"
+    many = json.dumps({"model": "writer", "messages": USER, "n": 12}).encode()
+    too_long = routes.respond("POST", "/v1/chat/completions", "Bearer t", many, Up(), {"X-Request-Id": "a" * 126})  # type: ignore[arg-type]
+    assert too_long is not None and too_long.status == 400 and isinstance(too_long.body, bytes)
+    assert "too long for 12 choices" in json.loads(too_long.body)["error"]["message"]

@@ -32,6 +32,7 @@ from urllib.parse import quote, urlsplit
 
 from forwarding import Reply, Upstream
 from records import row_id
+from records.ids import MAX_REQUEST_ID
 from serving_core import tracing
 from serving_core.errors import RowError
 from serving_core.openai_api import (
@@ -129,6 +130,10 @@ class OpenAIRoutes:
             )
         try:
             translated = replace(translated, id=door_request_id(headers))
+            longest = choice_headers(translated, len(translated.documents) - 1)[REQUEST_ID_HEADER]
+            if len(longest) > MAX_REQUEST_ID:  # each choice's id is a request id for TorchServe's handler
+                raise RowError("invalid_request", f"{REQUEST_ID_HEADER} is too long for {len(translated.documents)} "
+                               f"choices: {longest!r} is over {MAX_REQUEST_ID} characters")  # fmt: skip
         except RowError as error:
             self._check_token(authorization, upstream)
             raise OpenAIError(error.code, error.message) from None
