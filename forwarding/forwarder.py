@@ -28,7 +28,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -80,11 +80,13 @@ class RefusedError(Exception):
 @dataclass(frozen=True)
 class Reply:
     """A REST answer a policy gives itself instead of forwarding the request (:meth:`Policy.respond`): its body whole
-    (``bytes``), or its chunks as they are made (sent chunked, each as soon as it comes: a stream)."""
+    (``bytes``), or its chunks as they are made (sent chunked, each as soon as it comes: a stream); ``headers`` are
+    sent with it (an ``X-Request-Id``)."""
 
     status: int
     body: bytes | Iterable[bytes]
     content_type: str = "application/json"
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class Policy:
@@ -267,6 +269,8 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
         def _send(self, reply: Reply) -> None:
             self.send_response(reply.status)
             self.send_header("Content-Type", reply.content_type)
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
             if isinstance(reply.body, bytes):
                 self.send_header("Content-Length", str(len(reply.body)))
                 self.end_headers()

@@ -242,6 +242,17 @@ def current_span_context() -> Any:
     return context if context.is_valid else None
 
 
+def remote_span_context(traceparent: str | None) -> Any:
+    """The span context a W3C ``traceparent`` names (a span of another process: the door's request span that a Ray
+    Serve replica's batch links to), for :func:`batch_span`; ``None`` while tracing is off or for an invalid one."""
+    if _tracer() is None or not traceparent:
+        return None
+    from opentelemetry import trace
+
+    context = trace.get_current_span(_STATE.propagator.extract({TRACEPARENT: traceparent})).get_span_context()
+    return context if context.is_valid else None
+
+
 def batch_span(
     links: Iterable[Any], name: str = "batch", attributes: Mapping[str, Any] | None = None
 ) -> contextlib.AbstractContextManager[Any]:

@@ -4,7 +4,11 @@ chunk while the model is still writing (before its last forward), the chunks' co
 answer, ``logprobs`` come per chunk, the explanation comes in the last choice chunk before ``[DONE]``; a deadline that
 passes after the first tokens ends the stream with an OpenAI ``error`` object (the client raises it) after the text
 written so far; choices of one request stream independently; the generate extension (``/v2/models/{m}/generate`` and
-``/generate_stream``) answers in Triton's shape, streamed as server-sent events of JSON documents."""
+``/generate_stream``) answers in Triton's shape, streamed as server-sent events of JSON documents. With records on
+(SQLite, payload full), an OpenAI answer's ``id`` (every chunk's) is the caller's ``X-Request-Id``, echoed, and the
+records are found under it (choice ``i`` of several: ``<id>-<i>``, identical greedy choices served once yet each
+recorded), a streamed row's record is committed before its last event leaves, and a generate stream's events carry
+the id its record has."""
 
 from __future__ import annotations
 
@@ -29,7 +33,10 @@ from doors.kserve.backends import LocalBackend
 from doors.kserve.generate_routes import add_generate_routes, generation_document
 from doors.kserve.kserve_model import ExplainModel
 from doors.kserve.openai_routes import add_openai_routes
+from doors.kserve.request_ids import RequestIds
 from doors.kserve.settings import ModelSettings
+from records import open_store
+from records.recorder import Recorder
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
 from tests.generation_checkpoint import PROMPTS, causal_lm
@@ -41,10 +48,17 @@ CONFIG = HandlerConfig.from_model_yaml(
 
 
 class _Door:
-    def __init__(self, url: str, model: ExplainModel) -> None:
+    def __init__(self, url: str, model: ExplainModel, store: str) -> None:
         self.url = url
         self.model = model
         self.forwards: list[float] = []
+        self.store = store
+
+    def record(self, record_id: str) -> dict[str, Any] | None:
+        """The stored event of ``record_id`` (None: no such record)."""
+        with open_store(self.store, payload="full") as store:
+            stored = store.get(record_id)
+        return None if stored is None else dict(stored.event)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +67,12 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Door]:
     causal_lm(folder / "model")
     model = ExplainModel(LocalBackend(ModelSettings("lm", folder, CONFIG, batch_size=4, max_batch_delay=0.01)))
     model.load()
+    store = f"sqlite:///{folder / 'records.sqlite3'}"
+    model.recorder = Recorder.open("lm", {"store": store, "payload": "full"})
     app = FastAPI()
     add_openai_routes(app, {"lm": model})
     add_generate_routes(app, {"lm": model})
+    app.add_middleware(RequestIds)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -64,7 +81,7 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Door]:
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    running = _Door(f"http://127.0.0.1:{port}", model)
+    running = _Door(f"http://127.0.0.1:{port}", model, store)
     service: Any = model.backend._service  # type: ignore[attr-defined]
     hook = service.model.register_forward_hook(lambda *_: running.forwards.append(time.perf_counter()))
     try:
@@ -166,3 +183,51 @@ def test_generate_requests_are_generation_documents() -> None:
     assert document == {"prompt": "hi", "max_new_tokens": 3, "generation": {"temperature": 0.5}, "explain": True}
     with pytest.raises(RowError):
         generation_document({"text_input": "hi", "parameters": {"beams": 3}})
+
+
+def test_openai_answers_carry_the_callers_id_and_each_choice_is_recorded(door: _Door) -> None:
+    request: dict[str, Any] = {"model": "lm", "prompt": PROMPTS[0], "max_tokens": 4, "n": 2}
+    raw = _client(door).completions.with_raw_response.create(**request, extra_headers={"X-Request-Id": "oa-whole"})
+    whole = raw.parse()
+    assert raw.headers["x-request-id"] == "oa-whole" and whole.id == "oa-whole"
+    for choice in whole.choices:  # two greedy choices: served once, recorded each
+        event = door.record(f"oa-whole-{choice.index}")
+        assert event is not None and event["data"]["door"] == "kserve", event
+        assert event["data"]["prediction"]["text"] == choice.text
+        assert event["data"]["input"]["document"]["prompt"] == PROMPTS[0]
+    assert door.record("oa-whole") is None
+    made = _client(door).completions.with_raw_response.create(model="lm", prompt=PROMPTS[1], max_tokens=3)
+    assert made.parse().id == made.headers["x-request-id"] and door.record(made.parse().id) is not None
+
+
+def test_a_streamed_row_is_recorded_before_its_last_chunk(door: _Door) -> None:
+    stream = _client(door).completions.create(model="lm", prompt=PROMPTS[1], max_tokens=6, stream=True,
+                                              extra_headers={"X-Request-Id": "oa-stream"})  # fmt: skip
+    texts: list[str] = []
+    for chunk in stream:
+        assert chunk.id == "oa-stream"
+        texts.extend(choice.text for choice in chunk.choices)
+        if chunk.choices and chunk.choices[0].finish_reason is not None:  # the last chunk: its record is there
+            event = door.record("oa-stream")
+            assert event is not None and event["data"]["error"] is None
+            recorded = event["data"]["prediction"]["text"]
+    assert recorded == "".join(texts)
+
+
+def test_a_generate_stream_is_recorded_under_the_id_its_events_carry(door: _Door) -> None:
+    request = {"text_input": PROMPTS[1], "parameters": {"max_tokens": 5}}
+    headers = {"Content-Type": "application/json", "X-Request-Id": "gen-stream"}
+    call = urllib.request.Request(f"{door.url}/v2/models/lm/generate_stream", json.dumps(request).encode(), headers)
+    with urllib.request.urlopen(call, timeout=60) as response:
+        assert response.headers["X-Request-Id"] == "gen-stream"
+        for line in response:
+            if not line.startswith(b"data: "):
+                continue
+            event = json.loads(line[len(b"data: ") :])
+            assert event["id"] == "gen-stream"
+            if event["event"] == "answer":
+                stored = door.record("gen-stream")
+                assert stored is not None and stored["data"]["prediction"]["text"] == event["text"]
+                assert stored["data"]["input"]["document"] == {"prompt": PROMPTS[1], "max_new_tokens": 5}
+    whole = json.loads(_post(f"{door.url}/v2/models/lm/generate", {**request, "id": "gen-own"}).read())
+    assert whole["id"] == "gen-own" and door.record("gen-own") is not None

@@ -410,7 +410,7 @@ def test_the_throw_away_task_is_served_by_torchserve_and_the_kserve_door(length_
     status, reply = http_post(
         f"{url}/v1/models/length:predict", json.dumps({"instances": [{"text": text}]}).encode(), None
     )
-    assert status == 200 and reply == {"predictions": [answer]}, reply
+    assert status == 200 and reply == {"id": reply["id"], "ids": [reply["id"]], "predictions": [answer]}, reply
 
 
 def test_batch_jobs_are_door_neutral() -> None:

@@ -286,3 +286,36 @@ def test_the_routers_openai_routes_without_torchserve() -> None:
     assert (error["type"], error["param"], error["code"]) == ("server_error", None, "unavailable")
     assert routes.respond("POST", "/predictions/writer", "Bearer t", body, Down()) is None  # type: ignore[arg-type]
     assert routes.respond("GET", "/v1/chat/completions", "Bearer t", b"", Down()) is None  # type: ignore[arg-type]
+
+
+def test_the_routers_openai_answers_carry_the_request_id_and_send_each_choice_its_record_id() -> None:
+    from doors.torchserve.openai_door import OpenAIRoutes
+
+    sent: list[dict[str, str]] = []
+
+    class Up:
+        def request(self, method: str, path: str, body: bytes | None, headers: Any) -> Any:
+            sent.append(dict(headers))
+            answer = {"task": "generation", "text": "ok", "prompt_tokens": [1, 2], "steps": [], "stop_reason": "eos"}
+            return type("Response", (), {"status": 200})(), json.dumps(answer).encode()
+
+    routes = OpenAIRoutes(["writer"], lambda path, body: path, created=0)
+    body = json.dumps({"model": "writer", "messages": USER, "n": 2}).encode()
+    reply = routes.respond("POST", "/v1/chat/completions", "Bearer t", body, Up(), {"X-Request-Id": "oa-ts"})  # type: ignore[arg-type]
+    assert reply is not None and reply.status == 200 and isinstance(reply.body, bytes)
+    assert reply.headers == {"X-Request-Id": "oa-ts"} and json.loads(reply.body)["id"] == "oa-ts"
+    assert sorted(headers["X-Request-Id"] for headers in sent) == ["oa-ts-0", "oa-ts-1"]  # greedy choices: each sent
+    sent.clear()
+    one = json.dumps({"model": "writer", "messages": USER}).encode()
+    made = routes.respond("POST", "/v1/chat/completions", "Bearer t", one, Up(), {})  # type: ignore[arg-type]
+    assert made is not None and isinstance(made.body, bytes)
+    assert (
+        [headers["X-Request-Id"] for headers in sent] == [json.loads(made.body)["id"]] == [made.headers["X-Request-Id"]]
+    )
+    refused = routes.respond("POST", "/v1/chat/completions", "Bearer t", one, Up(), {"X-Request-Id": "../x"})  # type: ignore[arg-type]
+    assert refused is not None and refused.status == 400 and isinstance(refused.body, bytes)
+    assert json.loads(refused.body)["error"]["code"] == "invalid_request"
+    many = json.dumps({"model": "writer", "messages": USER, "n": 12}).encode()
+    too_long = routes.respond("POST", "/v1/chat/completions", "Bearer t", many, Up(), {"X-Request-Id": "a" * 126})  # type: ignore[arg-type]
+    assert too_long is not None and too_long.status == 400 and isinstance(too_long.body, bytes)
+    assert "too long for 12 choices" in json.loads(too_long.body)["error"]["message"]

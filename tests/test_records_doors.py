@@ -10,6 +10,7 @@ and ``explain-records verify`` passes on the store."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import urllib.error
@@ -40,6 +41,7 @@ class Door:
     store_url: str
     version: str | None
     inference: str | None = None
+    grpc: str | None = None
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,8 @@ def door(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     try:
         key = records_key(run_dir / "key_file.json")
         assert key is not None
-        yield Door(f"http://127.0.0.1:{ports.inference}", key, store_url, served_version(archive))
+        yield Door(f"http://127.0.0.1:{ports.inference}", key, store_url, served_version(archive),
+                   grpc=f"127.0.0.1:{ports.grpc_inference}")  # fmt: skip
     finally:
         launcher.stop(run_dir)
 
@@ -105,9 +108,12 @@ def test_records_are_read_explained_again_and_erased(door: Door) -> None:
     assert status == 200 and one["data"]["input"]["document"]["text"] == "a lovely film"
     status, html = _call(door, "GET", "/v1/records/served-1/page")
     assert status == 200 and "a lovely film" in html
+    before = {event["id"] for event in _call(door, "GET", "/v1/records?model=sentiment&limit=1000")[1]["data"]}
     status, done = _call(door, "POST", "/v1/records/served-1/explain", {"explain": {"method": "grad_x_input"}})
     assert status == 200, done
     assert done["parent"] == "served-1" and done["answer"]["explanation"]["method"] == "grad_x_input"
+    after = {event["id"] for event in _call(door, "GET", "/v1/records?model=sentiment&limit=1000")[1]["data"]}
+    assert after - before == {done["id"]}  # one record of the re-explanation
     status, child = _call(door, "GET", f"/v1/records/{done['id']}")
     assert status == 200 and child["data"]["parent"] == "served-1"
     assert child["data"]["method"] == "grad_x_input" and child["data"]["model"]["version"] == door.version
@@ -271,12 +277,37 @@ def test_kserve_online_answers_are_recorded(door: Door) -> None:
     assert echoed == "online-oip-1"
     data = _recorded(door, "online-oip-1")
     assert data["model"]["version"] == door.version and data["door"] == "kserve" and data["error"] is None
-    instances = {"instances": [{"text": "a dull film"}, {"text": "a fine film"}]}
+    assert data["input"]["document"]["inputs"][0]["data"] == ["a lovely film"]
+    instances = {"instances": [{"text": "a dull film"}, "a fine film"]}
     echoed, answer = _post(f"{door.url}/v1/models/sentiment:predict", instances, {})
-    assert len(answer["predictions"]) == 2
-    for index, text in enumerate(["a dull film", "a fine film"]):
-        assert _recorded(door, f"{echoed}-{index}")["input"]["document"]["text"] == text
+    assert len(answer["predictions"]) == 2 and answer["id"] == echoed
+    assert answer["ids"] == [f"{echoed}-0", f"{echoed}-1"]
+    for record_id, text in zip(answer["ids"], ["a dull film", "a fine film"], strict=True):
+        assert _recorded(door, record_id)["input"]["document"]["text"] == text
     assert records_main(["verify", door.store_url]) == 0
+
+
+def test_kserve_grpc_answers_carry_their_record_id(door: Door) -> None:
+    from bench.oip_client import GrpcOip
+
+    assert door.grpc is not None
+    client = GrpcOip(door.grpc)
+    pb = client.pb
+    texts = [b"a lovely film", b"a dull film"]
+    tensor = pb.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[2],
+                                                   contents=pb.InferTensorContents(bytes_contents=texts))  # fmt: skip
+    try:
+        made = client.stub.ModelInfer(pb.ModelInferRequest(model_name="sentiment", inputs=[tensor]), timeout=120)
+        named = client.stub.ModelInfer(pb.ModelInferRequest(model_name="sentiment", inputs=[tensor]), timeout=120,
+                                       metadata=[("x-request-id", "grpc-meta")])  # fmt: skip
+    finally:
+        client.close()
+    assert named.id == "grpc-meta" and made.id and made.id != named.id
+    for request_id in (made.id, named.id):
+        for index, text in enumerate(texts):
+            data = _recorded(door, f"{request_id}-{index}")
+            assert data["input"]["document"]["inputs"][0] == {"name": "text", "datatype": "BYTES", "shape": [1],
+                                                               "data": [text.decode()]}  # fmt: skip
 
 
 def test_torchserve_online_answers_are_recorded(torchserve: Door) -> None:
@@ -290,3 +321,57 @@ def test_torchserve_online_answers_are_recorded(torchserve: Door) -> None:
     made, _ = _post(url, {"text": "a dull film"}, auth)
     assert made and _recorded(torchserve, made)["input"]["document"]["text"] == "a dull film"
     assert records_main(["verify", torchserve.store_url]) == 0
+
+
+@pytest.mark.parametrize("payload", ["full", "hash"])
+def test_kserve_rows_are_recorded_with_their_input_under_the_ids_the_answer_shows(payload: str, tmp_path: Path) -> None:
+    """In-process (the door's model over its in-process backend): an OIP request of two rows is recorded as
+    ``<id>-0`` and ``<id>-1``, each row's input the OIP request of that row alone (full: the document; hash: its
+    salted digest), the answer's ``id`` the request's (made when it had none: the same id as the records'); a v1
+    answer shows its ``id`` and each instance's record id in ``ids``."""
+    missing = missing_extras()
+    if missing:
+        pytest.skip(missing)
+    from kserve.protocol.infer_type import InferInput, InferRequest
+
+    from doors.kserve.backends import LocalBackend
+    from doors.kserve.kserve_model import ExplainModel
+    from doors.kserve.settings import read_settings
+    from records import input_matches
+    from records.recorder import Recorder
+
+    model = ExplainModel(LocalBackend(read_settings("sentiment", tiny_archives()["sentiment"])))
+    model.load()
+    store_url = f"sqlite:///{tmp_path / 'records.sqlite3'}"
+    model.recorder = Recorder.open("sentiment", {"store": store_url, "payload": payload})
+    texts = ["a lovely film", "a dull film"]
+
+    def infer(headers: dict[str, str], request_id: str | None = None) -> Any:
+        inputs = [InferInput("text", [2], "BYTES", list(texts))]
+        request = InferRequest("sentiment", inputs, request_id=request_id, parameters={"explain_method": "rollout"})
+        return asyncio.run(model.predict(request, headers))
+
+    try:
+        answered = infer({"X-Request-Id": "oip-rows"})
+        made = infer({})
+        own = infer({"X-Request-Id": "header"}, request_id="oip-own")
+        v1_answer = asyncio.run(model.predict({"instances": [*texts, {"text": "fine"}]}, {"X-Request-Id": "v1-rows"}))
+        with open_store(store_url, payload=payload) as store:
+            salt = store.salt
+            for request_id in ("oip-rows", made.id, "oip-own"):
+                for index, text in enumerate(texts):
+                    stored = store.get(f"{request_id}-{index}")
+                    assert stored is not None, (request_id, index)
+                    data = stored.event["data"]
+                    assert data["door"] == "kserve" and data["method"] == "rollout" and data["error"] is None
+                    row = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+                           "parameters": {"explain_method": "rollout"}}  # fmt: skip
+                    assert data["input"]["payload"] == payload
+                    assert input_matches(stored.event, row, salt)
+                    assert not input_matches(stored.event, {**row, "parameters": {}}, salt)
+            assert [store.get(record_id) is not None for record_id in v1_answer["ids"]] == [True] * 3
+            assert store.verify().ok
+    finally:
+        model.stop()
+    assert answered.id == "oip-rows" and own.id == "oip-own" and len(made.id) == 36
+    assert v1_answer["id"] == "v1-rows" and v1_answer["ids"] == ["v1-rows-0", "v1-rows-1", "v1-rows-2"]

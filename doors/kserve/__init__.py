@@ -15,6 +15,10 @@ extension, KServe v1 ``:predict``/``:explain``) and Ray Serve replicas behind it
 - :mod:`doors.kserve.openai_routes`: the OpenAI API routes of causal LMs on the same server;
 - :mod:`doors.kserve.generate_routes`: the OIP generate extension of causal LMs (``/generate``, ``/generate_stream``:
   Triton's shape).
+- :mod:`doors.kserve.row_records`: a request's records (its id, each row's index and input), committed where its rows
+  are served; :mod:`doors.kserve.records_routes`: ``/v1/records``; :mod:`doors.kserve.request_ids`: every answer's
+  ``X-Request-Id``;
+- :mod:`doors.kserve.replica_metrics`: the Ray Serve replicas' monitor metrics on the door's ``/metrics``.
 
 Like the TorchServe handlers, the doors only decode, call the serving core (:mod:`serving_core`: the model's task
 and its service) and encode.

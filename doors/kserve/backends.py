@@ -18,6 +18,7 @@ from serving_core.task import BatchTimings, Service, get_task
 from serving_core.wire import Encoding
 
 from .batching import RowBatcher, Served
+from .row_records import RequestRecords
 from .settings import ModelSettings
 
 logger = logging.getLogger(__name__)
@@ -35,8 +36,13 @@ class Backend(Protocol):
     #: where not, its door sends its answer's events once it is served.
     streams: bool
     #: The model's monitor in the door's process (:mod:`monitoring.serving`), which the door hands each served row;
-    #: None when monitoring is off or the rows are served elsewhere.
+    #: None when monitoring is off or the rows are served elsewhere (their replicas run the monitor).
     monitor: Monitor | None
+    #: Whether the backend records the rows where it serves them (:attr:`Served.refusals`); where not, the door
+    #: records them.
+    records: bool
+    #: The door named in the records (``kserve``, ``ray``).
+    door: str
 
     def load(self) -> str:
         """Load (or connect to) the model; returns its head type (classifiers: ``single_label``, ``multi_label`` or
@@ -47,8 +53,9 @@ class Backend(Protocol):
         """
         ...
 
-    async def serve(self, rows: Sequence[Any]) -> Served:
-        """Serve one request's decoded rows (each the task's row or a ``RowError``), batched with other requests'.
+    async def serve(self, rows: Sequence[Any], records: RequestRecords | None = None) -> Served:
+        """Serve one request's decoded rows (each the task's row or a ``RowError``), batched with other requests';
+        a backend that :attr:`records` commits ``records`` (the request's records) before it answers.
 
         Raises:
             UnavailableError: if no replica could serve them now (retryable).
@@ -77,6 +84,8 @@ class LocalBackend:
     canaries run between batches: a lock is held around each batch)."""
 
     streams = True
+    records = False
+    door = "kserve"
 
     def __init__(self, settings: ModelSettings) -> None:
         """Remember the settings; :meth:`load` loads the model."""
@@ -107,8 +116,8 @@ class LocalBackend:
         with self._serving:
             return run_rows(self._service, rows)
 
-    async def serve(self, rows: Sequence[Any]) -> Served:
-        """Serve the rows in the next batch."""
+    async def serve(self, rows: Sequence[Any], records: RequestRecords | None = None) -> Served:
+        """Serve the rows in the next batch (the door records them)."""
         if self._batcher is None:
             raise UnavailableError(f"model {self.settings.name} is not loaded")
         served = await self._batcher.submit(rows)

@@ -39,12 +39,15 @@ class Served:
         timings: the batch's shared stage seconds.
         batch_rows: rows in the whole batch (this request's and the others').
         first: whether this request was the first of its batch (so the batch is counted once in the metrics).
+        refusals: where the rows were served by a backend that records them (Ray Serve replicas), per row None or
+            the error to answer instead (``records_unavailable``); None where the door records them.
     """
 
     outcomes: list[Any]
     timings: BatchTimings
     batch_rows: int
     first: bool
+    refusals: list[Any] | None = None
 
 
 def serve_together(run: RunBatch, requests: Sequence[Rows]) -> list[Served]:

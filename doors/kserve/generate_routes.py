@@ -5,12 +5,14 @@ written (docs/SERVING.md, "Streaming").
 
 The request is a JSON object: ``text_input`` (the prompt; or the generation task's own ``prompt``, ``messages``,
 ``documents``), ``parameters`` (``max_tokens`` or ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
-``do_sample``, ``stop``, ``logprobs``), and any other field of the generation task's JSON document (``explain``,
-``deadline_ms``; or the ``Explain-Deadline-Ms`` header). Each answer document has ``model_name``, ``model_version``
-and ``text_output`` (the whole text, or in a stream the event's new characters), then the generation answer's fields
-(a stream: the event's, with ``event``: ``token``, then ``answer`` with the explanation). An error is ``{"error":
-message, "code": ...}`` under the error table's HTTP status before the first event, the last event of a stream after
-it (with the ``text`` sent so far).
+``do_sample``, ``stop``, ``logprobs``), an optional ``id``, and any other field of the generation task's JSON document
+(``explain``, ``deadline_ms``; or the ``Explain-Deadline-Ms`` header). Each answer document has ``id`` (the request's
+``id``, else its ``X-Request-Id``: the id its record has), ``model_name``, ``model_version`` and ``text_output`` (the
+whole text, or in a stream the event's new characters), then the generation answer's fields (a stream: the event's,
+with ``event``: ``token``, then ``answer`` with the explanation). An error is ``{"error": message, "code": ...}``
+under the error table's HTTP status before the first event, the last event of a stream after it (with the ``text``
+sent so far). The request is recorded (its input: the generation document it became) before its answer, or its
+stream's last event, leaves.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from serving_core.openai_api.streams import sse
 from serving_core.streaming import ERROR
 
 from .kserve_model import ExplainModel, RequestError, RetryableError
+from .row_records import RequestRecords
 
 #: ``parameters`` → the generation document's fields (the sampling settings go into its ``generation``).
 _FIELDS = {"max_tokens": "max_new_tokens", "max_new_tokens": "max_new_tokens", "stop": "stop", "logprobs": "logprobs"}
@@ -81,14 +84,14 @@ def _error(error: RowError) -> JSONResponse:
     return JSONResponse({"error": error.message, "code": error.code}, status_code=error.http_status)
 
 
-def _document(name: str, event: Mapping[str, Any], text: str) -> dict[str, Any]:
-    """One answer document: the model, ``text_output``, then the event's (or answer's) fields; an error: its
-    ``error`` message and ``code``, and the ``text`` sent before it."""
+def _document(name: str, request_id: str, event: Mapping[str, Any], text: str) -> dict[str, Any]:
+    """One answer document: the request's ``id``, the model, ``text_output``, then the event's (or answer's)
+    fields; an error: its ``error`` message and ``code``, and the ``text`` sent before it."""
     if isinstance(event.get("error"), Mapping):
         error = event["error"]
-        return {"model_name": name, "model_version": "", "error": error.get("message"), "code": error.get("code"),
-                "event": ERROR, "text": event.get("text", "")}  # fmt: skip
-    return {"model_name": name, "model_version": "", "text_output": text, **event}
+        return {"id": request_id, "model_name": name, "model_version": "", "error": error.get("message"),
+                "code": error.get("code"), "event": ERROR, "text": event.get("text", "")}  # fmt: skip
+    return {"id": request_id, "model_name": name, "model_version": "", "text_output": text, **event}
 
 
 async def _answer(name: str, request: Request, models: Mapping[str, ExplainModel], stream: bool) -> Response:
@@ -106,15 +109,20 @@ async def _answer(name: str, request: Request, models: Mapping[str, ExplainModel
             document = generation_document(with_deadline_header(body, dict(request.headers)))
         except OpenAIError as error:
             raise RowError(error.code, error.message) from None
+        given = body.get("id") if isinstance(body.get("id"), str) else None
+        request_id = model.request_id(given, request.headers)
+        records = RequestRecords.of(request_id, [dict(document)], request.headers, refuse=False)
         if not stream:
-            answer = (await model.answer_documents([document]))[0]
+            answer = (await model.answer_documents([document], records))[0]
             if isinstance(answer.get("error"), Mapping):
                 raise RowError(str(answer["error"]["code"]), str(answer["error"]["message"]))
-            return JSONResponse(_document(name, answer, answer["text"]))
-        events = model.stream_documents([{**document, "stream": True}])
+            return JSONResponse(_document(name, request_id, answer, answer["text"]))
+        events = model.stream_documents([{**document, "stream": True}], records)
         first = await anext(events, None)
     except RowError as error:
         return _error(error)
+    except RequestError as error:  # an invalid id
+        return _error(error.error)
     except RetryableError as error:
         return JSONResponse(error.to_dict(), status_code=error.http_status)
     if first is not None and first[1].get("event") == ERROR:
@@ -129,11 +137,11 @@ async def _answer(name: str, request: Request, models: Mapping[str, ExplainModel
             while True:
                 _, event = pending.pop() if pending else await anext(events)
                 text = str(event.get("text", "")) if event.get("event") == "token" else ""
-                yield sse(_document(name, event, text))
+                yield sse(_document(name, request_id, event, text))
         except StopAsyncIteration:
             return
         except RetryableError as error:
-            yield sse({"model_name": name, "model_version": "", **error.to_dict(), "event": ERROR})
+            yield sse({"id": request_id, "model_name": name, "model_version": "", **error.to_dict(), "event": ERROR})
         finally:
             await events.aclose()
 

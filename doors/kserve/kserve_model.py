@@ -13,11 +13,17 @@ the same way: the model's task has an OIP codec (its own, or the generic codec o
 for either backend, next to KServe's own ``request_*_seconds`` histograms on ``/metrics``. The LLM routes beside OIP
 (the OpenAI API, the generate extension) serve JSON documents (:meth:`ExplainModel.answer_documents`) or their streams
 of events (:meth:`ExplainModel.stream_documents`).
+
+Every request has an id (:meth:`ExplainModel.request_id`: an OIP request's own ``id``, else its ``X-Request-Id``,
+else one made), which its answer carries (OIP ``id``, v1 ``id`` and each instance's record id in ``ids``), and its
+answered rows, errors included, are recorded (:mod:`doors.kserve.row_records`) before the answer (or a stream's last
+event) leaves: in this process for the in-process backend, on the replica that served them for Ray Serve.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -30,18 +36,12 @@ from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters
 
+from records import new_request_id, records_settings
 from records.recorder import Recorder
 from serving_core import metrics, tracing, wire
 from serving_core.deadlines import headers_deadline
 from serving_core.errors import RowError
-from serving_core.recording import (
-    AnsweredRow,
-    door_request_id,
-    record_batch,
-    refused_answers,
-    row_indexes,
-    served_version,
-)
+from serving_core.recording import REQUEST_ID_HEADER, door_request_id, refused_answers, served_version
 from serving_core.streaming import RowStream, answer_events
 from serving_core.task import get_task
 
@@ -49,6 +49,9 @@ from . import oip, v1
 from .backends import Backend, UnavailableError
 from .batching import Served
 from .request_ids import oip_request_id
+from .row_records import RequestRecords, commit
+
+logger = logging.getLogger(__name__)
 
 
 class RequestError(GrpcException):
@@ -154,8 +157,14 @@ class ExplainModel(Model):
 
     def load(self) -> bool:
         """Load the backend's model (every task has an OIP codec: its own, or the generic one of JSON documents) and
-        open its recorder (its ``records:`` section, else the deployment's ``EXPLAIN_RECORDS``)."""
-        self.recorder = Recorder.open(self.name, self.settings.config.records)
+        open its recorder (its ``records:`` section, else the deployment's ``EXPLAIN_RECORDS``), unless the backend
+        records the rows where it serves them (Ray Serve replicas)."""
+        section = self.settings.config.records
+        if self.backend.records:
+            records_settings(section, where=f"model {self.name}: records")  # refused here, before the replicas start
+            self.recorder = None
+        else:
+            self.recorder = Recorder.open(self.name, section)
         self.version = served_version(self.settings.archive)
         self.head_type = self.backend.load()
         self.ready = True
@@ -187,26 +196,32 @@ class ExplainModel(Model):
 
     async def _infer(self, request: InferRequest, headers: Mapping[str, str] | None = None) -> InferResponse:
         config = self.settings.config
+        request_id = self.request_id(oip_request_id(request.id, headers), headers)
         try:
             with tracing.stage("decode"):
-                rows = oip.decode_request(to_oip_request(request), config, headers_deadline(headers))
+                received = to_oip_request(request)
+                rows = oip.decode_request(received, config, headers_deadline(headers))
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
-        served = await self._serve(rows)
+        records = RequestRecords.of(request_id, oip.row_requests(received, len(rows)), headers)
+        served = await self._serve(rows, records)
         started = time.perf_counter()
         try:
             with tracing.stage("encode"):
                 outputs = oip.encode_response(served.outcomes, config)
         except RowError as error:
+            self._commit(served, records)
             raise RequestError(error) from None
         finally:
             self._observe(rows, served, time.perf_counter() - started)
-        self._record(served, oip_request_id(request.id, headers), headers)
+        self._commit(served, records)
+        request.id = request_id  # the answer's id (gRPC too): the record's, or its rows' ``<id>-<index>``
         return to_infer_response(self.name, request, outputs)
 
     async def _v1(self, payload: Any, explain: bool, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
         config = self.settings.config
+        request_id = self.request_id(None, headers)
         try:
             deadline = headers_deadline(headers)
             with tracing.stage("decode"):
@@ -214,57 +229,75 @@ class ExplainModel(Model):
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
             raise RequestError(error) from None
-        served = await self._serve(rows)
+        records = RequestRecords.of(request_id, v1.instance_documents(payload, config), headers)
+        served = await self._serve(rows, records)
         started = time.perf_counter()
         try:
             with tracing.stage("encode"):
                 answer = v1.encode_predictions(served.outcomes, config, explain)
         except RowError as error:
+            self._commit(served, records)
             raise RequestError(error) from None
         finally:
             self._observe(rows, served, time.perf_counter() - started)
-        instances = payload.get("instances") if isinstance(payload, Mapping) else None
-        self._record(served, None, headers, instances if isinstance(instances, list) else None)
-        return answer
+        self._commit(served, records)
+        return {"id": request_id, "ids": records.ids, **answer}
 
-    async def answer_documents(self, documents: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def request_id(self, given: str | None, headers: Mapping[str, Any] | None) -> str:
+        """A request's id: ``given`` (an OIP request's own id), else its ``X-Request-Id``, else a new one.
+
+        Raises:
+            RequestError: ``invalid_request`` when the id is not a valid one (path-like, too long).
+        """
+        try:
+            return door_request_id({REQUEST_ID_HEADER: given} if given else headers)
+        except RowError as error:
+            raise RequestError(error) from None
+
+    async def answer_documents(
+        self, documents: Sequence[Mapping[str, Any]], records: RequestRecords | None = None
+    ) -> list[dict[str, Any]]:
         """JSON documents of the model's task (what the TorchServe door takes as a body) served together, each one's
         JSON answer as that door gives it (a failed row: ``{"error": {...}}``): how the OpenAI API's choices are
-        served (:mod:`doors.kserve.openai_routes`).
+        served (:mod:`doors.kserve.openai_routes`). Their records: ``records`` (default: one per document under a
+        new request id); a refused record makes its document's answer ``records_unavailable``.
 
         Raises:
             RetryableError: if no replica could serve them now.
         """
         config = self.settings.config
         task = get_task(config.task)
+        if records is None:
+            records = RequestRecords.of(new_request_id(), [dict(document) for document in documents], refuse=False)
         rows: list[Any] = []
         for document in documents:
             try:
                 rows.append(task.decode_document(document, False, config))
             except RowError as error:
                 rows.append(error)
-        served = await self._serve(rows)
+        served = await self._serve(rows, records)
         started = time.perf_counter()
-        answers = [
-            wire.error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
-            for outcome in served.outcomes
-        ]
+        answers = self._answers(served)
         self._observe(rows, served, time.perf_counter() - started)
-        refusals = self._record(served, None, None, list(documents), refuse=False)
+        refusals = self._commit(served, records, answers)
         return [dict(answer) for answer in refused_answers(answers, refusals)]
 
     async def stream_documents(
-        self, documents: Sequence[Mapping[str, Any]]
+        self, documents: Sequence[Mapping[str, Any]], records: RequestRecords | None = None
     ) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
         """JSON documents of the model's task served together as streams (:mod:`serving_core.streaming`): each
         document's events ``(document, event)`` as they are written, its last event once it is served (a document
-        that does not stream, or a backend that cannot: its answer's events then).
+        that does not stream, or a backend that cannot: its answer's events then). Their records (``records``, as
+        :meth:`answer_documents`) are committed before any document's last event leaves; a refused record makes
+        that last event a ``records_unavailable`` error event.
 
         Raises:
             RetryableError: if no replica could serve them now.
         """
         config = self.settings.config
         task = get_task(config.task)
+        if records is None:
+            records = RequestRecords.of(new_request_id(), [dict(document) for document in documents], refuse=False)
         loop = asyncio.get_running_loop()
         arrived: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
         rows: list[Any] = []
@@ -283,7 +316,7 @@ class ExplainModel(Model):
                 streams[index] = RowStream(send)
                 row = task.with_listener(row, streams[index].listener)
             rows.append(row)
-        serving = asyncio.ensure_future(self._serve(rows))
+        serving = asyncio.ensure_future(self._serve(rows, records))
         while True:
             getter = asyncio.ensure_future(arrived.get())
             await asyncio.wait({getter, serving}, return_when=asyncio.FIRST_COMPLETED)
@@ -295,71 +328,61 @@ class ExplainModel(Model):
             yield arrived.get_nowait()
         served = serving.result()
         started = time.perf_counter()
-        answers = [
-            wire.error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
-            for outcome in served.outcomes
-        ]
+        answers = self._answers(served)
         self._observe(rows, served, time.perf_counter() - started)
-        for index, answer in enumerate(answers):
+        refusals = self._commit(served, records, answers)
+        for index, answer in enumerate(refused_answers(answers, refusals)):
             for event in [streams[index].final(answer)] if index in streams else answer_events(answer):
                 yield index, event
 
-    async def _serve(self, rows: list[Any]) -> Served:
+    async def _serve(self, rows: list[Any], records: RequestRecords) -> Served:
+        logger.debug("%s: request %s, %d rows", self.name, records.request_id, len(rows))
         try:
-            served = await self.backend.serve(rows)
+            served = await self.backend.serve(rows, records)
         except UnavailableError as error:
+            logger.warning("%s: request %s not served: %s", self.name, records.request_id, error)
             raise RetryableError(str(error)) from None
+        failed = [outcome.error.code for outcome in served.outcomes if outcome.error is not None]
+        if failed:
+            logger.info("%s: request %s: %d of %d rows failed (%s)", self.name, records.request_id, len(failed),
+                        len(rows), ", ".join(sorted(set(failed))))  # fmt: skip
         if served.first:
             metrics.observe_batch(self.name, served.batch_rows)
             metrics.observe_generated_tokens(self.name, served.timings.tokens)
         return served
 
-    def _record(
-        self,
-        served: Served,
-        given: str | None,
-        headers: Mapping[str, str] | None,
-        inputs: Sequence[Any] | None = None,
-        refuse: bool = True,
-    ) -> list[RowError | None]:
-        """Commit one record per answered row (:func:`serving_core.recording.record_batch`) before the answer leaves:
-        the request's id is ``given`` (an OIP request's own id) or its ``X-Request-Id`` (else a new one), each row's
-        index its place in the request (None for a single row), its input ``inputs[index]`` (a JSON document) when
-        known.
-
-        Returns:
-            Per row, None or the error to answer instead (``records_unavailable``).
-
-        Raises:
-            RequestError: ``invalid_request`` when the request's id is not a valid record id; when ``refuse``, the
-                store's refusal (``records_unavailable``) for the whole request.
-        """
-        if self.recorder is None:
-            return [None] * len(served.outcomes)
+    def _answers(self, served: Served) -> list[dict[str, Any]]:
+        """Each served row's JSON answer document (a failed row: ``{"error": {...}}``)."""
         config = self.settings.config
         task = get_task(config.task)
-        try:
-            request = door_request_id({"X-Request-Id": given} if given else headers)
-        except RowError as error:
-            raise RequestError(error) from None
-        outcomes = served.outcomes
-        documents = list(inputs) if inputs is not None and len(inputs) == len(outcomes) else [None] * len(outcomes)
-        rows = [
-            AnsweredRow(
-                request_id=request,
-                index=index,
-                answer=wire.error_document(outcome.error)
-                if outcome.error is not None
-                else task.to_dict(outcome, config),
-                input=dict(document) if isinstance(document, Mapping) else None,
-            )
-            for index, outcome, document in zip(row_indexes(len(outcomes)), outcomes, documents, strict=True)
+        return [
+            wire.error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
+            for outcome in served.outcomes
         ]
-        refusals = record_batch(self.recorder, task=config.task, door="kserve", version=self.version, rows=rows)
+
+    def _commit(
+        self, served: Served, records: RequestRecords, answers: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[RowError | None]:
+        """The request's records committed before its answer leaves: by the backend where its rows were served (a
+        Ray Serve replica: ``served.refusals``), else here (:func:`doors.kserve.row_records.commit`).
+
+        Returns:
+            Per served row, None or the error to answer instead (``records_unavailable``).
+
+        Raises:
+            RequestError: the store's refusal for the whole request, when ``records.refuse``.
+        """
+        refusals = served.refusals
+        if refusals is None:
+            if self.recorder is None:
+                return [None] * len(served.outcomes)
+            refusals = commit(self.recorder, records, self._answers(served) if answers is None else answers,
+                              task=self.settings.config.task, door=self.backend.door,
+                              version=self.version)  # fmt: skip
         refused = next((refusal for refusal in refusals if refusal is not None), None)
-        if refuse and refused is not None:
+        if records.refuse and refused is not None:
             raise RequestError(refused)
-        return refusals
+        return list(refusals)
 
     def _observe(self, rows: Sequence[Any], served: Served, encode: float) -> None:
         """Record each row's error or stages (the encode time shared equally by the request's rows), and hand it to the

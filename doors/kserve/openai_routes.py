@@ -9,6 +9,11 @@ deployment's proxy): any API key is accepted. ``stream: true``: each choice's to
 (:meth:`~doors.kserve.kserve_model.ExplainModel.stream_documents`, made into chunks by
 :mod:`serving_core.openai_api.streams`), the explanation in its last chunk; on Ray Serve, a choice's chunks once it is
 served.
+
+The answer's ``id`` (every chunk's, in a stream) is the request's id, echoed as ``X-Request-Id``: the caller's
+``X-Request-Id`` when it sent one, else one made here. Each choice is recorded (:func:`choice_records`): a request of
+one choice under that id, else choice ``i`` under ``<id>-<i>``; a stream's records are committed before the last
+chunk of any choice leaves.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from records import new_request_id
 from serving_core.openai_api import (
     ChunkStream,
     OpenAIError,
@@ -34,8 +41,10 @@ from serving_core.openai_api import (
     with_deadline_header,
 )
 from serving_core.openai_api.streams import DONE, sse
+from serving_core.recording import REQUEST_ID_HEADER, TRACEPARENT_HEADER, header
 
 from .kserve_model import ExplainModel, RequestError, RetryableError
+from .row_records import RecordedRow, RequestRecords
 
 
 def add_openai_routes(app: FastAPI, models: Mapping[str, ExplainModel]) -> None:
@@ -71,7 +80,8 @@ async def _complete(
             raise OpenAIError("invalid_json", f"the body is not JSON: {error}") from None
         except RequestError as error:  # the door's body limit, raised while the body is read
             raise OpenAIError(error.error.code, error.error.message) from None
-        translated = translate(with_deadline_header(body, dict(request.headers)))
+        translated = replace(translate(with_deadline_header(body, dict(request.headers))),
+                             id=_request_id(request))  # fmt: skip
         model = models.get(translated.model)
         if model is None:
             served = ", ".join(models) or "none"
@@ -79,10 +89,11 @@ async def _complete(
                 "model_not_found", f"no generation model {translated.model!r} is served; served: {served}"
             )
         documents, index = translated.distinct()
+        records = choice_records(translated, index, request.headers)
         if translated.stream:
-            return await _stream(translated, model, documents, index)
+            return await _stream(translated, model, documents, index, records)
         try:
-            answered = await model.answer_documents(documents)
+            answered = await model.answer_documents(documents, records)
         except RetryableError as error:
             raise OpenAIError("unavailable", str(error.details)) from None
         answers = [answered[position] for position in index]
@@ -93,8 +104,29 @@ async def _complete(
         return JSONResponse(error.to_dict(), status_code=error.status)
 
 
+def _request_id(request: Request) -> str:
+    """The request's id: its ``X-Request-Id`` (:class:`~doors.kserve.request_ids.RequestIds` puts one there)."""
+    return request.headers.get(REQUEST_ID_HEADER) or new_request_id()
+
+
+def choice_records(translated: Translated, index: Sequence[int], headers: Mapping[str, str]) -> RequestRecords:
+    """The records of an OpenAI request: one per choice, under the answer's ``id`` (one choice) or
+    ``<id>-<choice index>``, each answered by its served document (``index``: :meth:`Translated.distinct`'s) and
+    keeping its generation document as the input."""
+    choices = len(translated.documents)
+    rows = tuple(
+        RecordedRow(source, choice if choices > 1 else None, dict(translated.documents[choice]))
+        for choice, source in enumerate(index)
+    )
+    return RequestRecords(translated.id, rows, header(headers, TRACEPARENT_HEADER), refuse=False)
+
+
 async def _stream(
-    translated: Translated, model: ExplainModel, documents: Sequence[Mapping[str, Any]], index: Sequence[int]
+    translated: Translated,
+    model: ExplainModel,
+    documents: Sequence[Mapping[str, Any]],
+    index: Sequence[int],
+    records: RequestRecords,
 ) -> Response:
     """The server-sent events of a streamed request, each chunk sent as its event comes; an error before the first
     chunk is an HTTP status (raised), after it an OpenAI ``error`` object ends the stream.
@@ -102,7 +134,7 @@ async def _stream(
     Raises:
         OpenAIError: for an error before the first chunk.
     """
-    events = model.stream_documents([{**document, "stream": True} for document in documents])
+    events = model.stream_documents([{**document, "stream": True} for document in documents], records)
     try:
         first = await anext(events, None)
     except RetryableError as error:

@@ -10,7 +10,10 @@ them, instead of deploying). ``metrics_port`` also serves ``/metrics`` (KServe's
 explanation metrics) on ``metrics_address`` for Prometheus, apart from the REST port. The OpenAI Batch API
 (:mod:`doors.kserve.batch_routes`) keeps its files and batches in ``batch_api/`` beside ``CONFIG.json``. When the
 deployment keeps records (``EXPLAIN_RECORDS``), the REST port also has the ``/v1/records`` routes
-(:mod:`doors.kserve.records_routes`), behind the records key of ``key_file.json`` beside ``CONFIG.json``.
+(:mod:`doors.kserve.records_routes`), behind the records key of ``key_file.json`` beside ``CONFIG.json``. Ray Serve
+replicas record the rows they serve and run the model's monitor; a local Ray's replicas write their monitors'
+metrics to ``replica-metrics/`` beside ``CONFIG.json``, which this process's ``/metrics`` reads
+(:mod:`doors.kserve.replica_metrics`).
 """
 
 from __future__ import annotations
@@ -133,11 +136,18 @@ def main(argv: list[str] | None = None) -> int:
 
         _serve(config, [LocalBackend(model) for model in settings], Path(args[0]).parent)
         return 0
-    from .ray_deployment import RayBackend, attached
+    from .ray_deployment import RayBackend, attached, replica_env
+    from .replica_metrics import export_replica_metrics, replica_folder
 
+    run_dir = Path(args[0]).parent
+    folder = None
+    if not config.ray_address and not config.attach:  # the replicas run on this machine: their metrics come here
+        folder = replica_folder(run_dir)
+        export_replica_metrics(folder)
+    env = replica_env(metrics_folder=folder)
     with ray_cluster(config, settings):
-        backends = [RayBackend(model, attached(model) if config.attach else None) for model in settings]
-        _serve(config, backends, Path(args[0]).parent)
+        backends = [RayBackend(model, attached(model) if config.attach else None, env) for model in settings]
+        _serve(config, backends, run_dir)
     return 0
 
 
@@ -159,7 +169,7 @@ def _serve(config: DoorConfig, backends: list[Any], run_dir: Path) -> None:
         model.load()
         logger.info("model %s ready (%s head, %s door)", model.name, model.head_type, config.server)
     add_batch_api(app, models, run_dir / BATCH_STATE)
-    add_records_routes(app, {model.name: model for model in models}, run_dir / KEY_FILE, door=config.server)
+    add_records_routes(app, {model.name: model for model in models}, run_dir / KEY_FILE)
     server = ExplainModelServer(config.address, config.http_port, config.grpc_port, config.grpc_threads)
     server.serve(models)
 

@@ -3,10 +3,10 @@
 
 The routes read the deployment's store with a connection of their own, on one thread of their own (the store's
 calls block), and ask for the records key of ``key_file.json`` in the door's run folder (made when missing,
-:func:`records.keys.ensure_records_key`). A re-explanation is served in this process by the model's backend
-(:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`, as the door's REST route serves the document) and
-recorded through the model's :class:`~records.recorder.Recorder` with the re-explained record as its ``parent``
-(:func:`serving_core.recording.record_batch`).
+:func:`records.keys.ensure_records_key`). A re-explanation is served by the model's backend
+(:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`, as the door's REST route serves the document: in
+this process, or on a Ray Serve replica) and recorded where it is served, with the re-explained record as its
+``parent`` (:mod:`doors.kserve.row_records`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from fastapi.responses import Response
 from records import new_request_id, open_store, records_settings
 from records.api import PREFIX, RecordsApi, Reexplained
 from records.keys import ensure_records_key
-from records.recorder import Recorder
-from serving_core.recording import AnsweredRow, record_batch, refused_answers, served_version
+from serving_core.recording import served_version
 
 from .kserve_model import ExplainModel
+from .row_records import RecordedRow, RequestRecords
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,6 @@ def add_records_routes(
     models: Mapping[str, ExplainModel],
     key_file: Path,
     environ: Mapping[str, str] | None = None,
-    door: str = "kserve",
 ) -> RecordsApi | None:
     """Add ``/v1/records`` and its sub-routes to ``app`` over the deployment's store, when it keeps records.
 
@@ -46,7 +45,6 @@ def add_records_routes(
         models: The served models by name.
         key_file: The door's ``key_file.json`` (its ``records`` entry is made when missing).
         environ: The environment (default ``os.environ``).
-        door: The door's name in the records (``kserve`` or ``ray``).
 
     Returns:
         The routes' :class:`~records.api.RecordsApi`; None when the deployment keeps no records (no route added).
@@ -59,19 +57,15 @@ def add_records_routes(
     if settings is None:
         return None
     store = open_store(settings.store, settings.payload)
-    recorders = {name: Recorder.open(name, None, environ) for name in models}
     versions = {name: served_version(model.settings.archive) for name, model in models.items()}
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-api")
     serving: list[asyncio.AbstractEventLoop] = []  # the loop the models serve on, known at the first request
 
     def reexplain(name: str, document: Mapping[str, Any], parent: str) -> Reexplained:
-        model = models[name]
-        answers = asyncio.run_coroutine_threadsafe(model.answer_documents([document]), serving[0]).result()
         request = new_request_id()
-        row = AnsweredRow(request_id=request, index=None, answer=answers[0], input=document, parent=parent)
-        refusals = record_batch(recorders[name], task=model.settings.config.task, door=door,
-                                version=versions[name], rows=[row])  # fmt: skip
-        return Reexplained(request, refused_answers(answers, refusals)[0])
+        records = RequestRecords(request, (RecordedRow(0, None, dict(document)),), parent=parent, refuse=False)
+        answering = models[name].answer_documents([document], records)  # recorded where it is served
+        return Reexplained(request, asyncio.run_coroutine_threadsafe(answering, serving[0]).result()[0])
 
     api = RecordsApi(store, key=ensure_records_key(key_file), versions=versions, reexplain=reexplain)
 

@@ -8,9 +8,10 @@ token classifiers ``{"text": ...}``; generation models ``{"prompt": ..., "max_ne
 the main input itself as a string (a text, or a prompt). ``:predict`` answers ``{"predictions": [...]}`` (an instance
 with ``explain`` gets its explanation inside its prediction, as on TorchServe); ``:explain`` explains every instance
 (the model's default method unless the instance names one) and answers ``{"predictions": [...], "explanations":
-[...]}``. Each prediction is the TorchServe door's JSON answer for the task (docs/SERVING.md) and each explanation its
-``explanation`` object; a row that failed has ``{"error": {...}}`` in ``predictions`` and ``null`` in
-``explanations``.
+[...]}``. The door adds the request's ``id`` (its ``X-Request-Id``) and ``ids``, each instance's id in order: its
+record's id (the request id for one instance, else ``<id>-<index>``). Each prediction is the TorchServe door's JSON
+answer for the task (docs/SERVING.md) and each explanation its ``explanation`` object; a row that failed has
+``{"error": {...}}`` in ``predictions`` and ``null`` in ``explanations``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,29 @@ def decode_instances(payload: Any, config: HandlerConfig, explain: bool) -> list
     Raises:
         RowError: if the body has no list of 1 to :data:`~doors.kserve.oip.MAX_ROWS` instances.
     """
+    rows: list[Any] = []
+    for instance in _instances(payload):
+        try:
+            row = get_task(config.task).decode_document(instance_document(instance, config), explain, config)
+            rows.append(get_task(config.task).with_explanation(row, config) if explain else row)
+        except RowError as error:  # "explain": false on :explain still explains
+            rows.append(error)
+    return rows
+
+
+def instance_documents(payload: Any, config: HandlerConfig) -> list[Mapping[str, Any] | None]:
+    """Each instance as the task's JSON document (:func:`instance_document`; what a record keeps as its input), None
+    for one that is not an instance."""
+    documents: list[Mapping[str, Any] | None] = []
+    for instance in _instances(payload):
+        try:
+            documents.append(dict(instance_document(instance, config)))
+        except RowError:
+            documents.append(None)
+    return documents
+
+
+def _instances(payload: Any) -> list[Any]:
     if isinstance(payload, bytes | str):  # a body sent without Content-Type: application/json
         try:
             payload = json.loads(payload)
@@ -48,16 +72,16 @@ def decode_instances(payload: Any, config: HandlerConfig, explain: bool) -> list
         raise RowError("invalid_request", 'the body must be a JSON object {"instances": [...]}')
     if not 0 < len(instances) <= MAX_ROWS:
         raise RowError("invalid_request", f"send 1 to {MAX_ROWS} instances per request, got {len(instances)}")
-    rows: list[Any] = []
-    for instance in instances:
-        try:
-            rows.append(_decode_instance(instance, config, explain))
-        except RowError as error:
-            rows.append(error)
-    return rows
+    return instances
 
 
-def _decode_instance(instance: Any, config: HandlerConfig, explain: bool) -> Any:
+def instance_document(instance: Any, config: HandlerConfig) -> Mapping[str, Any]:
+    """An instance as the task's JSON document: a string is the task's main input, an image's ``{"b64": ...}`` its
+    base64 text.
+
+    Raises:
+        RowError: for an instance that is neither an object nor a string, or a string sent to an image model.
+    """
     task = get_task(config.task)
     if isinstance(instance, str):
         if task.main_input == "image":
@@ -68,8 +92,7 @@ def _decode_instance(instance: Any, config: HandlerConfig, explain: bool) -> Any
     image = instance.get("image")
     if isinstance(image, Mapping) and set(image) == {"b64"}:
         instance = {**instance, "image": image["b64"]}
-    row = task.decode_document(instance, explain, config)
-    return task.with_explanation(row, config) if explain else row  # "explain": false on :explain still explains
+    return instance
 
 
 def encode_predictions(outcomes: Sequence[Any], config: HandlerConfig, explain: bool) -> dict[str, Any]:

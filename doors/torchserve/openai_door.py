@@ -3,7 +3,10 @@ answered by the router (:mod:`doors.torchserve.router`) on the public inference 
 ``POST /predictions/{model}`` to TorchServe behind it with the caller's token, translated both ways by
 :mod:`serving_core.openai_api` (the same translation as the KServe door's).
 
-The choices of a request go to TorchServe together (they batch there, each with its own seed), identical ones once.
+The choices of a request go to TorchServe together (they batch there, each with its own seed), each its own
+``/predictions`` call with its own ``X-Request-Id`` (:func:`choice_headers`), which TorchServe's handler records it
+under: the answer's ``id`` is the request's id (the caller's ``X-Request-Id``, else one made here), echoed as the
+answer's ``X-Request-Id``; a request of one choice is recorded under it, choice ``i`` of several under ``<id>-<i>``.
 The caller's ``Authorization: Bearer <token>`` is passed as it is and TorchServe checks it; its refusal (400,
 ``InvalidKeyException``) is answered as OpenAI does, 401 ``unauthenticated``. TorchServe's own errors become the error
 table's: 404 ``model_not_found``, 413 ``request_too_large``, 503 ``unavailable``, anything else ``internal``; a
@@ -23,11 +26,15 @@ import logging
 import queue
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from forwarding import Reply, Upstream
+from records import row_id
+from records.ids import MAX_REQUEST_ID
 from serving_core import tracing
+from serving_core.errors import RowError
 from serving_core.openai_api import (
     OpenAIError,
     Translated,
@@ -41,6 +48,7 @@ from serving_core.openai_api import (
     trace_usage,
     with_deadline_header,
 )
+from serving_core.recording import REQUEST_ID_HEADER, door_request_id
 from serving_core.streaming import read_lines
 
 logger = logging.getLogger(__name__)
@@ -120,13 +128,23 @@ class OpenAIRoutes:
             raise OpenAIError(
                 "model_not_found", f"no generation model {translated.model!r} is served; served: {served}"
             )
+        try:
+            translated = replace(translated, id=door_request_id(headers))
+            longest = choice_headers(translated, len(translated.documents) - 1)[REQUEST_ID_HEADER]
+            if len(longest) > MAX_REQUEST_ID:  # each choice's id is a request id for TorchServe's handler
+                raise RowError("invalid_request", f"{REQUEST_ID_HEADER} is too long for {len(translated.documents)} "
+                               f"choices: {longest!r} is over {MAX_REQUEST_ID} characters")  # fmt: skip
+        except RowError as error:
+            self._check_token(authorization, upstream)
+            raise OpenAIError(error.code, error.message) from None
+        echoed = {REQUEST_ID_HEADER: translated.id}
         if translated.stream:
             streamed = opened(self._events(translated, authorization, upstream, headers))
-            return Reply(200, streamed_events(translated, streamed), "text/event-stream")
+            return Reply(200, streamed_events(translated, streamed), "text/event-stream", echoed)
         answers = self._answers(translated, authorization, upstream, headers)
         document = completion_answer(translated, answers)
         trace_usage(translated, answers)
-        return _json(200, document)
+        return _json(200, document, echoed)
 
     def _events(
         self,
@@ -135,18 +153,19 @@ class OpenAIRoutes:
         upstream: Upstream,
         incoming: Mapping[str, str] | None = None,
     ) -> Iterator[tuple[int, Mapping[str, Any]]]:
-        """Each choice's events ``(choice, event)`` as TorchServe streams them (identical documents sent once, all at
-        once, each with ``"stream": true``); TorchServe's refusal of a choice (its token, its queue) is that choice's
-        error event."""
-        documents, index = translated.distinct()
+        """Each choice's events ``(choice, event)`` as TorchServe streams them (each choice its own call, all at once,
+        each with ``"stream": true`` and its record's id: :func:`choice_headers`); TorchServe's refusal of a choice
+        (its token, its queue) is that choice's error event."""
+        documents = translated.documents
         path = f"/predictions/{quote(translated.model, safe='')}"
-        headers = {"Content-Type": "application/json", **tracing.outgoing_headers(incoming)}
+        shared = {"Content-Type": "application/json", **tracing.outgoing_headers(incoming)}
         if authorization is not None:
-            headers["Authorization"] = authorization
+            shared["Authorization"] = authorization
         arrived: queue.Queue[tuple[int, Mapping[str, Any] | None]] = queue.Queue()
 
         def read(document: int) -> None:
             body = json.dumps({**documents[document], "stream": True}, separators=(",", ":")).encode()
+            headers = {**shared, **choice_headers(translated, document)}
             try:
                 for event in _upstream_events(upstream, self._path(path, body), body, headers):
                     arrived.put((document, event))
@@ -170,9 +189,7 @@ class OpenAIRoutes:
             if event is None:
                 left -= 1
                 continue
-            for choice, source in enumerate(index):
-                if source == document:
-                    yield choice, event
+            yield document, event
 
     def _answers(
         self,
@@ -181,25 +198,25 @@ class OpenAIRoutes:
         upstream: Upstream,
         incoming: Mapping[str, str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Each choice's generation answer from TorchServe (identical documents sent once, all at once), each
-        request in the trace of the router's span (or the caller's, ``incoming`` headers, while tracing is off).
+        """Each choice's generation answer from TorchServe (each choice its own call with its record's id,
+        :func:`choice_headers`, all at once), each request in the trace of the router's span (or the caller's,
+        ``incoming`` headers, while tracing is off).
 
         Raises:
             OpenAIError: TorchServe's refusal of a request (its token, its queue), as the error table says.
         """
-        documents, index = translated.distinct()
-        bodies = [json.dumps(document, separators=(",", ":")).encode() for document in documents]
         path = f"/predictions/{quote(translated.model, safe='')}"
-        headers = {"Content-Type": "application/json", **tracing.outgoing_headers(incoming)}
+        shared = {"Content-Type": "application/json", **tracing.outgoing_headers(incoming)}
         if authorization is not None:
-            headers["Authorization"] = authorization
+            shared["Authorization"] = authorization
 
-        def predict(body: bytes) -> dict[str, Any]:
+        def predict(choice: int) -> dict[str, Any]:
+            body = json.dumps(translated.documents[choice], separators=(",", ":")).encode()
+            headers = {**shared, **choice_headers(translated, choice)}
             response, payload = upstream.request("POST", self._path(path, body), body, headers)
             return _upstream_answer(response.status, payload)
 
-        answers = list(self._pool.map(predict, bodies))
-        return [answers[position] for position in index]
+        return list(self._pool.map(predict, range(len(translated.documents))))
 
     def _check_token(self, authorization: str | None, upstream: Upstream) -> None:
         """Raise ``unauthenticated`` unless TorchServe accepts the token (its ``/ping`` checks it)."""
@@ -234,13 +251,20 @@ def _upstream_events(
     raise OpenAIError("internal", "the model server answered a stream with a plain answer")
 
 
+def choice_headers(translated: Translated, choice: int) -> dict[str, str]:
+    """The ``X-Request-Id`` of a choice's ``/predictions`` call, the id TorchServe's handler records it under: the
+    answer's ``id`` for a request of one choice, else ``<id>-<choice>``."""
+    index = choice if len(translated.documents) > 1 else None
+    return {REQUEST_ID_HEADER: row_id(translated.id, index)}
+
+
 def _error_event(error: OpenAIError) -> dict[str, Any]:
     """A choice's error event (:mod:`serving_core.streaming`) for an :class:`OpenAIError`."""
     return {"event": "error", "error": {"code": error.code, "http_status": error.status, "message": error.message}}
 
 
-def _json(status: int, document: Mapping[str, Any]) -> Reply:
-    return Reply(status, json.dumps(document, separators=(",", ":")).encode("utf-8"))
+def _json(status: int, document: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Reply:
+    return Reply(status, json.dumps(document, separators=(",", ":")).encode("utf-8"), headers=dict(headers or {}))
 
 
 def _upstream_answer(status: int, payload: bytes) -> dict[str, Any]:

@@ -221,3 +221,18 @@ def test_the_kserve_door_answers_as_torchserve(torchserve: Server, kserve: str) 
     assert raised.value.code == "unknown_role"
     got, listed = http_call(urllib.request.Request(f"{kserve}/v1/models"), 30)
     assert got == 200 and [entry["id"] for entry in listed["data"]] == ["chat"] and listed["models"] == ["chat"]
+
+
+@EXTRAS
+def test_both_doors_answer_with_the_callers_request_id(torchserve: Server, kserve: str) -> None:
+    clients = [_client(torchserve), OpenAI(api_key="any", base_url=f"{kserve}/v1", max_retries=0, timeout=120)]
+    for door, client in zip(["torchserve", "kserve"], clients, strict=True):
+        request_id = f"oa-{door}"
+        raw = client.completions.with_raw_response.create(model="chat", prompt="The Eiffel Tower", max_tokens=2, n=2,
+                                                           extra_headers={"X-Request-Id": request_id})  # fmt: skip
+        assert raw.headers["x-request-id"] == request_id and raw.parse().id == request_id, door
+        chunks = list(client.completions.create(model="chat", prompt="The Eiffel Tower", max_tokens=2, stream=True,
+                                                extra_headers={"X-Request-Id": f"{request_id}-stream"}))  # fmt: skip
+        assert chunks and {chunk.id for chunk in chunks} == {f"{request_id}-stream"}, door
+        made = client.completions.with_raw_response.create(model="chat", prompt="The Eiffel Tower", max_tokens=2)
+        assert made.parse().id == made.headers["x-request-id"], door

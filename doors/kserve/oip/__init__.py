@@ -20,7 +20,7 @@ from .classification import ImageCodec, TextCodec
 from .codecs import CODECS, TaskCodec, codec_for, decode_request, encode_response, register_codec
 from .documents import DocumentCodec
 from .generation import GenerationCodec
-from .tensors import DATATYPES, MAX_ROWS, OipRequest, Tensor, TensorSpec
+from .tensors import DATATYPES, MAX_ROWS, OipRequest, Tensor, TensorSpec, row_requests
 from .token_classification import TokenClassificationCodec
 
 #: The name this extension has in the server metadata's ``extensions`` list.
@@ -53,5 +53,6 @@ __all__ = [
     "generation",
     "register_codec",
     "row_asks",
+    "row_requests",
     "token_classification",
 ]

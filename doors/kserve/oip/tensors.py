@@ -7,6 +7,7 @@ response types to and from :class:`Tensor` at the edge.
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,38 @@ class OipRequest:
 
     inputs: Mapping[str, Tensor]
     parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+def row_requests(request: OipRequest, rows: int) -> list[dict[str, Any]]:
+    """Each row of a request of ``rows`` rows as the OIP request of that row alone (JSON, what a record keeps as the
+    row's input): ``{"inputs": [{"name", "datatype", "shape", "data"}], "parameters": {...}}``, in the request's
+    input order, with each input of ``rows`` rows (shape ``[rows, ...]``) cut to the row's elements (shape
+    ``[1, ...]``) and any other input (one value for every row) whole; the request's parameters as they are. A
+    ``bytes`` element (gRPC, the binary data extension) is its text when it is UTF-8, else ``{"b64": "<base64>"}``."""
+    documents: list[dict[str, Any]] = []
+    for row in range(rows):
+        inputs = []
+        for tensor in request.inputs.values():
+            shape, data = list(tensor.shape), list(tensor.data)
+            if rows > 1 and shape and shape[0] == rows:
+                width = math.prod(shape[1:])
+                shape, data = [1, *shape[1:]], data[row * width : (row + 1) * width]
+            inputs.append({"name": tensor.name, "datatype": tensor.datatype, "shape": shape,
+                           "data": [_json_element(value) for value in data]})  # fmt: skip
+        documents.append({"inputs": inputs, "parameters": {key: _json_element(value)
+                                                           for key, value in request.parameters.items()}})  # fmt: skip
+    return documents
+
+
+def _json_element(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return {"b64": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
 
 
 def padded(rows: Sequence[Sequence[Any] | None], fill: Any) -> tuple[int, list[Any]]:
