@@ -1,7 +1,8 @@
 """explain-batch's throughput against the library's own batched loop on the same rows (issue 36, point 5).
 
-One run, on the sentiment classifier (the tiny test archive with ``--tiny``, else the built one), ``--rows`` texts of
-about 30 tokens explained by ``--method``:
+One run, on the sentiment classifier (the tiny test archive with ``--tiny``, else the built one; or any text
+classifier's archive or checkpoint folder, ``--model PATH``), ``--rows`` texts of about 30 tokens explained by
+``--method``:
 
 - **library**: ``explainers.explain(model, tokenizer(batch, padding=True), method)`` over batches of
   ``--batch-size`` texts, with the model and tokenizer the serving core loads (:mod:`serving_core.loading`);
@@ -12,20 +13,25 @@ about 30 tokens explained by ``--method``:
   :class:`batch.BatchJob` (read the JSONL, decode, ``service.run``, ``to_dict``, write and flush per batch), the model
   loaded before the clock starts, as the library's is.
 
-Each is warmed up on one batch first. The ratio is each run's rows/s over the library's (goal for explain-batch: at
-least 0.9); on a tiny model the serving core's own per-row work (decoding, tokenizing each row, the budget checks,
-the answer's document) weighs more than on a real one, whose passes dominate.
-``--ray ADDRESS`` also times the job on that Ray cluster (model loads included: each actor loads its own).
+Each is warmed up on one batch first, then the three are timed ``--rounds`` times in turn (library, service.run,
+explain-batch, again), so that a machine shared with other work slows each alike; the table gives each one's median
+seconds and rows/s, its ratio to the library's (goal for explain-batch: at least 0.9), and the same ratio in CPU
+seconds of this process (``time.process_time``: what the other processes of a loaded machine disturb least). On a
+tiny model the serving core's own per-row work (decoding and checking each row, the time budget's admission of each
+row, the answer's document) weighs more than on a real one, whose passes dominate.
+``--ray ADDRESS`` also times the job on that Ray cluster once (model loads included: each actor loads its own).
 
-    python -m bench.batch --tiny --rows 512
+    python -m bench.batch --tiny --rows 1024 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -99,47 +105,71 @@ def job_run(
     return seconds
 
 
+def timed(run: Callable[[], object]) -> tuple[float, float]:
+    """``run()``'s wall-clock and CPU seconds (this process's)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 def main() -> None:
     """Run the benchmark and print its table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="the tiny test archive (built when missing)")
     parser.add_argument("--model-store", type=Path, default=Path("model_store/build"))
+    parser.add_argument("--model", type=Path, help="a text classifier's archive or checkpoint folder to time instead")
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--method", default="attnlrp")
+    parser.add_argument("--rounds", type=int, default=3, help="times each run is timed, in turn (default: 3)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--ray", metavar="ADDRESS", help="also time the job on this Ray cluster")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    _, archive = sentiment_archive(parser, args.tiny, args.model_store)
+    archive = args.model if args.model is not None else sentiment_archive(parser, args.tiny, args.model_store)[1]
     model_spec = open_model("sentiment", archive)
     config = model_spec.config
+    if config.input_kind != "text":
+        parser.error(f"{archive} is a {config.task} model: the benchmark explains texts")
     device = worker_device(config)
     model = load_classifier(config, model_spec.model_dir, device)
     tokenizer = load_tokenizer(model_spec.model_dir, model, config.pad_token_id)
     loaded = LoadedModel(model_spec)
     texts = make_texts(args.rows)
     warm = texts[: args.batch_size]
+    size = args.batch_size
+    times: dict[str, list[tuple[float, float]]] = {"library": [], "service.run": [], "explain-batch": []}
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as work:
         folder = Path(work)
-        library_loop(model, tokenizer, warm, args.method, args.batch_size, config.max_length)
-        job_run(folder, archive, warm, args.method, args.batch_size, loaded)
-        service_loop(loaded, warm, args.method, args.batch_size)
-        library = library_loop(model, tokenizer, texts, args.method, args.batch_size, config.max_length)
-        served = service_loop(loaded, texts, args.method, args.batch_size)
-        job = job_run(folder, archive, texts, args.method, args.batch_size, loaded)
-        on_ray = job_run(folder, archive, texts, args.method, args.batch_size, loaded, args.ray) if args.ray else None
+        library_loop(model, tokenizer, warm, args.method, size, config.max_length)
+        job_run(folder, archive, warm, args.method, size, loaded)
+        service_loop(loaded, warm, args.method, size)
+        runs: dict[str, Callable[[], object]] = {
+            "library": lambda: library_loop(model, tokenizer, texts, args.method, size, config.max_length),
+            "service.run": lambda: service_loop(loaded, texts, args.method, size),
+            "explain-batch": lambda: job_run(folder, archive, texts, args.method, size, loaded),
+        }
+        for _ in range(args.rounds):
+            for name, run in runs.items():
+                times[name].append(timed(run))
+        on_ray = job_run(folder, archive, texts, args.method, size, loaded, args.ray) if args.ray else None
+    what = "tiny sentiment" if args.tiny and args.model is None else str(archive)
     print(
-        f"# explain-batch vs the library's batched loop: {args.rows} rows, {args.method}, batch {args.batch_size}, "
-        f"{'tiny' if args.tiny else 'built'} sentiment on {device}; {machine()}; load {load_average()}"
+        f"# explain-batch vs the library's batched loop: {args.rows} rows, {args.method}, batch {size}, {what} on "
+        f"{device}; medians of {args.rounds} rounds; {machine()}; load {load_average()}"
     )
-    print(f"{'run':<16} {'seconds':>8} {'rows/s':>8} {'ratio':>6}")
-    print(f"{'library':<16} {library:8.2f} {args.rows / library:8.1f} {1.0:6.2f}")
-    print(f"{'service.run':<16} {served:8.2f} {args.rows / served:8.1f} {library / served:6.2f}")
-    print(f"{'explain-batch':<16} {job:8.2f} {args.rows / job:8.1f} {library / job:6.2f}")
+    library = statistics.median(wall for wall, _ in times["library"])
+    library_cpu = statistics.median(cpu for _, cpu in times["library"])
+    print(f"{'run':<17} {'seconds':>8} {'rows/s':>8} {'ratio':>6} {'cpu ratio':>9}")
+    for name, measured in times.items():
+        seconds = statistics.median(wall for wall, _ in measured)
+        cpu = statistics.median(cpu for _, cpu in measured)
+        print(f"{name:<17} {seconds:8.2f} {args.rows / seconds:8.1f} {library / seconds:6.2f} {library_cpu / cpu:9.2f}")
     if on_ray is not None:
-        print(f"{'explain-batch ray':<16} {on_ray:8.2f} {args.rows / on_ray:8.1f} {library / on_ray:6.2f}")
+        print(f"{'explain-batch ray':<17} {on_ray:8.2f} {args.rows / on_ray:8.1f} {library / on_ray:6.2f} {'':>9}")
 
 
 if __name__ == "__main__":
