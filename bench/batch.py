@@ -6,6 +6,10 @@ classifier's archive or checkpoint folder, ``--model PATH``), ``--rows`` texts o
 
 - **library**: ``explainers.explain(model, tokenizer(batch, padding=True), method)`` over batches of
   ``--batch-size`` texts, with the model and tokenizer the serving core loads (:mod:`serving_core.loading`);
+- **explain_batch**: the library's batched API as the serving core calls it, on the same tokenized batches:
+  ``explainers.explain_batch`` with each row's request as the serving core decodes it and the served model's memory
+  and time budgets (each row admitted at the model's served speed): the floor of what a served batch costs, its
+  rows checked one by one;
 - **service.run**: the same texts decoded beforehand (``task.decode``) and served by the serving core's
   ``service.run`` in batches of the same size: the batched path explain-batch drives, without reading, encoding and
   writing lines;
@@ -13,12 +17,12 @@ classifier's archive or checkpoint folder, ``--model PATH``), ``--rows`` texts o
   :class:`batch.BatchJob` (read the JSONL, decode, ``service.run``, ``to_dict``, write and flush per batch), the model
   loaded before the clock starts, as the library's is.
 
-Each is warmed up on one batch first, then the three are timed ``--rounds`` times in turn (library, service.run,
-explain-batch, again), so that a machine shared with other work slows each alike; the table gives each one's median
-seconds and rows/s, its ratio to the library's (goal for explain-batch: at least 0.9), and the same ratio in CPU
-seconds of this process (``time.process_time``: what the other processes of a loaded machine disturb least). On a
-tiny model the serving core's own per-row work (decoding and checking each row, the time budget's admission of each
-row, the answer's document) weighs more than on a real one, whose passes dominate.
+Each is warmed up on one batch first, then the four are timed ``--rounds`` times in turn (library, explain_batch,
+service.run, explain-batch, again), so that a machine shared with other work slows each alike; the table gives
+each one's median seconds and rows/s, its ratio to the library's (goal for explain-batch: at least 0.9), and the
+same ratio in CPU seconds of this process (``time.process_time``: what the other processes of a loaded machine
+disturb least). On a tiny model the serving core's own per-row work (decoding and checking each row, the time
+budget's admission of each row, the answer's document) weighs more than on a real one, whose passes dominate.
 ``--ray ADDRESS`` also times the job on that Ray cluster once (model loads included: each actor loads its own).
 
     python -m bench.batch --tiny --rows 1024 --threads 1
@@ -33,13 +37,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from batch import BatchJob, JobSpec, LoadedModel, open_model
 from bench.common import load_average, make_texts, sentiment_archive
 from explain_eval.provenance import machine
-from explainers import explain
+from explainers import explain, explain_batch
 from serving_core.loading import load_classifier, load_tokenizer, worker_device
 from serving_core.wire import Encoding
 
@@ -54,6 +59,33 @@ def library_loop(
             texts[start : start + batch_size], return_tensors="pt", padding=True, truncation=True, max_length=max_length
         )
         explain(model, inputs, method)
+    return time.perf_counter() - started
+
+
+def library_batch_loop(loaded: LoadedModel, tokenizer: object, texts: list[str], method: str, batch_size: int) -> float:
+    """Seconds the library's ``explain_batch`` takes over ``texts`` with each row's request as the serving core
+    decodes it, the served model's budgets and served speed (as :mod:`serving_core.tasks.classify_service` calls it)."""
+    config = loaded.model.config
+    service: Any = loaded.service
+    body = {"explain": {"method": method}}
+    requests = [loaded.task.decode_row({"body": {"text": text, **body}}, False, config).request for text in texts]
+    started = time.perf_counter()
+    for start in range(0, len(texts), batch_size):
+        inputs = tokenizer(  # type: ignore[operator]
+            texts[start : start + batch_size],
+            return_tensors="pt",
+            padding=True,
+            truncation=True,
+            max_length=config.max_length,
+        )
+        explain_batch(
+            service.model,
+            dict(inputs),
+            requests[start : start + batch_size],
+            memory_budget_mib=config.memory_budget_mib,
+            time_budget_s=config.time_budget_s,
+            speed=service.served,
+        )
     return time.perf_counter() - started
 
 
@@ -141,20 +173,22 @@ def main() -> None:
     texts = make_texts(args.rows)
     warm = texts[: args.batch_size]
     size = args.batch_size
-    times: dict[str, list[tuple[float, float]]] = {"library": [], "service.run": [], "explain-batch": []}
+    times: dict[str, list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as work:
         folder = Path(work)
         library_loop(model, tokenizer, warm, args.method, size, config.max_length)
         job_run(folder, archive, warm, args.method, size, loaded)
         service_loop(loaded, warm, args.method, size)
+        library_batch_loop(loaded, tokenizer, warm, args.method, size)
         runs: dict[str, Callable[[], object]] = {
             "library": lambda: library_loop(model, tokenizer, texts, args.method, size, config.max_length),
+            "explain_batch": lambda: library_batch_loop(loaded, tokenizer, texts, args.method, size),
             "service.run": lambda: service_loop(loaded, texts, args.method, size),
             "explain-batch": lambda: job_run(folder, archive, texts, args.method, size, loaded),
         }
         for _ in range(args.rounds):
             for name, run in runs.items():
-                times[name].append(timed(run))
+                times.setdefault(name, []).append(timed(run))
         on_ray = job_run(folder, archive, texts, args.method, size, loaded, args.ray) if args.ray else None
     what = "tiny sentiment" if args.tiny and args.model is None else str(archive)
     print(
