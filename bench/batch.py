@@ -49,27 +49,42 @@ from serving_core.loading import load_classifier, load_tokenizer, worker_device
 from serving_core.wire import Encoding
 
 
+class Clock:
+    """Wall-clock and CPU seconds (this process's: ``time.process_time``) since it was made."""
+
+    def __init__(self) -> None:
+        """Start now."""
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> tuple[float, float]:
+        """``(wall-clock seconds, CPU seconds)`` so far."""
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
 def library_loop(
     model: torch.nn.Module, tokenizer: object, texts: list[str], method: str, batch_size: int, max_length: int
-) -> float:
-    """Seconds the library's batched loop takes over ``texts``."""
-    started = time.perf_counter()
+) -> tuple[float, float]:
+    """Wall-clock and CPU seconds the library's batched loop takes over ``texts``."""
+    clock = Clock()
     for start in range(0, len(texts), batch_size):
         inputs = tokenizer(  # type: ignore[operator]
             texts[start : start + batch_size], return_tensors="pt", padding=True, truncation=True, max_length=max_length
         )
         explain(model, inputs, method)
-    return time.perf_counter() - started
+    return clock.read()
 
 
-def library_batch_loop(loaded: LoadedModel, tokenizer: object, texts: list[str], method: str, batch_size: int) -> float:
-    """Seconds the library's ``explain_batch`` takes over ``texts`` with each row's request as the serving core
-    decodes it, the served model's budgets and served speed (as :mod:`serving_core.tasks.classify_service` calls it)."""
+def library_batch_loop(
+    loaded: LoadedModel, tokenizer: object, texts: list[str], method: str, batch_size: int
+) -> tuple[float, float]:
+    """Wall-clock and CPU seconds the library's ``explain_batch`` takes over ``texts``, with each row's request as
+    the serving core decodes it, the served model's budgets and its served speed (as
+    :mod:`serving_core.tasks.classify_service` calls it)."""
     config = loaded.model.config
     service: Any = loaded.service
     body = {"explain": {"method": method}}
     requests = [loaded.task.decode_row({"body": {"text": text, **body}}, False, config).request for text in texts]
-    started = time.perf_counter()
+    clock = Clock()
     for start in range(0, len(texts), batch_size):
         inputs = tokenizer(  # type: ignore[operator]
             texts[start : start + batch_size],
@@ -86,20 +101,20 @@ def library_batch_loop(loaded: LoadedModel, tokenizer: object, texts: list[str],
             time_budget_s=config.time_budget_s,
             speed=service.served,
         )
-    return time.perf_counter() - started
+    return clock.read()
 
 
-def service_loop(loaded: LoadedModel, texts: list[str], method: str, batch_size: int) -> float:
-    """Seconds the serving core's ``service.run`` takes over ``texts`` decoded beforehand."""
+def service_loop(loaded: LoadedModel, texts: list[str], method: str, batch_size: int) -> tuple[float, float]:
+    """Wall-clock and CPU seconds the serving core's ``service.run`` takes over ``texts`` decoded beforehand."""
     config = loaded.model.config
     rows = [
         loaded.task.decode_row({"body": {"text": text, "explain": {"method": method}}}, False, config) for text in texts
     ]
-    started = time.perf_counter()
+    clock = Clock()
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         loaded.service.run(chunk, [Encoding.JSON] * len(chunk))
-    return time.perf_counter() - started
+    return clock.read()
 
 
 def job_run(
@@ -110,8 +125,9 @@ def job_run(
     batch_size: int,
     loaded: LoadedModel,
     ray: str | None = None,
-) -> float:
-    """Seconds explain-batch takes over ``texts`` (a fresh output in ``folder``)."""
+) -> tuple[float, float]:
+    """Wall-clock and CPU seconds explain-batch takes over ``texts`` (their input file written first, a fresh output
+    in ``folder``)."""
     source = folder / f"in-{len(texts)}.jsonl"
     with source.open("w") as file:
         for index, text in enumerate(texts):
@@ -124,24 +140,17 @@ def job_run(
             file.write(json.dumps(line) + "\n")
     output = Path(tempfile.mkdtemp(dir=folder)) / "out.jsonl"
     job = BatchJob(JobSpec(source, output, (loaded.model,), batch_size=batch_size))
-    started = time.perf_counter()
+    clock = Clock()
     if ray is not None:
         from batch.ray_job import run_on_ray
 
         counts = run_on_ray(job, ray, progress=False)
     else:
         counts = job.run(progress=False, loaded={"sentiment": loaded})
-    seconds = time.perf_counter() - started
+    seconds = clock.read()
     if counts.completed != len(texts):
         raise RuntimeError(f"explain-batch answered {counts.completed} of {len(texts)} rows: see {output}")
     return seconds
-
-
-def timed(run: Callable[[], object]) -> tuple[float, float]:
-    """``run()``'s wall-clock and CPU seconds (this process's)."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    run()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:
@@ -180,7 +189,7 @@ def main() -> None:
         job_run(folder, archive, warm, args.method, size, loaded)
         service_loop(loaded, warm, args.method, size)
         library_batch_loop(loaded, tokenizer, warm, args.method, size)
-        runs: dict[str, Callable[[], object]] = {
+        runs: dict[str, Callable[[], tuple[float, float]]] = {
             "library": lambda: library_loop(model, tokenizer, texts, args.method, size, config.max_length),
             "explain_batch": lambda: library_batch_loop(loaded, tokenizer, texts, args.method, size),
             "service.run": lambda: service_loop(loaded, texts, args.method, size),
@@ -188,8 +197,8 @@ def main() -> None:
         }
         for _ in range(args.rounds):
             for name, run in runs.items():
-                times.setdefault(name, []).append(timed(run))
-        on_ray = job_run(folder, archive, texts, args.method, size, loaded, args.ray) if args.ray else None
+                times.setdefault(name, []).append(run())
+        on_ray = job_run(folder, archive, texts, args.method, size, loaded, args.ray)[0] if args.ray else None
     what = "tiny sentiment" if args.tiny and args.model is None else str(archive)
     print(
         f"# explain-batch vs the library's batched loop: {args.rows} rows, {args.method}, batch {size}, {what} on "
