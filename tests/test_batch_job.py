@@ -24,12 +24,14 @@ from batch.lines import request_id
 from batch.manifest import manifest_path
 from batch.records_source import RecordsQuery, StoredInput
 from tests.batch_support import (
+    RECORD_TEXTS,
     Online,
     assert_same,
     by_custom_id,
     image_b64,
     line,
     read_jsonl,
+    records_store,
     tiny_models,
     write_jsonl,
 )
@@ -411,39 +413,6 @@ def test_stored_inputs_are_explained_again_by_another_method(
     assert all(item["parent"] == item["custom_id"] for item in read_jsonl(output))
 
 
-def records_store(path: Path, version: str | None) -> str:
-    """A SQLite records store of ``topics`` rows as the doors write them (``payload: full``, each at its own
-    minute of 2026-12-01 from 10:00), and rows it cannot explain again; its URL."""
-    from records import Payload, build_record
-    from records.sqlite_store import SqliteStore
-
-    def record(request: str, minute: int, text: str, model: str = "topics", row_version: str | None = version) -> Any:
-        return build_record(
-            model=model,
-            version=row_version,
-            task="classification",
-            door="torchserve",
-            request_id=request,
-            index=None,
-            answer={"label": "a", "label_id": 0},
-            input={"text": text, "explain": {"method": "attnlrp"}},
-            time=datetime(2026, 12, 1, 10, minute, tzinfo=UTC),
-        )
-
-    with SqliteStore(path, Payload.FULL) as full:
-        full.write([record("early", 0, "before the window")])
-        full.write([record(f"good-{index}", 1 + index, text) for index, text in enumerate(TEXTS)])
-        full.write([record("other-version", 6, TEXTS[0], row_version="sha256:another")])
-        full.write([record("entities-row", 7, TEXTS[1], model="entities")])
-        full.write([record("erased", 8, "gone")])
-        full.erase("erased")
-    with SqliteStore(path, Payload.HASH) as hashed:
-        hashed.write([record("hashed", 9, "kept as a hash")])
-    with SqliteStore(path, Payload.FULL) as full:
-        full.write([record("late", 30, "after the window")])
-    return f"sqlite://{path}"  # path is absolute: sqlite:///tmp/...
-
-
 def test_a_records_store_is_explained_again_and_resumed(
     tmp_path: Path,
     folders: dict[str, Path],
@@ -485,9 +454,9 @@ def test_a_records_store_is_explained_again_and_resumed(
     assert main(arguments) == 1  # some records failed
     assert "1 already answered" in capsys.readouterr().out
     answered = by_custom_id(read_jsonl(output))
-    assert sorted(answered) == [f"good-{index}" for index in range(len(TEXTS))]
-    assert len(read_jsonl(output)) == len(TEXTS)  # none twice
-    for index, text in enumerate(TEXTS):
+    assert sorted(answered) == [f"good-{index}" for index in range(len(RECORD_TEXTS))]
+    assert len(read_jsonl(output)) == len(RECORD_TEXTS)  # none twice
+    for index, text in enumerate(RECORD_TEXTS):
         written = answered[f"good-{index}"]
         assert written["parent"] == f"good-{index}" and written["response"]["status_code"] == 200
         expected = online["topics"].rest({"text": text, "explain": {"method": "gae"}})[1]
