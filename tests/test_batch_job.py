@@ -478,6 +478,18 @@ def test_a_records_store_is_explained_again_and_resumed(
     assert "output of another job" in capsys.readouterr().err
 
 
+def test_a_checkpoint_folder_has_the_version_its_package_records(tmp_path: Path, folders: dict[str, Path]) -> None:
+    from model_store.package import package
+    from serving_core.recording import served_version
+
+    checkpoint = open_model("topics", folders["topics"])
+    packaged = package(folders["topics"], "topics", tmp_path / "packages")  # as explain-serve packages it
+    assert checkpoint.served_version is not None
+    assert served_version(packaged.archive) == checkpoint.served_version
+    assert open_model("topics", packaged.archive).served_version == checkpoint.served_version
+    assert open_model("other", folders["topics"]).served_version != checkpoint.served_version  # the name counts
+
+
 def test_from_records_arguments_are_checked(
     tmp_path: Path, folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
