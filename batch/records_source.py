@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from records import RecordStore, StoredRecord, open_store, recorded_input
+from records import RecordStore, StoredRecord, WriteOnlyStoreError, open_store, parse_store_url, recorded_input
 from records.store import MAX_LIMIT
 
 from .inputs import OPENAI_ROUTES, LineError, Request, RouteError, parse_route, unique
@@ -98,8 +98,14 @@ class StoreRecords:
 
         Raises:
             records.StoreUrlError: the URL names no store.
+            records.WriteOnlyStoreError: the URL is the HTTP sink's (it keeps nothing to read back).
             records.StoreUnavailableError: the store cannot be opened.
         """
+        if parse_store_url(url).kind == "http":
+            raise WriteOnlyStoreError(
+                f"records store {url}: the HTTP sink delivers records and keeps none to read back; give the SQL store "
+                "(sqlite:///path, postgresql://...) that holds them"
+            )
         return cls(open_store(url, create=False))
 
     def records(self, model: str, since: datetime | None, until: datetime | None) -> Iterator[StoredRecord]:

@@ -504,6 +504,7 @@ def test_from_records_arguments_are_checked(
         "EXPLAIN_RECORDS": ["--from-records", *model],
         "no records store at": ["--from-records", "--store", store, *model],
         "not a store URL": ["--from-records", "--store", "mysql://db", *model],
+        "keeps none to read back": ["--from-records", "--store", "http://127.0.0.1:9/records", *model],
         "are for --from-records": [str(source), "--since", "2026-12-01", *model],
         "is not before": ["--from-records", "--store", store, "--since", "2026-12-02", "--until", "2026-12-01", *model],
         "give the INPUT": [*model],
