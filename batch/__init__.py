@@ -13,7 +13,7 @@ the OpenAI translation of :mod:`serving_core.openai_api`) and imports no server.
 - :mod:`~batch.api`: the OpenAI Batch API (``/v1/files``, ``/v1/batches``): its files and batches in a state folder;
 - :mod:`~batch.scheduler`: the API's batches run in the background below online traffic, resumed after a restart;
 - :mod:`~batch.ray_job`: the same job on a Ray cluster (Ray Data ``map_batches`` on an actor pool);
-- :mod:`~batch.records_source`: the reader a records store gives to re-explain stored inputs;
+- :mod:`~batch.records_source`: a records store's stored inputs as a job's input (``explain-batch --from-records``);
 - :mod:`~batch.cli`: the ``explain-batch`` command.
 """
 

@@ -52,6 +52,7 @@ class Request:
         route: where it goes.
         body: the JSON body, as the online route takes it.
         line: its line (JSONL) or row (Parquet) number, from 1.
+        parent: the stored record it explains again (``explain-batch --from-records``), written in its lines.
     """
 
     custom_id: str
@@ -59,6 +60,7 @@ class Request:
     route: Route
     body: Any
     line: int
+    parent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,14 @@ class LineError:
         code: what is wrong (``invalid_json``, ``invalid_line``, ``duplicate_custom_id``, ``invalid_url``,
             ``model_not_found``).
         message: what is wrong, and what to change.
+        parent: the stored record it was to explain again (``explain-batch --from-records``).
     """
 
     line: int
     custom_id: str | None
     code: str
     message: str
+    parent: str | None = None
 
 
 class RouteError(ValueError):
@@ -150,6 +154,7 @@ def unique(lines: Iterator[Request | LineError]) -> Iterator[Request | LineError
                     item.custom_id,
                     "duplicate_custom_id",
                     f"line {item.line}: custom_id {item.custom_id!r} is used by an earlier line",
+                    item.parent,
                 )
                 continue
             seen.add(item.custom_id)

@@ -32,23 +32,29 @@ def is_success(status_code: int) -> bool:
 def answer_line(answer: Answer) -> dict[str, Any]:
     """The line of an answered request."""
     response = {"status_code": answer.status_code, "request_id": answer.request_id, "body": answer.body}
-    return {
+    line: dict[str, Any] = {
         "id": f"batch_req_{answer.request_id}",
         "custom_id": answer.request.custom_id,
         "response": response,
         "error": None,
     }
+    if answer.request.parent is not None:
+        line["parent"] = answer.request.parent
+    return line
 
 
 def error_line(job: str, error: LineError) -> dict[str, Any]:
     """The error file's line of a line that could not be sent."""
     line_id = f"batch_req_{request_id(job, error.custom_id)}" if error.custom_id is not None else None
-    return {
+    line: dict[str, Any] = {
         "id": line_id,
         "custom_id": error.custom_id,
         "response": None,
         "error": {"code": error.code, "message": error.message, "line": error.line},
     }
+    if error.parent is not None:
+        line["parent"] = error.parent
+    return line
 
 
 def dump(line: dict[str, Any]) -> str:

@@ -9,7 +9,11 @@ version each one is answered with.
 
 A model's :attr:`BatchModel.version` is the SHA-256 of its settings (the ``model-config.yaml`` document) and of every
 checkpoint file's name and content: the same weights and settings give the same version on any machine, and any change
-to either gives another one (a job's manifest, :mod:`batch.manifest`, holds it).
+to either gives another one (a job's manifest, :mod:`batch.manifest`, holds it). Its
+:attr:`BatchModel.served_version` is the version the doors' records name (:mod:`records`): an archive's
+``handler.model_version`` or fingerprint (:func:`serving_core.recording.served_version`), a checkpoint folder's the
+fingerprint ``explain-serve`` gives its package with the default settings (:func:`model_store.package.fingerprint`);
+a re-explanation of stored records (:mod:`batch.records_source`) compares it with theirs.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import Any
 import yaml
 
 from model_store.files import file_sha256
-from model_store.package import Settings, serving_config, validate
+from model_store.package import Settings, fingerprint, serving_config, validate
 from serving_core.config import HandlerConfig
+from serving_core.recording import served_version
 
 #: The settings file of an archive folder.
 MODEL_CONFIG = "model-config.yaml"
@@ -41,6 +46,8 @@ class BatchModel:
         model_dir: the checkpoint folder.
         batch_size: rows per batch by default (the archive's ``batchSize``).
         version: the fingerprint of its settings and checkpoint files (module docstring).
+        served_version: the version the doors' records of it name (module docstring; ``None``: an archive packaged
+            elsewhere, which names none).
     """
 
     name: str
@@ -49,6 +56,7 @@ class BatchModel:
     model_dir: Path
     batch_size: int
     version: str
+    served_version: str | None = None
 
 
 def parse_model_spec(spec: str) -> tuple[str, Path]:
@@ -76,26 +84,30 @@ def open_model(name: str, path: Path) -> BatchModel:
         document = yaml.safe_load((path / MODEL_CONFIG).read_text(encoding="utf-8")) or {}
         config = HandlerConfig.from_model_yaml(document)
         model_dir = path / config.model_dir
+        served = served_version(path)
     else:
-        document = _checkpoint_settings(name, path)
+        document, served = _checkpoint_settings(name, path)
         config = HandlerConfig.from_model_yaml(document)
         model_dir = path
     batch_size = document.get("batchSize", 8)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"model {name}: batchSize must be a positive integer, got {batch_size!r}")
-    return BatchModel(name, path.resolve(), config, model_dir.resolve(), batch_size, model_version(document, model_dir))
+    version = model_version(document, model_dir)
+    return BatchModel(name, path.resolve(), config, model_dir.resolve(), batch_size, version, served)
 
 
-def _checkpoint_settings(name: str, path: Path) -> dict[str, Any]:
-    """The ``model-config.yaml`` document ``explain-serve`` would package the checkpoint folder with.
+def _checkpoint_settings(name: str, path: Path) -> tuple[dict[str, Any], str]:
+    """The ``model-config.yaml`` document ``explain-serve`` would package the checkpoint folder with, and the
+    fingerprint its package would have (the version the package's records name).
 
     Raises:
         ValueError: (``PackageError``) if the folder cannot be served, with the fix.
     """
     checkpoint = validate(path, name)
-    document: dict[str, Any] = serving_config(checkpoint, Settings()).to_dict()
+    settings = Settings()
+    document: dict[str, Any] = serving_config(checkpoint, settings).to_dict()
     document["handler"]["model_dir"] = "."
-    return document
+    return document, fingerprint(checkpoint, settings, name)[0]
 
 
 def model_version(document: Any, model_dir: Path) -> str:

@@ -1,11 +1,14 @@
 """Re-explaining stored predictions: what a records store gives a batch job (``explain-batch --from-records``).
 
-A store of answered rows (issue 36's records) hands the job a :class:`RecordsReader`: the stored inputs of one model
-between two times, in its own order. :class:`RecordsQuery` makes them a job's input (``JobSpec(records=...)``): each
-stored input becomes a request to the route it was answered on, its ``custom_id`` the record's id, its ``explain``
-replaced by the job's, so that a job re-explains yesterday's predictions by another method. A record that cannot be
-re-explained goes to the error file: one whose input was not kept (``payload_not_kept``) or that another version of the
-model answered (``version_changed``: the job would explain another model than the one that predicted).
+A store of answered rows (issue 36's records, :mod:`records`) hands the job a :class:`RecordsReader`: the stored
+inputs of one model between two times, in the store's order (:class:`StoreRecords` reads a SQL store: SQLite or
+PostgreSQL). :class:`RecordsQuery` makes them a job's input (``JobSpec(records=...)``): each stored input becomes a
+request to the route it was answered on, its ``custom_id`` and ``parent`` the record's id, its ``explain`` replaced by
+the job's, so that a job re-explains yesterday's predictions by another method. A record that cannot be re-explained
+goes to the error file: one whose input was not kept whole (``payload_not_kept``: a store of payload ``hash`` or
+``none``, an erased record, an input kept as raw bytes) or that another version of the model answered
+(``version_changed``: the job would explain another model than the one that predicted; the versions compared are
+the ones the records name, :attr:`batch.models.BatchModel.served_version`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
+
+from records import RecordStore, StoredRecord, WriteOnlyStoreError, open_store, parse_store_url, recorded_input
+from records.store import MAX_LIMIT
 
 from .inputs import OPENAI_ROUTES, LineError, Request, RouteError, parse_route, unique
 from .models import BatchModel
@@ -26,20 +32,30 @@ class StoredInput:
     Attributes:
         record_id: the record's id.
         model: the model that answered it.
-        model_version: that model's version when it answered (:attr:`batch.models.BatchModel.version`).
+        model_version: that model's version when it answered, as the record names it (``None``: the door did not
+            know it).
         url: the route it was answered on (``/predictions/<model>``, ``/v1/chat/completions``, ...).
-        body: the request body as the route took it (``None``: the store kept only its hash, or nothing).
+        body: the request body as the route took it (``None``: the store did not keep it whole).
+        kept: what the store kept of the input: ``full``, or why ``body`` is ``None`` (``hash``, ``none``,
+            ``erased``, ``bytes``: raw bytes, not a JSON request).
     """
 
     record_id: str
     model: str
-    model_version: str
+    model_version: str | None
     url: str
     body: Any
+    kept: str = "full"
 
 
 class RecordsReader(Protocol):
-    """What a records store implements for batch jobs."""
+    """What a records store implements for batch jobs.
+
+    Attributes:
+        location: the store, for messages and the job's manifest (a URL without its password).
+    """
+
+    location: str
 
     def count(self, model: str, since: datetime | None, until: datetime | None) -> int:
         """How many records of ``model`` were written from ``since`` (inclusive) to ``until`` (exclusive)."""
@@ -48,6 +64,77 @@ class RecordsReader(Protocol):
     def inputs(self, model: str, since: datetime | None, until: datetime | None) -> Iterator[StoredInput]:
         """The stored inputs of those records, oldest first."""
         ...
+
+
+def stored_input(record: StoredRecord) -> StoredInput:
+    """A stored record's input (:func:`records.recorded_input`), as a request to ``/predictions/<model>``: the doors
+    record a row's REST document (the OpenAI routes' choices are recorded as their generation documents)."""
+    data = record.event.get("data") or {}
+    model = data.get("model") or {}
+    name = str(model.get("name") or record.model)
+    version = None if model.get("version") is None else str(model["version"])
+    url = f"/predictions/{name}"
+    if record.erased:
+        return StoredInput(record.id, name, version, url, None, "erased")
+    document = recorded_input(record.event)
+    if isinstance(document, Mapping):
+        return StoredInput(record.id, name, version, url, dict(document), "full")
+    kept = "bytes" if document is not None else str((data.get("input") or {}).get("payload") or "none")
+    return StoredInput(record.id, name, version, url, None, kept)
+
+
+class StoreRecords:
+    """A records store (:class:`records.RecordStore`: SQLite, PostgreSQL) read as a :class:`RecordsReader`, a page of
+    :data:`records.store.MAX_LIMIT` records at a time."""
+
+    def __init__(self, store: RecordStore) -> None:
+        """Read ``store`` (closed by :meth:`close`)."""
+        self.store = store
+        self.location = store.location
+
+    @classmethod
+    def open(cls, url: str) -> StoreRecords:
+        """The store at ``url`` (:func:`records.open_store`; a missing SQLite file is an error, never made).
+
+        Raises:
+            records.StoreUrlError: the URL names no store.
+            records.WriteOnlyStoreError: the URL is the HTTP sink's (it keeps nothing to read back).
+            records.StoreUnavailableError: the store cannot be opened.
+        """
+        if parse_store_url(url).kind == "http":
+            raise WriteOnlyStoreError(
+                f"records store {url}: the HTTP sink delivers records and keeps none to read back; give the SQL store "
+                "(sqlite:///path, postgresql://...) that holds them"
+            )
+        return cls(open_store(url, create=False))
+
+    def records(self, model: str, since: datetime | None, until: datetime | None) -> Iterator[StoredRecord]:
+        """The records of ``model`` from ``since`` to ``until``, oldest first.
+
+        Raises:
+            records.StoreUnavailableError: the store cannot be read.
+            records.WriteOnlyStoreError: the store is the HTTP sink.
+        """
+        cursor: str | None = None
+        while True:
+            page = self.store.list(model=model, since=since, until=until, limit=MAX_LIMIT, cursor=cursor)
+            yield from page.records
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def count(self, model: str, since: datetime | None, until: datetime | None) -> int:
+        """How many records :meth:`inputs` gives."""
+        return sum(1 for _ in self.records(model, since, until))
+
+    def inputs(self, model: str, since: datetime | None, until: datetime | None) -> Iterator[StoredInput]:
+        """The stored inputs (:func:`stored_input`), oldest first."""
+        for record in self.records(model, since, until):
+            yield stored_input(record)
+
+    def close(self) -> None:
+        """Close the store."""
+        self.store.close()
 
 
 @dataclass(frozen=True)
@@ -72,6 +159,7 @@ class RecordsQuery:
         """What of the query changes the answers (for the job's manifest)."""
         return {
             "from_records": self.model,
+            "store": self.reader.location,
             "since": self.since.isoformat() if self.since else None,
             "until": self.until.isoformat() if self.until else None,
             "explain": self.explain,
@@ -95,20 +183,23 @@ class RecordsQuery:
         self, stored: StoredInput, number: int, model: BatchModel, models: Mapping[str, BatchModel]
     ) -> Request | LineError:
         where = f"record {stored.record_id}"
+
+        def error(code: str, message: str) -> LineError:
+            return LineError(number, stored.record_id, code, f"{where}: {message}", stored.record_id)
+
         if stored.body is None:
-            return LineError(
-                number,
-                stored.record_id,
+            if stored.kept == "bytes":
+                return error("payload_not_kept", "its input was kept as raw bytes, not a JSON request")
+            return error(
                 "payload_not_kept",
-                f"{where}: its input was not kept (payload: hash or none), so it cannot be explained again",
+                f"its input was not kept (payload: {stored.kept}); only records kept with payload full can be "
+                "explained again",
             )
-        if stored.model_version != model.version:
-            return LineError(
-                number,
-                stored.record_id,
+        if stored.model_version != model.served_version:
+            return error(
                 "version_changed",
-                f"{where} was answered by version {stored.model_version} of {stored.model}, this job "
-                f"serves version {model.version}",
+                f"it was answered by version {stored.model_version} of {stored.model}; the job's --model "
+                f"{model.name}={model.path} is version {model.served_version}: pass the archive that answered it",
             )
         body = dict(stored.body) if isinstance(stored.body, Mapping) else stored.body
         url = stored.url
@@ -122,6 +213,6 @@ class RecordsQuery:
                 body["explain"] = self.explain
         try:
             route = parse_route(url, body, models)
-        except RouteError as error:
-            return LineError(number, stored.record_id, error.code, f"{where}: {error.message}")
-        return Request(stored.record_id, url, route, body, number)
+        except RouteError as route_error:
+            return error(route_error.code, route_error.message)
+        return Request(stored.record_id, url, route, body, number, stored.record_id)

@@ -1,6 +1,6 @@
 """What the batch job tests share: tiny models of every task as checkpoint folders and as an archive, the online
 answer of a line (what the REST door and the OpenAI routes answer, computed here from the serving core alone), and
-the comparison of two answers (timings left out, scores to float rounding)."""
+the comparison of two answers (timings left out, scores to float rounding), and a records store to re-explain."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from batch.models import BatchModel
+from records import Payload, build_record
+from records.sqlite_store import SqliteStore
 from serving_core import wire
 from serving_core.errors import RowError
 from serving_core.loading import worker_device
@@ -133,3 +136,40 @@ def by_custom_id(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     keyed = {item["custom_id"]: item for item in lines}
     assert len(keyed) == len(lines), "a custom_id is written twice"
     return keyed
+
+
+#: The texts of :func:`records_store`'s good records.
+RECORD_TEXTS = ("the service was quick", "a slow rude waiter", "food cold not warm good", "the staff were lovely")
+
+
+def records_store(path: Path, version: str | None) -> str:
+    """A SQLite records store of ``topics`` rows as the doors write them (``payload: full``, each at its own
+    minute of 2026-12-01 from 10:00: ``early`` at 10:00, ``good-0`` to ``good-3`` (the tests' four texts) from 10:01,
+    ``late`` at 10:30), and rows it cannot explain again (``other-version``, ``erased``, ``hashed``, and one of
+    ``entities``); its URL."""
+
+    def record(request: str, minute: int, text: str, model: str = "topics", row_version: str | None = version) -> Any:
+        return build_record(
+            model=model,
+            version=row_version,
+            task="classification",
+            door="torchserve",
+            request_id=request,
+            index=None,
+            answer={"label": "a", "label_id": 0},
+            input={"text": text, "explain": {"method": "attnlrp"}},
+            time=datetime(2026, 12, 1, 10, minute, tzinfo=UTC),
+        )
+
+    with SqliteStore(path, Payload.FULL) as full:
+        full.write([record("early", 0, "before the window")])
+        full.write([record(f"good-{index}", 1 + index, text) for index, text in enumerate(RECORD_TEXTS)])
+        full.write([record("other-version", 6, RECORD_TEXTS[0], row_version="sha256:another")])
+        full.write([record("entities-row", 7, RECORD_TEXTS[1], model="entities")])
+        full.write([record("erased", 8, "gone")])
+        full.erase("erased")
+    with SqliteStore(path, Payload.HASH) as hashed:
+        hashed.write([record("hashed", 9, "kept as a hash")])
+    with SqliteStore(path, Payload.FULL) as full:
+        full.write([record("late", 30, "after the window")])
+    return f"sqlite://{path}"  # path is absolute: sqlite:///tmp/...

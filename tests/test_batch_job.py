@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,14 @@ from batch.lines import request_id
 from batch.manifest import manifest_path
 from batch.records_source import RecordsQuery, StoredInput
 from tests.batch_support import (
+    RECORD_TEXTS,
     Online,
     assert_same,
     by_custom_id,
     image_b64,
     line,
     read_jsonl,
+    records_store,
     tiny_models,
     write_jsonl,
 )
@@ -361,6 +363,8 @@ def test_a_killed_job_resumes_without_loss_or_duplicates(tmp_path: Path, folders
 class MemoryRecords:
     """A records store's reader over a list (what :class:`batch.records_source.RecordsReader` asks)."""
 
+    location = "memory"
+
     def __init__(self, stored: list[StoredInput]) -> None:
         self.stored = stored
 
@@ -374,7 +378,7 @@ class MemoryRecords:
 def test_stored_inputs_are_explained_again_by_another_method(
     tmp_path: Path, models: dict[str, Any], loaded: dict[str, LoadedModel], online: dict[str, Online]
 ) -> None:
-    version = models["topics"].version
+    version = models["topics"].served_version
     body = {"text": "the service was quick", "explain": {"method": "attnlrp"}}
     reader = MemoryRecords(
         [
@@ -405,6 +409,112 @@ def test_stored_inputs_are_explained_again_by_another_method(
         default.manifest.fingerprint
         != BatchJob(JobSpec(None, output, (models["topics"],), records=query)).manifest.fingerprint
     )
+
+    assert all(item["parent"] == item["custom_id"] for item in read_jsonl(output))
+
+
+def test_a_records_store_is_explained_again_and_resumed(
+    tmp_path: Path,
+    folders: dict[str, Path],
+    models: dict[str, Any],
+    loaded: dict[str, LoadedModel],
+    online: dict[str, Online],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from batch.records_source import StoreRecords
+
+    url = records_store(tmp_path / "records.sqlite3", models["topics"].served_version)
+    since, until = datetime(2026, 12, 1, 10, 1, tzinfo=UTC), datetime(2026, 12, 1, 10, 30, tzinfo=UTC)
+    output = tmp_path / "again.jsonl"
+    reader = StoreRecords.open(url)
+    query = RecordsQuery(reader, "topics", since, until, {"method": "gae"})
+    partial = BatchJob(JobSpec(None, output, (models["topics"],), batch_size=1, records=query))
+    first = partial.run(progress=False, loaded=loaded, should_stop=lambda: True)  # stopped after its first batch
+    reader.close()
+    assert (first.total, first.completed) == (7, 1)
+    assert sorted(by_custom_id(read_jsonl(output))) == ["good-0"]
+    arguments = [
+        "--from-records",
+        "--store",
+        url,
+        "--model",
+        f"topics={folders['topics']}",
+        "--since",
+        "2026-12-01T10:01:00Z",
+        "--until",
+        "2026-12-01T10:30",
+        "--explain",
+        '{"method": "gae"}',
+        "--batch-size",
+        "2",
+        "-o",
+        str(output),
+        "--no-progress",
+    ]
+    assert main(arguments) == 1  # some records failed
+    assert "1 already answered" in capsys.readouterr().out
+    answered = by_custom_id(read_jsonl(output))
+    assert sorted(answered) == [f"good-{index}" for index in range(len(RECORD_TEXTS))]
+    assert len(read_jsonl(output)) == len(RECORD_TEXTS)  # none twice
+    for index, text in enumerate(RECORD_TEXTS):
+        written = answered[f"good-{index}"]
+        assert written["parent"] == f"good-{index}" and written["response"]["status_code"] == 200
+        expected = online["topics"].rest({"text": text, "explain": {"method": "gae"}})[1]
+        assert_same(written["response"]["body"], expected, f"good-{index}")
+    errors = {item["custom_id"]: item for item in read_jsonl(default_errors_path(output))}
+    assert {key: item["error"]["code"] for key, item in errors.items()} == {
+        "other-version": "version_changed",
+        "erased": "payload_not_kept",
+        "hashed": "payload_not_kept",
+    }
+    assert "sha256:another" in errors["other-version"]["error"]["message"]
+    assert "payload: hash" in errors["hashed"]["error"]["message"]
+    assert all(item["parent"] == key for key, item in errors.items())
+    assert json.loads(manifest_path(output).read_text())["options"]["store"] == reader.location
+    # another method, or another window, is another job: its output is refused
+    other = list(arguments)
+    other[other.index("--explain") + 1] = '{"method": "attnlrp"}'
+    assert main(other) == 2
+    assert "output of another job" in capsys.readouterr().err
+
+
+def test_a_checkpoint_folder_has_the_version_its_package_records(tmp_path: Path, folders: dict[str, Path]) -> None:
+    from model_store.package import package
+    from serving_core.recording import served_version
+
+    checkpoint = open_model("topics", folders["topics"])
+    packaged = package(folders["topics"], "topics", tmp_path / "packages")  # as explain-serve packages it
+    assert checkpoint.served_version is not None
+    assert served_version(packaged.archive) == checkpoint.served_version
+    assert open_model("topics", packaged.archive).served_version == checkpoint.served_version
+    assert open_model("other", folders["topics"]).served_version != checkpoint.served_version  # the name counts
+
+
+def test_from_records_arguments_are_checked(
+    tmp_path: Path, folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("EXPLAIN_RECORDS", raising=False)
+    model = ["--model", f"topics={folders['topics']}"]
+    source = write_jsonl(tmp_path / "in.jsonl", [line("a", "/predictions/topics", {"text": "good"})])
+    store = f"sqlite://{tmp_path / 'none.sqlite3'}"
+    out = ["-o", str(tmp_path / "out.jsonl"), "--no-progress"]
+    cases = {
+        "give no INPUT": [str(source), "--from-records", "--store", store, *model],
+        "one --model": ["--from-records", "--store", store, *model, "--model", f"entities={folders['entities']}"],
+        "EXPLAIN_RECORDS": ["--from-records", *model],
+        "no records store at": ["--from-records", "--store", store, *model],
+        "not a store URL": ["--from-records", "--store", "mysql://db", *model],
+        "keeps none to read back": ["--from-records", "--store", "http://127.0.0.1:9/records", *model],
+        "are for --from-records": [str(source), "--since", "2026-12-01", *model],
+        "is not before": ["--from-records", "--store", store, "--since", "2026-12-02", "--until", "2026-12-01", *model],
+        "give the INPUT": [*model],
+    }
+    for message, arguments in cases.items():
+        assert main([*arguments, *out]) == 2, message
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "none.sqlite3").exists()
+    with pytest.raises(SystemExit):
+        main(["--from-records", "--since", "yesterday", *model, *out])
 
 
 def test_parquet_rows_of_token_classifiers_and_causal_lms(

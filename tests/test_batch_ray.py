@@ -1,5 +1,6 @@
 """explain-batch --ray on a local two-node Ray cluster (a head and a worker started with ``ray start``): the same
-lines as the local run, and a worker node killed mid-job costs no line and duplicates none."""
+lines as the local run (a file's, and a records store's re-explained), and a worker node killed mid-job costs no
+line and duplicates none."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 
 pytest.importorskip("ray.data", reason="Ray Data is not installed (make extras)")
 
-from tests.batch_support import assert_same, by_custom_id, line, read_jsonl, write_jsonl
+from batch import open_model
+from tests.batch_support import assert_same, by_custom_id, line, read_jsonl, records_store, write_jsonl
 from tests.checkpoints import multi_label
 from tests.ray_cluster import RayCluster, start_cluster
 
@@ -84,6 +86,28 @@ def test_the_ray_run_writes_the_local_lines(tmp_path: Path, cluster: RayCluster,
         timeout=300,
     )
     assert "12 already answered" in rerun.stdout, rerun.stderr[-3000:]
+
+
+def test_stored_predictions_are_explained_again_on_ray_as_locally(
+    tmp_path: Path, cluster: RayCluster, topics: Path
+) -> None:
+    url = records_store(tmp_path / "records.sqlite3", open_model("topics", topics).served_version)
+    arguments = ["--from-records", "--store", url, "--model", f"topics={topics}", "--since", "2026-12-01T10:01Z"]
+    arguments += ["--explain", '{"method": "attnlrp"}', "--batch-size", "2", "--no-progress"]
+    runs = {}
+    for name, extra in (("local", []), ("ray", ["--ray", cluster.address])):
+        output = tmp_path / f"{name}.jsonl"
+        command = [sys.executable, "-m", "batch", "-o", str(output), *arguments, *extra]
+        done = subprocess.run(command, env=cluster.env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1, done.stderr[-3000:]  # the records it cannot explain again failed
+        runs[name] = by_custom_id(read_jsonl(output))
+        assert read_jsonl(output.with_name(output.name + ".errors.jsonl")) == read_jsonl(
+            tmp_path / "local.jsonl.errors.jsonl"
+        )
+    assert list(runs["local"]) == list(runs["ray"]) == [*(f"good-{index}" for index in range(4)), "late"]
+    for record, written in runs["local"].items():
+        assert written["parent"] == runs["ray"][record]["parent"] == record
+        assert_same(written["response"], runs["ray"][record]["response"], record)
 
 
 def test_a_worker_node_killed_mid_job_costs_no_line(tmp_path: Path, cluster: RayCluster, topics: Path) -> None:

@@ -102,13 +102,17 @@ class ExplanationService:
     def _text_inputs(
         self, texts: Sequence[str], pairs: Sequence[str | None]
     ) -> tuple[dict[str, torch.Tensor], list[bool], list[list[int] | None]]:
-        """Tokenize each row (a text, or a text and its pair), then pad them into one batch on the tokenizer's
-        padding side.
+        """Tokenize the rows (a text, or a text and its pair) into one batch, padded on the tokenizer's padding side:
+        one call of a fast tokenizer for the whole batch when its rows are all texts or all pairs (none empty), else
+        each row tokenized alone and the rows padded together (the same ids, masks and segments either way).
 
         Returns:
             The model inputs, whether each row was truncated, and each pair row's segment per token
             (0 text, 1 text_pair, -1 special token; ``None`` for a single text).
         """
+        alone = all(pair is None for pair in pairs)
+        if getattr(self.tokenizer, "is_fast", False) and all(texts) and (alone or all(pairs)):
+            return self._text_inputs_together(texts, None if alone else pairs)  # (an empty pair is no pair alone)
         rows: list[dict[str, list[int]]] = []
         truncated: list[bool] = []
         segments: list[list[int] | None] = []
@@ -129,6 +133,39 @@ class ExplanationService:
             rows.append({name: encoded[name] for name in self.input_names if name in encoded})
         batch = self.tokenizer.pad(rows, padding=True, return_tensors="pt")
         return {name: batch[name] for name in self.input_names if name in batch}, truncated, segments
+
+    def _text_inputs_together(
+        self, texts: Sequence[str], pairs: Sequence[str | None] | None
+    ) -> tuple[dict[str, torch.Tensor], list[bool], list[list[int] | None]]:
+        """:meth:`_text_inputs` of a fast tokenizer's rows, all texts (``pairs`` ``None``) or all pairs, in one call."""
+        second = list(pairs) if pairs is not None else None
+        batch = self.tokenizer(
+            list(texts), second, truncation=True, max_length=self.config.max_length, padding=True, return_tensors="pt"
+        )
+        encodings = batch.encodings
+        truncated = [bool(encoding.overflowing) for encoding in encodings]
+        segments: list[list[int] | None] = [None] * len(encodings)
+        if pairs is not None:  # each row's real tokens' segments, its padding left out
+            masks = batch["attention_mask"].tolist()
+            for index, encoding in enumerate(encodings):
+                segments[index] = [
+                    -1 if sequence is None else int(sequence)
+                    for sequence, real in zip(encoding.sequence_ids, masks[index], strict=True)
+                    if real
+                ]
+        return {name: batch[name] for name in self.input_names if name in batch}, truncated, segments
+
+    def _row_tokens(self, inputs: dict[str, torch.Tensor]) -> list[tuple[list[int], list[str]]]:
+        """Each row's real token ids (its padding left out) and their tokens, converted once for the batch."""
+        rows = inputs["input_ids"].tolist()
+        masks = inputs["attention_mask"].tolist()
+        real = [
+            [token for token, kept in zip(row, mask, strict=True) if kept]
+            for row, mask in zip(rows, masks, strict=True)
+        ]
+        distinct = sorted({token for ids in real for token in ids})
+        tokens = dict(zip(distinct, self.tokenizer.convert_ids_to_tokens(distinct), strict=True))
+        return [(ids, [tokens[token] for token in ids]) for ids in real]
 
     def decode_image(self, data: bytes) -> Image.Image:
         """Decode PNG/JPEG bytes to RGB, bounded in pixels.
@@ -222,17 +259,16 @@ class ExplanationService:
                 outcomes[index].error = RowError("internal", "the batch failed on the server; see the server log")
             return outcomes, BatchTimings(0.0, 0.0)
         values = result.probabilities.float().cpu()  # softmax, sigmoid or the regression values (head_type)
+        row_values, label_ids = values.tolist(), values.argmax(dim=-1).tolist()  # once for the batch
         conditional = any(request.below is not None for request in requests) and self.head_type != "regression"
         confidences = prediction_confidence(result.logits, self.head_type).tolist() if conditional else []
-        input_ids = inputs["input_ids"].cpu() if "input_ids" in inputs else None
+        row_tokens = self._row_tokens(inputs) if "input_ids" in inputs else None  # left or right padding
         for position, index in enumerate(valid):
             outcome = outcomes[index]
-            self._fill_prediction(outcome, values[position])
+            self._fill_prediction(outcome, row_values[position], label_ids[position])
             outcome.truncated = truncated[position]
-            if input_ids is not None:
-                real = inputs["attention_mask"][position].cpu().bool()  # left or right padding
-                ids = input_ids[position][real].tolist()
-                outcome.tokens = self.tokenizer.convert_ids_to_tokens(ids)
+            if row_tokens is not None:
+                ids, outcome.tokens = row_tokens[position]
                 outcome.special_tokens = [token_id in self.special_ids for token_id in ids]
                 outcome.segments = segments[position]
             row_result = result.rows[position]
@@ -276,14 +312,14 @@ class ExplanationService:
         outcome.context = described
         outcome.scores = [float(value) for value in unit_scores(torch.tensor(outcome.scores or []), units)]
 
-    def _fill_prediction(self, outcome: RowOutcome, values: torch.Tensor) -> None:
-        """The row's answer from its ``(num_labels,)`` probabilities (or regression values)."""
+    def _fill_prediction(self, outcome: RowOutcome, values: list[float], label_id: int) -> None:
+        """The row's answer from its ``num_labels`` probabilities (or regression values) and their argmax."""
         outcome.head_type = self.head_type
-        outcome.label_id = int(values.argmax())
+        outcome.label_id = label_id
         if self.head_type == "regression":
-            outcome.value = float(values[0])
+            outcome.value = values[0]
             return
-        outcome.probabilities = values.tolist()
+        outcome.probabilities = values
         if self.head_type == "multi_label":
             outcome.threshold = self.threshold
             outcome.predicted = [label for label, value in enumerate(outcome.probabilities) if value >= self.threshold]

@@ -128,6 +128,37 @@ class TokenClassificationService:
         self.served = None if value is None else ServedSpeed(value, learns=False)
 
     def _encode(self, text: str) -> _Encoded:
+        """One row tokenized (unpadded), with its character offsets and special-token flags."""
+        return self._encode_all([text])[0]
+
+    def _encode_all(self, texts: Sequence[str]) -> list[_Encoded]:
+        """Rows tokenized as :meth:`_encode` tokenizes each: in one call of the tokenizer for the non-empty ones."""
+        if not texts:
+            return []
+        if not all(texts):  # an empty text alone (the tokenizer's one-text path), the others together
+            together = iter(self._encode_all([text for text in texts if text]))
+            return [next(together) if text else self._encode_one(text) for text in texts]
+        encoded = self.tokenizer(
+            list(texts),
+            truncation=True,
+            max_length=self.config.max_length,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+        names = [name for name in self.input_names if name in encoded]
+        rows = []
+        for index, encoding in enumerate(encoded.encodings):
+            special = [bool(flag) for flag in encoded["special_tokens_mask"][index]]
+            offsets = [
+                (0, 0) if flag else (int(start), int(end))
+                for (start, end), flag in zip(encoded["offset_mapping"][index], special, strict=True)
+            ]
+            inputs = {name: list(encoded[name][index]) for name in names}
+            inputs["special_tokens_mask"] = [int(flag) for flag in special]
+            rows.append(_Encoded(inputs, offsets, special, bool(encoding.overflowing)))
+        return rows
+
+    def _encode_one(self, text: str) -> _Encoded:
         encoded = self.tokenizer(
             text,
             truncation=True,
@@ -178,7 +209,7 @@ class TokenClassificationService:
         """Serve a batch: one :class:`TokenOutcome` per row, in order, and the summed stage timings of its groups."""
         outcomes = [TokenOutcome(encoding=encoding) for encoding in encodings]
         keys: dict[int, GroupKey] = {}
-        encoded: dict[int, _Encoded] = {}
+        texts: dict[int, str] = {}
         for index, row in enumerate(rows):
             outcome = outcomes[index]
             if isinstance(row, RowError):
@@ -193,8 +224,9 @@ class TokenClassificationService:
                 outcome.error = from_explain_error(error)
                 outcome.method = row.request.method
                 continue
-            encoded[index] = self._encode(row.text or "")
             keys[index] = key
+            texts[index] = row.text or ""
+        encoded = dict(zip(texts, self._encode_all(list(texts.values())), strict=True))  # one tokenizer call
         groups = group_rows(keys)
         admitted = _Admission(self, encoded)
         for group in groups:
