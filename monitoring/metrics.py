@@ -94,10 +94,11 @@ NEGATIVE_SHARE = Histogram(
 )
 DROPPED = Counter("explain_monitor_dropped_rows", "Rows the monitor dropped: its queue was full", ["model"])
 
-#: Every metric name the monitor exports (as the exporter shows them: counters get ``_total``).
-METRIC_NAMES = (
-    "explain_attribution_ndcg", "explain_attribution_rank_correlation", "explain_attribution_mass_cosine",
-    "explain_attribution_window_rows", "explain_attribution_baseline_rows", "explain_canary_agreement",
-    "explain_canary_prediction_agreement", "explain_attribution_special_share",
-    "explain_attribution_entropy", "explain_attribution_negative_share", "explain_monitor_dropped_rows_total",
+#: Every metric the monitor exports (a door reading its replicas' metrics re-exports them: replica_metrics.py).
+METRICS = (
+    NDCG, RANK_CORRELATION, MASS_COSINE, WINDOW_ROWS, BASELINE_ROWS, CANARY_AGREEMENT, CANARY_PREDICTION_AGREEMENT,
+    SPECIAL_SHARE, ENTROPY, NEGATIVE_SHARE, DROPPED,
 )  # fmt: skip
+
+#: Every metric name the monitor exports (as the exporter shows them: counters get ``_total``).
+METRIC_NAMES = tuple(metric._name + ("_total" if isinstance(metric, Counter) else "") for metric in METRICS)

@@ -99,7 +99,7 @@ def test_the_replicas_get_the_records_tracing_and_metrics_settings() -> None:
 _REPLICA = """
 import sys
 from monitoring import metrics
-metrics.COVERAGE.labels("sentiment", "rollout").set(0.5)
+metrics.WINDOW_ROWS.labels("sentiment", "rollout", "positive").set(5)
 metrics.DROPPED.labels("sentiment").inc(3)
 print("ready", flush=True)
 sys.stdin.readline()
@@ -117,11 +117,11 @@ def test_the_replicas_monitor_metrics_reach_the_doors_registry(tmp_path: Path) -
         assert replica.stdout is not None and replica.stdout.readline().strip() == b"ready"
         export_replica_metrics(folder, registry)
         live = generate_latest(registry).decode()
-        assert 'explain_coverage{method="rollout",model="sentiment"} 0.5' in live
+        assert 'explain_attribution_window_rows{label="positive",method="rollout",model="sentiment"} 5.0' in live
         assert 'explain_monitor_dropped_rows_total{model="sentiment"} 3.0' in live
-        assert live.count("# TYPE explain_coverage gauge") == 1
+        assert live.count("# TYPE explain_attribution_window_rows gauge") == 1
     finally:
         replica.communicate(b"\n", timeout=30)
     gone = generate_latest(registry).decode()
-    assert "explain_coverage{" not in gone  # a gone replica's live gauge is dropped
+    assert "explain_attribution_window_rows{" not in gone  # a gone replica's live gauge is dropped
     assert 'explain_monitor_dropped_rows_total{model="sentiment"} 3.0' in gone

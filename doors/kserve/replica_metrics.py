@@ -73,12 +73,7 @@ def export_replica_metrics(folder: Path, registry: CollectorRegistry = REGISTRY)
     monitor metrics (no monitor runs in the door's process then; each family is exported once)."""
     from monitoring import metrics as monitor_metrics
 
-    metrics = (
-        monitor_metrics.NDCG, monitor_metrics.RANK_CORRELATION, monitor_metrics.MASS_COSINE,
-        monitor_metrics.WINDOW_ROWS, monitor_metrics.BASELINE_ROWS, monitor_metrics.CANARY_AGREEMENT,
-        monitor_metrics.CANARY_PREDICTION_AGREEMENT, monitor_metrics.COVERAGE, monitor_metrics.SPECIAL_SHARE,
-        monitor_metrics.ENTROPY, monitor_metrics.NEGATIVE_SHARE, monitor_metrics.DROPPED,
-    )  # fmt: skip
+    metrics = monitor_metrics.METRICS
     for metric in metrics:
         with contextlib.suppress(KeyError):
             registry.unregister(metric)
