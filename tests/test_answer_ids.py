@@ -33,10 +33,15 @@ SECRET = "a sentence nobody may log"
 
 
 class FakeContext:
-    """TorchServe's context of one batch: each row's request headers and TorchServe's own id; what the handler sets."""
+    """TorchServe's context of one batch: each row's request headers and TorchServe's own id; what the handler sets.
+    As TorchServe does, a row's headers also list each of its inputs (a REST body, a gRPC input map's entries) with
+    its content type, as a mapping."""
 
-    def __init__(self, headers: list[dict[str, str]]) -> None:
-        self.headers = headers
+    def __init__(self, headers: list[dict[str, str]], data: list[dict[str, Any]]) -> None:
+        self.headers: list[dict[str, Any]] = [
+            {**{name: {"content-type": None} for name in row}, **given}
+            for given, row in zip(headers, data, strict=True)
+        ]
         self.request_ids = {index: f"ts-own-{index}" for index in range(len(headers))}
         self.response_headers: dict[int, dict[str, str]] = {}
         self.statuses: dict[int, int] = {}
@@ -89,7 +94,7 @@ def test_every_answer_carries_its_id_json_and_protobuf_errors_included(
         {"request": _request("fine"), "x-request-id": b"../../etc/passwd"},  # a path-like id in the input map
         {"body": b"{not json"},  # an undecodable JSON row
     ]
-    context = FakeContext([{"X-Request-Id": "caller-1"}, {}, {"X-Request-Id": "../escape"}, {}, {}, {}, {}])
+    context = FakeContext([{"X-Request-Id": "caller-1"}, {}, {"X-Request-Id": "../escape"}, {}, {}, {}, {}], data)
     with caplog.at_level(logging.INFO, logger="doors.torchserve.handler"):
         answers = handler.handle(data, context)
     header = {index: headers["X-Request-Id"] for index, headers in context.response_headers.items()}
@@ -142,7 +147,7 @@ def test_the_record_is_stored_under_the_answers_id(handler: ExplanationHandler, 
             "traceparent": b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nX: 1",
         },
     ]
-    context = FakeContext([{"X-Request-Id": "rest-9", "traceparent": TRACEPARENT}, {}, {}])
+    context = FakeContext([{"X-Request-Id": "rest-9", "traceparent": TRACEPARENT}, {}, {}], data)
     try:
         answers = handler.handle(data, context)
     finally:
@@ -180,7 +185,7 @@ def test_a_streamed_rows_every_event_carries_its_id(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(ts_utils, "send_intermediate_predict_response", send)
     data: list[dict[str, Any]] = [{"body": {"prompt": "the staff were", "stream": True}}, {"body": {"prompt": "the"}}]
-    context = FakeContext([{"X-Request-Id": "stream-1"}, {}])
+    context = FakeContext([{"X-Request-Id": "stream-1"}, {}], data)
     answers = writer.handle(data, context)
     last = json.loads(answers[0])
     assert sent and all(event["event"] == "token" and event["id"] == "stream-1" for event in sent), sent

@@ -38,16 +38,15 @@ from monitoring.serving import start_monitor
 from records.recorder import Recorder
 from serving_core import metrics, tracing
 from serving_core.config import ConfigError, HandlerConfig
-from serving_core.deadlines import header_deadline, headers_deadline
+from serving_core.deadlines import headers_deadline
 from serving_core.errors import RowError
-from serving_core.headers import DEADLINE_HEADER
 from serving_core.loading import worker_device
 from serving_core.pools import POOL_NICENESS, is_pool, model_of
 from serving_core.streaming import JSON_LINES, RowStream, json_line
 from serving_core.task import Service, Task, get_task
 from serving_core.wire import CONTENT_TYPES, Encoding, encode, error_document, row_encoding, with_id
 
-from .row_records import answer_ids, record_rows, request_ids
+from .row_records import answer_ids, record_rows, request_ids, row_headers
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +63,7 @@ def _decoded(task: Task[Any, Any], row: dict[str, Any], context: Any, index: int
         RowError: for what is wrong with the row or the header.
     """
     decoded = task.decode_row(row, _explain_header(context, index), config)
-    deadline = headers_deadline(context.get_all_request_header(index))
-    if deadline is None:  # TorchServe's gRPC Predictions: an entry of the input map
-        deadline = header_deadline(row.get(DEADLINE_HEADER))
+    deadline = headers_deadline(row_headers(context, index, row))  # gRPC Predictions: an entry of the input map
     return task.with_deadline(decoded, deadline)
 
 
@@ -168,7 +165,7 @@ class ExplanationHandler:
         given = request_ids(context, data)  # a refused id: the row's error
         ids = answer_ids(context, given)  # each row's answer and record id
         spans = [  # each row in its caller's trace (REST headers; gRPC: entries of the input map)
-            tracing.start_row_span(context.get_all_request_header(index) or row, f"TorchServe {task.name}")
+            tracing.start_row_span(row_headers(context, index, row), f"TorchServe {task.name}")
             for index, row in enumerate(data)
         ]
         decoded: list[Any] = []

@@ -30,6 +30,7 @@ from records.event import Input
 from records.ids import check_request_id
 from records.recorder import Recorder
 from serving_core.errors import RowError
+from serving_core.headers import DEADLINE_HEADER
 from serving_core.recording import (
     REQUEST_ID_HEADER,
     TRACEPARENT_HEADER,
@@ -39,23 +40,43 @@ from serving_core.recording import (
     new_request_id,
     record_batch,
 )
-from serving_core.tracing import valid_traceparent
+from serving_core.tracing import TRACEPARENT, TRACESTATE, valid_traceparent
 
 from .records_door import PARENT_HEADER
 
 #: The longest input map entry read as a header (an id or a trace context is far shorter; anything longer is ignored).
 _LONGEST_ENTRY = 1024
+#: The headers a gRPC row carries as entries of its input map (TorchServe drops the call's metadata).
+ROW_HEADERS = (REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE, DEADLINE_HEADER)
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
+
+
+def row_headers(context: Any, index: int, row: Mapping[str, Any]) -> dict[str, str]:
+    """Row ``index``'s headers as text: its request headers (TorchServe lists each input's content type among them,
+    as a mapping: skipped), then, for a gRPC row, the entries of its input map named in :data:`ROW_HEADERS` (str or
+    bytes, at most 1 KiB) that no header names, whatever their case."""
+    found: dict[str, str] = {}
+    for key, value in (context.get_all_request_header(index) or {}).items():
+        text = _text(value)
+        if text is not None:
+            found[str(key)] = text
+    present = {key.lower() for key in found}
+    wanted = {name.lower() for name in ROW_HEADERS}
+    for key, value in row.items():
+        text = _text(value)
+        if key.lower() in wanted and key.lower() not in present and text is not None and len(text) <= _LONGEST_ENTRY:
+            found[key] = text
+    return found
 
 
 def row_value(context: Any, index: int, row: Mapping[str, Any], name: str) -> str | None:
-    """Row ``index``'s ``name``: its request header (any case), else, for a gRPC row, the entry of its input map of
-    that name (any case; str or bytes, at most 1 KiB); None when it has neither."""
-    value = header(context.get_all_request_header(index), name)
-    if value is not None:
-        return value
-    entries = {key: entry for key, entry in row.items() if isinstance(entry, str | bytes | bytearray)
-               and len(entry) <= _LONGEST_ENTRY}  # fmt: skip
-    return header(entries, name)
+    """Row ``index``'s header ``name`` (:func:`row_headers`, any case); None when it has none."""
+    return header(row_headers(context, index, row), name)
 
 
 def request_ids(context: Any, data: Sequence[Mapping[str, Any]]) -> list[str | RowError]:
@@ -150,10 +171,10 @@ def record_rows(
     """
     rows: list[AnsweredRow] = []
     for index, (row, answer, given) in enumerate(zip(data, answers, ids, strict=True)):
-        headers = context.get_all_request_header(index) or {}
+        headers = row_headers(context, index, row)
         request = given if isinstance(given, str) else new_request_id()
         context.set_response_header(index, REQUEST_ID_HEADER, request)
-        traceparent = valid_traceparent(row_value(context, index, row, TRACEPARENT_HEADER))
+        traceparent = valid_traceparent(header(headers, TRACEPARENT_HEADER))
         rows.append(
             AnsweredRow(
                 request_id=request,
@@ -168,4 +189,4 @@ def record_rows(
     return record_batch(recorder, task=task, door="torchserve", version=version, rows=rows)
 
 
-__all__ = ["answer_ids", "record_rows", "request_ids", "row_input", "row_value"]
+__all__ = ["ROW_HEADERS", "answer_ids", "record_rows", "request_ids", "row_headers", "row_input", "row_value"]
