@@ -102,6 +102,7 @@ def test_every_answer_carries_its_id_json_and_protobuf_errors_included(
                       6: "ts-own-6"}  # fmt: skip
 
     first = json.loads(answers[0])
+    assert handler.config is not None
     assert next(iter(first)) == "id" and first["id"] == "caller-1" and first["label"] in handler.config.labels
     assert Prediction.from_dict(first).request_id == "caller-1"
     assert json.loads(answers[1])["id"] == "ts-own-1"
