@@ -73,8 +73,11 @@ def handler() -> ExplanationHandler:
     return served
 
 
-def _request(text: str) -> bytes:
-    message = protos.explain_messages().ExplainRequest(text=text)
+def _request(text: str, method: str | None = None) -> bytes:
+    messages = protos.explain_messages()
+    message = messages.ExplainRequest(text=text)
+    if method is not None:
+        message.explain.CopyFrom(messages.ExplainOptions(method=method))
     return bytes(message.SerializeToString())
 
 
@@ -221,3 +224,17 @@ def test_the_forwarder_carries_a_grpc_calls_id_and_trace_into_the_input_map() ->
     malformed = [("traceparent", "00-zz-b7ad6b7169203331-01"), ("tracestate", "vendor=1")]
     assert carried_entries(malformed) == {}  # a malformed trace context is not carried
     assert carried_entries([("traceparent", f"{TRACEPARENT}\r\nX-Evil: 1")]) == {}
+
+
+def test_a_grpc_rows_deadline_is_read_from_its_input_map(handler: ExplanationHandler) -> None:
+    import time
+
+    later = str(int((time.time() + 600) * 1000)).encode()
+    data: list[dict[str, Any]] = [
+        {"request": _request("fine", "grad_x_input"), "explain-deadline-ms": b"1"},  # long past
+        {"request": _request("fine", "grad_x_input"), "Explain-Deadline-Ms": later},
+        {"request": _request("fine", "grad_x_input"), "explain-deadline-ms": b"soon"},
+    ]
+    answers = handler.handle(data, FakeContext([{}, {}, {}], data))
+    codes = [_reply(answer).error.code for answer in answers]
+    assert codes == ["deadline_exceeded", "", "invalid_request"], codes
