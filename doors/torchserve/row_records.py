@@ -6,11 +6,11 @@ TorchServe batches separate requests: each row is a request of its own (its head
 answer carries (JSON ``id``, protobuf ``request_id``: :func:`serving_core.wire.with_id`). TorchServe hands a gRPC
 row's input map over as the row and drops the call's metadata, so a gRPC row's ``x-request-id`` and ``traceparent``
 are entries of its input map (the router in front of TorchServe copies the caller's metadata there:
-:func:`forwarding.carried.carry_metadata`); a header wins over an entry (:func:`row_value`). The handler:
+:func:`forwarding.metadata.carry_metadata`); a header wins over an entry (:func:`row_headers`). The handler:
 
 1. before decoding, :func:`request_ids` (the caller's ``X-Request-Id`` per row, else TorchServe's own id of the row,
    else one made; an id that is not valid, path-like or too long, is the row's ``invalid_request`` error), then
-   :func:`answer_ids` (a refused row answered under a new id);
+   :func:`answer_ids` (a refused row answered under TorchServe's own id of the row);
 2. after encoding, :func:`record_rows` with each row's JSON answer document: one record per row committed in one
    transaction through the model's recorder (:func:`serving_core.recording.record_batch`), the ``parent`` of a
    re-explanation read from ``X-Explain-Parent`` (:mod:`doors.torchserve.records_door`), the ``traceparent`` kept
@@ -83,7 +83,7 @@ def request_ids(context: Any, data: Sequence[Mapping[str, Any]]) -> list[str | R
     """Each row's request id: the caller's ``X-Request-Id`` (a header; a gRPC row: its input map's ``x-request-id``,
     :func:`row_value`) when valid, else TorchServe's own id of the row (the one its answer's ``x-request-id``
     carries), else a new one; a row whose id is not valid gets its ``invalid_request`` error (the handler answers it
-    as the row's error, under a new id: :func:`answer_ids`).
+    as the row's error, under TorchServe's own id of the row: :func:`answer_ids`).
 
     Args:
         context: TorchServe's context of the batch.
