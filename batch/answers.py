@@ -5,7 +5,8 @@ are decoded by the task (``task.decode_row({"body": document}, explain_route, co
 are served by ``service.run`` in slices of the batch size, and each answer is written as its route writes it:
 
 - ``/predictions/<model>``, ``/explanations/<model>``: the task's JSON document (``task.to_dict``) with status 200, or
-  a failed row's ``{"error": {...}}`` (:func:`serving_core.wire.error_document`) with its error table status;
+  a failed row's ``{"error": {...}}`` (:func:`serving_core.wire.error_document`) with its error table status, with
+  the answer's ``id`` (the line's ``request_id``) as the route writes it (:func:`serving_core.wire.with_id`);
 - ``/v1/chat/completions``, ``/v1/completions``: the request translated by :mod:`serving_core.openai_api` into one
   generation document per distinct choice, and the choices' answers assembled into OpenAI's ``chat.completion`` /
   ``text_completion`` object, or OpenAI's error object with its status. The answer's ``id`` is
@@ -128,7 +129,7 @@ class LoadedModel:
     def _answer(self, item: _Pending, documents: list[tuple[int, dict[str, Any]]]) -> Answer:
         if item.translated is None and item.failure is None:
             status, document = documents[0]
-            return Answer(item.request, item.request_id, status, document)
+            return Answer(item.request, item.request_id, status, wire.with_id(document, item.request_id))
         try:
             if item.failure is not None:
                 raise item.failure

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .protos import read_options, write_options
-from .results import ContextUnit, ServiceError, options_from_json
+from .results import ContextUnit, ServiceError, answer_id, options_from_json
 
 Steps = Sequence[int] | str | tuple[str, int, int | None] | None
 """Steps to explain: ``None`` (every step; the sentences when documents are given), step indices, ``"sum"``,
@@ -354,6 +354,8 @@ class Generation:
         explanation_error: why the answer is served without the explanation asked for (``over_time_budget``: the
             explanation of the written answer's actual sentences or steps does not fit what the writing left of the
             model's time budget; its message says what fits); ``None`` otherwise.
+        request_id: the answer's id, the id of its record (JSON ``id``, protobuf ``request_id``; the caller's
+            ``X-Request-Id`` when it sent one); ``None`` when the service sent none. Not compared.
     """
 
     text: str
@@ -376,6 +378,7 @@ class Generation:
     sentences: tuple[AnswerSpan, ...] | None = None
     span: AnswerSpan | None = None
     explanation_error: ServiceError | None = field(default=None, compare=False)
+    request_id: str | None = field(default=None, compare=False)
 
     def context_units(self, count: int) -> list[str]:
         """The texts of the first ``count`` context units (a step's, a sentence's scores are over them): the
@@ -399,7 +402,7 @@ class Generation:
         if error is not None:
             raise ServiceError(
                 str(error.get("code", "internal")), str(error.get("message", "")), error.get("http_status"),
-                error.get("grpc_code"),
+                error.get("grpc_code"), request_id=answer_id(document),
             )  # fmt: skip
         steps = tuple(
             GenerationStep(
@@ -443,6 +446,7 @@ class Generation:
                 str(refused.get("code", "internal")), str(refused.get("message", "")), refused.get("http_status"),
                 refused.get("grpc_code"),
             ),
+            request_id=answer_id(document),
         )  # fmt: skip
 
     @classmethod
@@ -450,7 +454,8 @@ class Generation:
         """Parse an ``ExplainResponse`` (or raise its row error)."""
         if response.HasField("error"):
             error = response.error
-            raise ServiceError(error.code, error.message, int(error.http_status) or None, error.grpc_code or None)
+            raise ServiceError(error.code, error.message, int(error.http_status) or None, error.grpc_code or None,
+                               request_id=response.request_id or None)  # fmt: skip
         result = response.generation
         steps = tuple(
             GenerationStep(
@@ -489,10 +494,11 @@ class Generation:
             ),
             span=AnswerSpan.from_protobuf(result.span, bool(result.documents)) if result.HasField("span") else None,
             explanation_error=_proto_error(result.explanation_error) if result.HasField("explanation_error") else None,
+            request_id=response.request_id or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The answer as a JSON-ready dict (the REST response format)."""
+        """The answer as a JSON-ready dict (the REST response format; its ``id`` first when it has one)."""
         steps = []
         for step in self.steps:
             entry: dict[str, Any] = {"token": step.token, "token_id": step.token_id, "probability": step.probability}
@@ -502,7 +508,8 @@ class Generation:
             if step.foil_id is not None:
                 entry["foil"], entry["foil_id"] = step.foil, step.foil_id
             steps.append(entry)
-        document: dict[str, Any] = {
+        document: dict[str, Any] = {"id": self.request_id} if self.request_id is not None else {}
+        document |= {
             "task": "generation", "text": self.text, "stop_reason": self.stop_reason,
             "prompt_tokens": list(self.prompt_tokens), "prompt_special_tokens": list(self.prompt_special_tokens),
             "steps": steps,

@@ -18,15 +18,26 @@ class ServiceError(Exception):
         message: what was wrong and how to fix it (the server's message when it sent one).
         http_status: the HTTP status a REST caller gets for it (``None`` when unknown, e.g. a timeout).
         grpc_code: the gRPC status name (``INVALID_ARGUMENT``, …) when known.
+        request_id: the id of the answer that carried the error (its record's id; the caller's ``X-Request-Id``
+            when it sent one), when the service sent one.
     """
 
-    def __init__(self, code: str, message: str, http_status: int | None = None, grpc_code: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        http_status: int | None = None,
+        grpc_code: str | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> None:
         """Create the error."""
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.http_status = http_status
         self.grpc_code = grpc_code
+        self.request_id = request_id
 
     def to_dict(self) -> dict[str, Any]:
         """The error as the JSON object the service uses (``code``, ``message``, ``http_status``, ``grpc_code``)."""
@@ -36,6 +47,12 @@ class ServiceError(Exception):
             "http_status": self.http_status,
             "grpc_code": self.grpc_code,
         }
+
+
+def answer_id(document: Mapping[str, Any]) -> str | None:
+    """A JSON answer's ``id`` (the id of its record; docs/RECORDS.md, "Request ids"), None when it has none."""
+    value = document.get("id")
+    return value if isinstance(value, str) and value else None
 
 
 def options_from_json(options: Any) -> dict[str, int | float]:
@@ -468,6 +485,9 @@ class Prediction:
         skipped: when ``explained`` is false: why (:class:`Skipped`).
         token_classification: token classifiers (``head_type`` ``token_classification``): the entities found, and
             each one's attribution when asked; ``label``, ``label_id`` and ``probabilities`` are then empty.
+        request_id: the answer's id, the id of its record (JSON ``id``, protobuf ``request_id``; the caller's
+            ``X-Request-Id`` when it sent one); ``None`` when the service sent none. Not compared: the same answer
+            to two requests is equal.
     """
 
     label: str | None
@@ -484,6 +504,7 @@ class Prediction:
     confidence: float | None = None
     skipped: Skipped | None = None
     token_classification: TokenClassification | None = None
+    request_id: str | None = field(default=None, compare=False)
 
     @property
     def entities(self) -> tuple[Entity, ...]:
@@ -504,6 +525,7 @@ class Prediction:
                 str(error.get("message", "")),
                 error.get("http_status"),
                 error.get("grpc_code"),
+                request_id=answer_id(document),
             )
         head_type = str(document.get("head_type") or "single_label")
         if head_type == "token_classification":
@@ -514,6 +536,7 @@ class Prediction:
                 truncated=bool(document.get("truncated", False)),
                 head_type=head_type,
                 token_classification=TokenClassification.from_dict(document),
+                request_id=answer_id(document),
             )
         explanation = document.get("explanation")
         regression = head_type == "regression"
@@ -535,11 +558,14 @@ class Prediction:
             below=float(below) if below is not None else None,
             confidence=float(confidence) if confidence is not None else None,
             skipped=Skipped.from_dict(skipped) if isinstance(skipped, Mapping) else None,
+            request_id=answer_id(document),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The prediction as a JSON-ready dict (the service's REST response format)."""
-        document: dict[str, Any] = {"head_type": self.head_type}
+        """The prediction as a JSON-ready dict (the service's REST response format; its ``id`` first when it has
+        one)."""
+        document: dict[str, Any] = {"id": self.request_id} if self.request_id is not None else {}
+        document["head_type"] = self.head_type
         if self.token_classification is not None:
             document.update(self.token_classification.to_dict())
             document["truncated"] = self.truncated

@@ -4,7 +4,8 @@ service writes them, then the whole answer with its explanation.
 The service answers a streaming request (``"stream": true``) with JSON events, one a line over REST (chunked) and one
 a message over gRPC ``StreamPredictions`` (docs/SERVING.md, "Streaming"): ``{"event": "token", "text", "steps"}`` as
 the tokens are written, then ``{"event": "answer", ...}`` (the answer, as :meth:`Generation.from_dict` reads it) or
-``{"event": "error", "error": {...}, "text"}``. A :class:`GenerationStream` yields the token events as
+``{"event": "error", "error": {...}, "text"}``; every event carries the answer's ``id`` (the id of its record). A
+:class:`GenerationStream` yields the token events as
 :class:`TokenEvent` objects while they arrive, and keeps the answer (:attr:`GenerationStream.generation`) or raises
 the error (the text written before it stays in :attr:`GenerationStream.text`).
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .generation import Generation
-from .results import ServiceError
+from .results import ServiceError, answer_id
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class GenerationStream:
     Attributes:
         text: the text the token events carried so far.
         generation: the answer, once the stream has ended with it (``None`` before).
+        request_id: the answer's id (its record's), from the first event that carries it (``None`` before, or from a
+            service that sends none).
     """
 
     def __init__(self, events: Iterator[Mapping[str, Any]]) -> None:
@@ -79,6 +82,7 @@ class GenerationStream:
         self._events = events
         self.text = ""
         self.generation: Generation | None = None
+        self.request_id: str | None = None
 
     def __iter__(self) -> Iterator[TokenEvent]:
         """The token events as they arrive.
@@ -88,6 +92,8 @@ class GenerationStream:
                 a stream that ended without an answer.
         """
         for event in self._events:
+            if self.request_id is None:
+                self.request_id = answer_id(event)
             kind = event.get("event")
             if kind == "token":
                 token = TokenEvent(str(event.get("text", "")), list(event.get("steps", [])))
@@ -99,7 +105,8 @@ class GenerationStream:
             elif kind == "error" or "error" in event:
                 error = event.get("error") or {}
                 raise ServiceError(str(error.get("code", "internal")), str(error.get("message", "the stream failed")),
-                                   error.get("http_status"), error.get("grpc_code"))  # fmt: skip
+                                   error.get("http_status"), error.get("grpc_code"),
+                                   request_id=answer_id(event))  # fmt: skip
         if self.generation is None:
             raise ServiceError("internal", "the service's stream ended without an answer")
 

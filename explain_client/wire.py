@@ -162,7 +162,8 @@ def prediction_from_protobuf(response: Any) -> Prediction:
     """
     if response.HasField("error"):
         error = response.error
-        raise ServiceError(error.code, error.message, int(error.http_status) or None, error.grpc_code or None)
+        raise ServiceError(error.code, error.message, int(error.http_status) or None, error.grpc_code or None,
+                           request_id=response.request_id or None)  # fmt: skip
     if response.HasField("token_classification"):
         return Prediction(
             label=None,
@@ -171,6 +172,7 @@ def prediction_from_protobuf(response: Any) -> Prediction:
             truncated=bool(response.truncated),
             head_type="token_classification",
             token_classification=_token_classification(response.token_classification),
+            request_id=response.request_id or None,
         )
     explanation: Explanation | None = None
     if response.HasField("explanation"):
@@ -211,4 +213,5 @@ def prediction_from_protobuf(response: Any) -> Prediction:
         skipped=Skipped(response.skipped.reason, response.skipped.method, response.skipped.message)
         if response.HasField("skipped")
         else None,
+        request_id=response.request_id or None,
     )

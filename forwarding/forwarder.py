@@ -17,6 +17,11 @@ Status, headers, body, gRPC status and details come back as TorchServe sent them
 Traces (:mod:`serving_core.tracing`): each request is a span in its caller's trace (W3C ``traceparent``) when
 tracing is on, and the upstream request carries that span as its parent; when it is off, the caller's
 ``traceparent``/``tracestate`` pass on unchanged (REST headers and gRPC metadata alike).
+
+Request ids: a REST answer's ``X-Request-Id`` is the caller's valid one (TorchServe echoes its own id over the
+handler's). TorchServe drops a gRPC call's metadata, so a ``Predictions``/``StreamPredictions`` call's ``x-request-id``
+and trace context are carried in its ``PredictionsRequest``'s input map (:mod:`forwarding.metadata`; a call whose
+``x-request-id`` is not a valid id is refused with ``INVALID_ARGUMENT``).
 """
 
 from __future__ import annotations
@@ -34,8 +39,12 @@ from typing import Any
 
 import grpc
 
+from records import InvalidRecordIdError
+from records.ids import check_request_id
 from serving_core import tracing
 from serving_core.recording import REQUEST_ID_HEADER
+
+from .metadata import carry_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +63,8 @@ _STREAMS = {"StreamPredictions": False, "StreamPredictions2": True}
 #: The most bytes of a refused request body read and dropped so that its client can read the refusal.
 _DISCARD_LIMIT = 64 * 2**20
 _STREAM_REFUSAL = "the explanation handlers answer one message per request: call Predictions"
+#: The RPCs whose request is a ``PredictionsRequest``: the caller's metadata is carried in its input map.
+_CARRIED = frozenset({"Predictions", "StreamPredictions"})
 
 
 def _refuse_stream(bidirectional: bool) -> grpc.RpcMethodHandler:
@@ -369,7 +380,7 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
                 self._reply(503, "the model server is not reachable yet; retry")
                 return 503
             self.send_response(response.status, response.reason)
-            given = self.headers.get(REQUEST_ID_HEADER)
+            given = _valid_id(self.headers.get(REQUEST_ID_HEADER))
             for name, value in response.getheaders():
                 if name.lower() == REQUEST_ID_HEADER.lower() and given:
                     value = given  # TorchServe echoes its own id: the caller's is the one its record has
@@ -392,6 +403,17 @@ def _rest_handler(policy: Policy, upstream: Upstream, max_body: int) -> type[Bas
         do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = _forward  # noqa: N815 - http.server's naming
 
     return Handler
+
+
+def _valid_id(value: str | None) -> str | None:
+    """A caller's ``X-Request-Id`` when it is a valid id (the one its answer and record carry), else None (the
+    handler refuses it and answers under TorchServe's own id, the one TorchServe echoes)."""
+    if not value:
+        return None
+    try:
+        return check_request_id(value.strip())
+    except InvalidRecordIdError:
+        return None
 
 
 class _GrpcForwarder(grpc.GenericRpcHandler):
@@ -437,13 +459,23 @@ class _GrpcForwarder(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(unary)
 
     def _forwarded(self, name: str, request: bytes, context: grpc.ServicerContext) -> bytes:
-        """The policy's upstream request; its refusal aborts the call."""
+        """The policy's upstream request, carrying the call's ``x-request-id`` and trace context in its input map
+        (:func:`forwarding.metadata.carry_metadata`); the policy's refusal, or an ``x-request-id`` that is not a valid
+        id, aborts the call."""
         try:
             if name in _STREAMS:
-                return self._policy.grpc_stream_request(name, request)
-            return self._policy.grpc_request(name, request)
+                forwarded = self._policy.grpc_stream_request(name, request)
+            else:
+                forwarded = self._policy.grpc_request(name, request)
         except RefusedError as refused:
             context.abort(refused.code, refused.message)
+            raise  # unreachable: abort raises
+        if name not in _CARRIED:
+            return forwarded
+        try:
+            return carry_metadata(forwarded, context.invocation_metadata())
+        except InvalidRecordIdError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
             raise  # unreachable: abort raises
 
     def _streaming(self, method: str, name: str) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:

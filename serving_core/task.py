@@ -11,9 +11,9 @@ registry (:mod:`serving_core.registry`) for the model's :class:`Task` and calls 
    documents (:meth:`Task.decode_document`);
 3. ``service.run(rows, encodings)`` per batch (:class:`Service`): one outcome per row, in order, and the batch's shared
    :class:`BatchTimings`;
-4. :meth:`Task.encode` per row: the outcome in the encoding its request came in (the envelope, the error answer and
-   the JSON/protobuf choice are :mod:`serving_core.wire`'s; the task writes only its own fields, :meth:`Task.to_dict`
-   and :meth:`Task.to_proto`);
+4. :meth:`Task.encode` per row: the outcome in the encoding its request came in (the envelope, the error answer, the
+   answer's id and the JSON/protobuf choice are :mod:`serving_core.wire`'s; the task writes only its own fields,
+   :meth:`Task.to_dict` and :meth:`Task.to_proto`);
 5. :meth:`Task.observe` per row: the explanation metrics (:mod:`serving_core.metrics`).
 
 A row that :meth:`Task.streams` (a generation request with ``"stream": true``) is given a listener by its door
@@ -207,12 +207,14 @@ class Task(ABC, Generic[Row, Result]):
     def to_proto(self, outcome: Result, response: Any, config: HandlerConfig) -> None:
         """Fill an ``ExplainResponse`` (proto/explain.proto) with a served row's answer."""
 
-    def encode(self, outcome: Result, config: HandlerConfig) -> bytes:
-        """One row's answer in the encoding its request came in (JSON or a serialized ``ExplainResponse``)."""
+    def encode(self, outcome: Result, config: HandlerConfig, request_id: str | None = None) -> bytes:
+        """One row's answer in the encoding its request came in (JSON or a serialized ``ExplainResponse``), carrying
+        ``request_id`` (JSON ``id``, protobuf ``request_id``: :func:`serving_core.wire.with_id`) when given."""
         return wire.encode(
             outcome,
             lambda served: self.to_dict(served, config),
             lambda served, reply: self.to_proto(served, reply, config),
+            request_id,
         )
 
     def stages(self, outcome: Result, timings: BatchTimings, encode_seconds: float) -> dict[str, float]:

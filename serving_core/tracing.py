@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +38,10 @@ from typing import Any
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 PROPAGATED = (TRACEPARENT, TRACESTATE)
+#: A W3C ``traceparent`` (version 00's four fields; a later version may add fields after them).
+_TRACEPARENT_FORM = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-[0-9a-z._-]*)?")
+#: A W3C ``tracestate``: at most 32 ``key=value`` members of printable ASCII, 512 characters in all.
+_TRACESTATE_FORM = re.compile(r"[\x20-\x7e]{0,512}")
 #: Where spans go: either variable turns tracing on (the traces one wins, as in OpenTelemetry's exporters).
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 DEFAULT_SERVICE_NAME = "explain-service"
@@ -162,6 +167,34 @@ def trace_headers(headers: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None)
         if name in PROPAGATED and value is not None:
             found[name] = _text(value)
     return found
+
+
+def valid_traceparent(value: str | None) -> str | None:
+    """``value`` when it is a well-formed W3C ``traceparent`` (lower-case hex fields, not version ``ff``, no all-zero
+    trace or parent id; at most 256 characters), else None: what a door keeps of a caller's value (a record, an entry
+    it carries on), so that nothing else rides along."""
+    if value is None or len(value) > 256:
+        return None
+    match = _TRACEPARENT_FORM.fullmatch(value)
+    if match is None or match[1] == "ff" or not match[2].strip("0") or not match[3].strip("0"):
+        return None
+    if match[1] == "00" and match[4]:
+        return None  # version 00 has exactly four fields
+    return value
+
+
+def valid_trace_headers(headers: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None) -> dict[str, str]:
+    """:func:`trace_headers` keeping only a well-formed ``traceparent`` (:func:`valid_traceparent`) and, with it, a
+    ``tracestate`` of at most 512 printable ASCII characters: what a proxy may copy into a request's body."""
+    found = trace_headers(headers)
+    traceparent = valid_traceparent(found.get(TRACEPARENT))
+    if traceparent is None:
+        return {}
+    valid = {TRACEPARENT: traceparent}
+    state = found.get(TRACESTATE)
+    if state and _TRACESTATE_FORM.fullmatch(state):
+        valid[TRACESTATE] = state
+    return valid
 
 
 def start_request_span(

@@ -5,9 +5,10 @@ A row arrives as JSON (a REST body, or gRPC ``input["body"]``) or as a serialize
 the same for every task: telling the two apart (:func:`row_encoding`), TorchServe's row envelope decoded once for
 every task (:func:`read_row`: the protobuf ``request``, or the ``body``/``data`` bytes → UTF-8 → JSON or text, into a
 :class:`Body`), parsing JSON with the error table's code (:func:`parse_json`), rounding scores for JSON
-(:func:`rounded`), the error answer in either encoding, and the JSON dump or protobuf serialization around a task's
-own document (:func:`encode`). A task reads only its own fields and writes only its own fields; the other doors hand
-a task JSON documents directly (:meth:`serving_core.task.Task.decode_document`).
+(:func:`rounded`), the error answer in either encoding, the answer's id (:func:`with_id`: JSON ``id``, protobuf
+``request_id``), and the JSON dump or protobuf serialization around a task's own document (:func:`encode`). A task
+reads only its own fields and writes only its own fields; the other doors hand a task JSON documents directly
+(:meth:`serving_core.task.Task.decode_document`).
 """
 
 from __future__ import annotations
@@ -195,10 +196,24 @@ def error_document(error: RowError) -> dict[str, Any]:
     return {"error": error.to_dict()}
 
 
+#: The JSON field of an answer's id (protobuf: ``ExplainResponse.request_id``).
+ID_FIELD = "id"
+
+
+def with_id(document: Mapping[str, Any], request_id: str | None) -> dict[str, Any]:
+    """A JSON answer (or stream event) with its id as its first field, ``{"id": request_id, ...}``: the row's record
+    id (the request id; ``<request id>-<index>`` for a row of a multi-row request). The one place a door's JSON
+    answers get their id; ``request_id`` None: the document unchanged (a door that has no id to give)."""
+    if request_id is None:
+        return dict(document)
+    return {ID_FIELD: request_id, **{key: value for key, value in document.items() if key != ID_FIELD}}
+
+
 def encode(
     outcome: Answered,
     to_dict: Callable[[Any], dict[str, Any]],
     to_proto: Callable[[Any, Any], None],
+    request_id: str | None = None,
 ) -> bytes:
     """Encode one row's answer in the encoding its request came in.
 
@@ -206,14 +221,18 @@ def encode(
         outcome: the row's outcome (any task's).
         to_dict: the task's JSON document of a served outcome.
         to_proto: fills an ``ExplainResponse`` from a served outcome (``to_proto(outcome, response)``).
+        request_id: the answer's id (:func:`with_id`: JSON ``id``, protobuf ``request_id``), errors included;
+            None: none.
 
     Returns:
         The JSON bytes, or the serialized ``ExplainResponse``; a failed row's error in either form.
     """
     if outcome.encoding is Encoding.JSON:
         document = error_document(outcome.error) if outcome.error is not None else to_dict(outcome)
-        return json.dumps(document, separators=(",", ":")).encode("utf-8")
+        return json.dumps(with_id(document, request_id), separators=(",", ":")).encode("utf-8")
     response = explain_messages().ExplainResponse()
+    if request_id is not None:
+        response.request_id = request_id
     if outcome.error is not None:
         error = outcome.error
         response.error.code = error.code

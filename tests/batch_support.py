@@ -18,7 +18,6 @@ import yaml
 from batch.models import BatchModel
 from records import Payload, build_record
 from records.sqlite_store import SqliteStore
-from serving_core import wire
 from serving_core.errors import RowError
 from serving_core.loading import worker_device
 from serving_core.openai_api import OpenAIError, chat_request, completion_answer, completion_request
@@ -81,16 +80,16 @@ class Online:
         self.task = get_task(model.config.task)
         self.service = self.task.load(model.config, model.model_dir, worker_device(model.config))
 
-    def rest(self, body: Any, explain_route: bool = False) -> tuple[int, dict[str, Any]]:
-        """What ``/predictions/<model>`` (``/explanations/<model>``) answers: status and JSON body."""
+    def rest(self, body: Any, explain_route: bool = False, request_id: str | None = None) -> tuple[int, dict[str, Any]]:
+        """What ``/predictions/<model>`` (``/explanations/<model>``) answers a request of id ``request_id`` (its
+        ``X-Request-Id``; None: the body without its ``id``): status and JSON body."""
         try:
             row: Any = self.task.decode_row({"body": body}, explain_route, self.model.config)
         except RowError as error:
             row = error
         (outcome,), _ = self.service.run([row], [Encoding.JSON])
-        if outcome.error is not None:
-            return outcome.error.http_status, wire.error_document(outcome.error)
-        return 200, json.loads(self.task.encode(outcome, self.model.config))
+        status = outcome.error.http_status if outcome.error is not None else 200
+        return status, json.loads(self.task.encode(outcome, self.model.config, request_id))
 
     def openai(self, url: str, body: Any, answer_id: str) -> tuple[int, dict[str, Any]]:
         """What ``/v1/chat/completions`` or ``/v1/completions`` answers (the answer's ``id`` set to ``answer_id``)."""

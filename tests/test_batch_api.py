@@ -204,12 +204,14 @@ def test_a_batch_answers_as_the_online_route_and_keeps_its_error_lines(
         if isinstance(item, dict) and item["custom_id"] in output:
             answer = output[item["custom_id"]]
             assert answer["id"] == f"batch_req_{answer['response']['request_id']}" and answer["error"] is None
-            status, body = online.rest(item["body"])
+            status, body = online.rest(item["body"], request_id=answer["response"]["request_id"])
             assert answer["response"]["status_code"] == status == 200
+            assert answer["response"]["body"]["id"] == answer["response"]["request_id"]
             assert_same(answer["response"]["body"], body)
     assert errors["other-url"]["error"]["code"] == "invalid_url" and errors["other-url"]["response"] is None
-    status, body = online.rest({"txt": "no text field"})
-    assert errors["bad-body"]["response"]["status_code"] == status and errors["bad-body"]["response"]["body"] == body
+    refused = errors["bad-body"]["response"]
+    status, body = online.rest({"txt": "no text field"}, request_id=refused["request_id"])
+    assert refused["status_code"] == status and refused["body"] == body and body["id"] == refused["request_id"]
     assert [item["error"]["code"] for item in errors.values() if item["custom_id"] is None] == ["invalid_json"]
     assert call(api, "GET", f"/v1/files/{done['output_file_id']}")[1]["purpose"] == "batch_output"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from doors.torchserve.config import Ports
 from tests.batch_support import Online, assert_same, by_custom_id, line
 from tests.doors_support import EXTRAS
 from tests.generation_checkpoint import causal_lm
-from tests.serving_support import REPO_ROOT, http_post, tiny_archives
+from tests.serving_support import REPO_ROOT, http_call, tiny_archives
 
 openai = pytest.importorskip("openai")
 
@@ -108,13 +109,16 @@ def _lines(client: Any, file_id: str | None) -> dict[str, dict[str, Any]]:
     return by_custom_id([json.loads(text) for text in client.files.content(file_id).text.splitlines() if text])
 
 
-def _online(door: Door, model: str, body: Any) -> tuple[int, Any]:
-    """What ``/predictions/<model>`` answers: TorchServe's own route, or the serving core alone (KServe has no such
-    route; its Batch API answers as TorchServe's does)."""
+def _online(door: Door, model: str, body: Any, request_id: str) -> tuple[int, Any]:
+    """What ``/predictions/<model>`` answers a request of id ``request_id`` (its ``X-Request-Id``): TorchServe's own
+    route, or the serving core alone (KServe has no such route; its Batch API answers as TorchServe's does)."""
     if door.name == "torchserve":
         url = f"http://127.0.0.1:{door.port}/predictions/{model}"
-        return http_post(url, json.dumps(body).encode(), door.token)
-    return Online(open_model(model, door.models[model])).rest(body)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {door.token}",
+                   "X-Request-Id": request_id}  # fmt: skip
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        return http_call(request, 60.0)
+    return Online(open_model(model, door.models[model])).rest(body, request_id=request_id)
 
 
 def test_a_batch_of_predictions_answers_as_the_online_route(door: Door) -> None:
@@ -137,13 +141,13 @@ def test_a_batch_of_predictions_answers_as_the_online_route(door: Door) -> None:
     assert sorted(output) == ["explained", "t0", "t1", "t2", "t3"]
     for item in lines:
         if isinstance(item, dict) and item["custom_id"] in output:
-            status, body = _online(door, "sentiment", item["body"])
             answer = output[item["custom_id"]]["response"]
-            assert answer["status_code"] == status == 200
+            status, body = _online(door, "sentiment", item["body"], answer["request_id"])
+            assert answer["status_code"] == status == 200 and answer["body"]["id"] == answer["request_id"]
             assert_same(answer["body"], body)
     assert errors["elsewhere"]["error"]["code"] == "invalid_url"
     assert [item["error"]["code"] for item in errors.values() if item["custom_id"] is None] == ["invalid_json"]
-    status, body = _online(door, "sentiment", {"txt": "x"})
+    status, body = _online(door, "sentiment", {"txt": "x"}, errors["no-text"]["response"]["request_id"])
     assert errors["no-text"]["response"]["status_code"] == status
     assert errors["no-text"]["response"]["body"]["error"]["code"] == body["error"]["code"]
     assert created.id in [item.id for item in client.batches.list(limit=100).data]

@@ -97,7 +97,7 @@ def online_answer(online: dict[str, Online], item: dict[str, Any], answer_id: st
         prefix = "chatcmpl-" if "chat" in url else "cmpl-"
         return online[body["model"]].openai(url, body, prefix + answer_id)
     _, route, model = url.split("/")
-    return online[model].rest(body, route == "explanations")
+    return online[model].rest(body, route == "explanations", answer_id)
 
 
 def test_jsonl_of_every_task_answers_as_online(
@@ -171,7 +171,8 @@ def test_bad_lines_go_to_the_error_file_and_the_job_goes_on(
     ]
     assert sorted(codes, key=repr) == sorted(expected, key=repr)  # answered failures come with their batch
     bad = next(item for item in errors if item["custom_id"] == "bad-body")
-    assert_same(bad["response"]["body"], online["topics"].rest(bad_body["body"])[1])
+    bad_id = bad["response"]["request_id"]
+    assert_same(bad["response"]["body"], online["topics"].rest(bad_body["body"], request_id=bad_id)[1])
     assert sorted(item["error"]["line"] for item in errors if item["error"])[:3] == [2, 3, 4]
     assert (
         main(
@@ -223,15 +224,16 @@ def test_parquet_texts_and_images_answer_as_jsonl(
     written = by_custom_id(read_jsonl(tmp_path / "texts.jsonl"))
     assert sorted(written) == ["a", "b", "c"]
     for custom_id, text in zip("abc", TEXTS, strict=False):
-        assert_same(
-            written[custom_id]["response"]["body"], online["topics"].rest({"text": text, "explain": explain})[1]
-        )
+        response = written[custom_id]["response"]
+        expected = online["topics"].rest({"text": text, "explain": explain}, request_id=response["request_id"])[1]
+        assert_same(response["body"], expected)
     assert read_jsonl(default_errors_path(tmp_path / "texts.jsonl"))[0]["error"]["code"] == "duplicate_custom_id"
     shown = by_custom_id(read_jsonl(tmp_path / "images.jsonl"))
     assert sorted(shown) == ["10", "11", "12"]
     for index in range(3):
-        expected = online["animals"].rest({"image": image_b64(index), "explain": {"method": "gae"}})[1]
-        assert_same(shown[str(10 + index)]["response"]["body"], expected)
+        response = shown[str(10 + index)]["response"]
+        document = {"image": image_b64(index), "explain": {"method": "gae"}}
+        assert_same(response["body"], online["animals"].rest(document, request_id=response["request_id"])[1])
     (missing,) = read_jsonl(default_errors_path(tmp_path / "images.jsonl"))
     assert missing["custom_id"] == "13" and "cannot read image" in missing["error"]["message"]
     assert (
@@ -395,8 +397,11 @@ def test_stored_inputs_are_explained_again_by_another_method(
     assert (counts.total, counts.completed, counts.failed) == (4, 2, 2)
     answered = by_custom_id(read_jsonl(output))
     for record, text in (("rec-1", body["text"]), ("rec-5", "a slow rude waiter")):
-        expected = online["topics"].rest({"text": text, "explain": {"method": "gae"}})[1]
-        assert_same(answered[record]["response"]["body"], expected, record)
+        response = answered[record]["response"]
+        expected = online["topics"].rest(
+            {"text": text, "explain": {"method": "gae"}}, request_id=response["request_id"]
+        )
+        assert_same(response["body"], expected[1], record)
     errors = {item["custom_id"]: item["error"]["code"] for item in read_jsonl(default_errors_path(output))}
     assert errors == {"rec-2": "payload_not_kept", "rec-3": "version_changed"}
     default = BatchJob(
@@ -533,5 +538,6 @@ def test_parquet_rows_of_token_classifiers_and_causal_lms(
         written = by_custom_id(read_jsonl(output))
         assert sorted(written) == ["1", "2"]
         for custom_id, text in zip(("1", "2"), TEXTS, strict=False):
-            expected = online[name].rest({field: text, "explain": explain})[1]
-            assert_same(written[custom_id]["response"]["body"], expected, f"{name} {custom_id}")
+            response = written[custom_id]["response"]
+            expected = online[name].rest({field: text, "explain": explain}, request_id=response["request_id"])[1]
+            assert_same(response["body"], expected, f"{name} {custom_id}")

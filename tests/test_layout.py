@@ -303,6 +303,7 @@ class _Context:
         self.system_properties = {"model_dir": str(model_dir)}
         self.model_name = "length"
         self.statuses: dict[int, int] = {}
+        self.request_id_headers: dict[int, str] = {}
 
     def get_request_header(self, index: int, name: str) -> str | None:
         return None
@@ -317,7 +318,8 @@ class _Context:
         self.statuses[index] = status
 
     def set_response_header(self, index: int, name: str, value: str) -> None:
-        pass
+        if name == "X-Request-Id":
+            self.request_id_headers[index] = value
 
 
 @pytest.fixture(scope="module")
@@ -351,8 +353,9 @@ def test_the_throw_away_task_is_found_by_its_record_and_served_by_the_generic_ha
     rows: list[dict[str, Any]] = [{"body": {"text": "a b c"}}, {"body": b"{}"}, {"body": "a b"}, {"request": b""}]
     answers = handler.handle(rows, context)
     tokenizer = handler.service.tokenizer  # type: ignore[union-attr]
-    assert json.loads(answers[0]) == {"tokens": len(tokenizer("a b c")["input_ids"])}
-    assert json.loads(answers[2]) == {"tokens": len(tokenizer("a b")["input_ids"])}
+    ids = context.request_id_headers
+    assert json.loads(answers[0]) == {"id": ids[0], "tokens": len(tokenizer("a b c")["input_ids"])}
+    assert json.loads(answers[2]) == {"id": ids[2], "tokens": len(tokenizer("a b")["input_ids"])}
     assert context.statuses == {1: 400, 3: 415}  # missing_text; unsupported_input (a protobuf row)
 
 
@@ -396,6 +399,8 @@ def test_the_throw_away_task_is_served_by_torchserve_and_the_kserve_door(length_
         f"{length_doors['torchserve']}/predictions/length", json.dumps({"text": text}).encode(), length_doors["token"]
     )
     assert status == 200 and isinstance(answer, dict) and answer["tokens"] > 3, answer
+    assert isinstance(answer["id"], str) and answer["id"]  # each door's answer has its own id: compared without
+    answer = {key: value for key, value in answer.items() if key != "id"}
     if missing_extras() is not None:
         pytest.skip(missing_extras() or "")
     url = length_doors["kserve"]
@@ -405,7 +410,8 @@ def test_the_throw_away_task_is_served_by_torchserve_and_the_kserve_door(length_
     status, reply = http_post(f"{url}/v2/models/length/infer", json.dumps(infer).encode(), None)
     assert status == 200, reply
     outputs = {output["name"]: output["data"] for output in reply["outputs"]}
-    assert json.loads(outputs["document"][0]) == answer and outputs["document"][1] == ""
+    document = json.loads(outputs["document"][0])
+    assert {key: value for key, value in document.items() if key != "id"} == answer and outputs["document"][1] == ""
     assert outputs["error_code"] == ["", "missing_text"]
     status, reply = http_post(
         f"{url}/v1/models/length:predict", json.dumps({"instances": [{"text": text}]}).encode(), None

@@ -6,7 +6,10 @@ model's version), erases it, and echoes every answer's ``X-Request-Id``; the cli
 it; TorchServe's door with records on (its router in front, the inference key refused with 403, a record explained
 again through TorchServe). Online answers on both doors (OIP ``infer`` and v1 ``:predict`` on KServe, REST predictions
 through TorchServe) each have their record, under the ``X-Request-Id`` the answer echoes, with the model's version,
-and ``explain-records verify`` passes on the store."""
+and ``explain-records verify`` passes on the store. TorchServe's answers carry their record's id in the body too (REST
+``id``, a refused path-like ``X-Request-Id`` answered under the id TorchServe echoes; gRPC through the router:
+``ExplainResponse.request_id`` or the JSON ``id``, the caller's ``x-request-id`` metadata honoured, an invalid one
+refused with ``INVALID_ARGUMENT``)."""
 
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ class Door:
     version: str | None
     inference: str | None = None
     grpc: str | None = None
+    grpc_port: int | None = None
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +204,8 @@ def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
         assert server.router_pid is not None  # records on: the router is in front, whatever else is served
         key = records_key(run_dir / "key_file.json")
         assert key is not None and server.keys["inference"] != key
-        yield Door(server.inference_url, key, store_url, served_version(archive), server.keys["inference"])
+        yield Door(server.inference_url, key, store_url, served_version(archive), server.keys["inference"],
+                   grpc_port=server.ports.grpc_inference)  # fmt: skip
     finally:
         stop(run_dir)
 
@@ -215,6 +220,7 @@ def test_torchserve_s_router_answers_records_and_explains_again_through_torchser
     status, done = _call(torchserve, "POST", "/v1/records/ts-1/explain", {"explain": {"method": "grad_x_input"}})
     assert status == 200, done
     assert done["parent"] == "ts-1" and done["answer"]["explanation"]["method"] == "grad_x_input"
+    assert done["answer"]["id"] == done["id"]  # the re-explanation's answer carries its record's id
     assert _call(torchserve, "DELETE", "/v1/records/ts-1")[1] == {"id": "ts-1", "erased": 1}
 
 
@@ -318,8 +324,53 @@ def test_torchserve_online_answers_are_recorded(torchserve: Door) -> None:
     data = _recorded(torchserve, "online-ts-1")
     assert data["door"] == "torchserve" and data["model"]["version"] == torchserve.version
     assert data["input"]["document"]["text"] == "a lovely film" and data["prediction"]["label"] == answer["label"]
-    made, _ = _post(url, {"text": "a dull film"}, auth)
-    assert made and _recorded(torchserve, made)["input"]["document"]["text"] == "a dull film"
+    assert answer["id"] == "online-ts-1"
+    made, answer = _post(url, {"text": "a dull film"}, auth)
+    assert made and answer["id"] == made and _recorded(torchserve, made)["input"]["document"]["text"] == "a dull film"
+    assert records_main(["verify", torchserve.store_url]) == 0
+
+
+def test_torchserve_s_answers_carry_their_records_id_over_rest_and_grpc(torchserve: Door) -> None:
+    import grpc
+
+    from explain_client import protos
+
+    url = f"{torchserve.url}/predictions/sentiment"
+    auth = {"Authorization": f"Bearer {torchserve.inference}"}
+    refused = urllib.request.Request(url, data=json.dumps({"text": "a film"}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **auth,
+                                              "X-Request-Id": "../escape"})  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(refused, timeout=120)
+    echoed, answer = raised.value.headers["X-Request-Id"], json.loads(raised.value.read())
+    assert raised.value.code == 400 and answer["error"]["code"] == "invalid_request" and answer["id"] == echoed
+    assert _recorded(torchserve, echoed)["error"]["code"] == "invalid_request"
+
+    messages, stubs = protos.inference_stubs()
+    explain = protos.explain_messages()
+    metadata = [("authorization", f"Bearer {torchserve.inference}")]
+    with grpc.insecure_channel(f"127.0.0.1:{torchserve.grpc_port}") as channel:
+        stub = stubs.InferenceAPIsServiceStub(channel)
+
+        def call(entries: dict[str, bytes], extra: list[tuple[str, str]]) -> bytes:
+            request = messages.PredictionsRequest(model_name="sentiment", input=entries)
+            return bytes(stub.Predictions(request, metadata=[*metadata, *extra], timeout=120).prediction)
+
+        payload = explain.ExplainRequest(text="a lovely film").SerializeToString()
+        mine = explain.ExplainResponse.FromString(call({"request": payload}, [("x-request-id", "grpc-ts-1")]))
+        assert mine.request_id == "grpc-ts-1" and mine.label and not mine.HasField("error")
+        assert _recorded(torchserve, "grpc-ts-1")["prediction"]["label"] == mine.label
+        made = explain.ExplainResponse.FromString(call({"request": payload}, []))
+        assert made.request_id and _recorded(torchserve, made.request_id)["error"] is None
+        as_json = json.loads(call({"body": b'{"text": "a dull film"}'}, [("x-request-id", "grpc-ts-2")]))
+        assert as_json["id"] == "grpc-ts-2" and "label" in as_json
+        assert _recorded(torchserve, "grpc-ts-2")["input"]["document"]["text"] == "a dull film"
+        failed = explain.ExplainResponse.FromString(call({"request": b"\xff"}, [("x-request-id", "grpc-ts-3")]))
+        assert failed.request_id == "grpc-ts-3" and failed.error.code == "invalid_protobuf"
+        assert _recorded(torchserve, "grpc-ts-3")["error"]["code"] == "invalid_protobuf"
+        with pytest.raises(grpc.RpcError) as refusal:
+            call({"request": payload}, [("x-request-id", "../escape")])
+        assert refusal.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-request-id" in refusal.value.details()
     assert records_main(["verify", torchserve.store_url]) == 0
 
 

@@ -150,7 +150,7 @@ def test_a_torchserve_batch_is_recorded_row_by_row(tmp_path: Path) -> None:
         {"X-Request-Id": "../escape"},
     ])  # fmt: skip
     data: list[dict[str, Any]] = [{"body": b'{"text": "good"}'}, {"body": {"text": "bad"}}, {"body": b"\xff raw"}]
-    ids = request_ids(context, 3)
+    ids = request_ids(context, data)
     assert ids[0] == "mine" and isinstance(ids[1], str) and isinstance(ids[2], RowError)
     refused = {"error": {"code": "invalid_request"}}
     answers: list[dict[str, Any]] = [{"label": "positive"}, {"label": "negative"}, refused]

@@ -10,9 +10,16 @@ each served row is handed to the model's monitor (:mod:`monitoring.serving`), wh
 It never uses ``BaseHandler.handle``/``explain_handle``, which decide for the whole batch from row 0 and explain row 0
 only. No per-request state is stored on ``self``.
 
+Every answer carries its row's id, the id of its record (:func:`doors.torchserve.row_records.answer_ids`): JSON
+``"id"`` (errors included), protobuf ``ExplainResponse.request_id`` (:func:`serving_core.wire.with_id`, through
+:meth:`serving_core.task.Task.encode`), and the ``X-Request-Id`` response header. The log lines of a batch and of a
+failed row name the rows' ids (never request text).
+
 A row that asks for a stream (a generation request with ``"stream": true``; :mod:`serving_core.streaming`) is sent its
 token events as the service writes them, each as one JSON line to its client alone (TorchServe's intermediate
 responses: REST chunks, gRPC ``StreamPredictions`` messages); the handler's answer for that row is its last event.
+Every event of the stream carries the row's ``id``, so that a gRPC caller, which sees no header, has it from the
+first.
 """
 
 from __future__ import annotations
@@ -31,16 +38,15 @@ from monitoring.serving import start_monitor
 from records.recorder import Recorder
 from serving_core import metrics, tracing
 from serving_core.config import ConfigError, HandlerConfig
-from serving_core.deadlines import header_deadline, headers_deadline
+from serving_core.deadlines import headers_deadline
 from serving_core.errors import RowError
-from serving_core.headers import DEADLINE_HEADER
 from serving_core.loading import worker_device
 from serving_core.pools import POOL_NICENESS, is_pool, model_of
 from serving_core.streaming import JSON_LINES, RowStream, json_line
 from serving_core.task import Service, Task, get_task
-from serving_core.wire import CONTENT_TYPES, Encoding, encode, error_document, row_encoding
+from serving_core.wire import CONTENT_TYPES, Encoding, encode, error_document, row_encoding, with_id
 
-from .row_records import record_rows, request_ids
+from .row_records import answer_ids, record_rows, request_ids, row_headers
 
 logger = logging.getLogger(__name__)
 
@@ -57,29 +63,28 @@ def _decoded(task: Task[Any, Any], row: dict[str, Any], context: Any, index: int
         RowError: for what is wrong with the row or the header.
     """
     decoded = task.decode_row(row, _explain_header(context, index), config)
-    deadline = headers_deadline(context.get_all_request_header(index))
-    if deadline is None:  # TorchServe's gRPC Predictions: an entry of the input map
-        deadline = header_deadline(row.get(DEADLINE_HEADER))
+    deadline = headers_deadline(row_headers(context, index, row))  # gRPC Predictions: an entry of the input map
     return task.with_deadline(decoded, deadline)
 
 
-def _send_event(context: Any, index: int, event: dict[str, Any]) -> None:
-    """Send one event of row ``index``'s stream to its client now, as a chunk of TorchServe's REST answer (one JSON
-    line) or a message of its gRPC ``StreamPredictions`` (TorchServe's ``send_intermediate_predict_response``, for
-    this row only: the batch's other rows are not told)."""
+def _send_event(context: Any, index: int, request_id: str, event: dict[str, Any]) -> None:
+    """Send one event of row ``index``'s stream to its client now, with the row's ``id``, as a chunk of TorchServe's
+    REST answer (one JSON line) or a message of its gRPC ``StreamPredictions`` (TorchServe's
+    ``send_intermediate_predict_response``, for this row only: the batch's other rows are not told)."""
     from ts.handler_utils.utils import send_intermediate_predict_response
 
     context.set_response_content_type(index, JSON_LINES)
     request = {index: context.request_ids[index]}
-    send_intermediate_predict_response({index: json_line(event)}, request, "Intermediate Prediction success", 200,
-                                       context)  # fmt: skip
+    send_intermediate_predict_response({index: json_line(with_id(event, request_id))}, request,
+                                       "Intermediate Prediction success", 200, context)  # fmt: skip
 
 
-def _refused(context: Any, index: int, error: RowError, encoding: Encoding) -> bytes:
-    """Row ``index``'s answer replaced by ``error`` (its status and content type set), in the encoding it came in."""
+def _refused(context: Any, index: int, error: RowError, encoding: Encoding, request_id: str) -> bytes:
+    """Row ``index``'s answer replaced by ``error`` (its status and content type set), in the encoding it came in,
+    with its id."""
     context.set_response_status(error.http_status, error.phrase, index)
     context.set_response_content_type(index, CONTENT_TYPES[encoding])
-    return encode(_Failed(encoding, error), dict, lambda outcome, response: None)
+    return encode(_Failed(encoding, error), dict, lambda outcome, response: None, request_id)
 
 
 @dataclass(frozen=True)
@@ -157,17 +162,18 @@ class ExplanationHandler:
         task: Task[Any, Any] = get_task(config.task)
         metrics.observe_batch(self.model_name, len(data))
         encodings = [row_encoding(row) for row in data]
-        ids = request_ids(context, len(data))
+        given = request_ids(context, data)  # a refused id: the row's error
+        ids = answer_ids(context, given)  # each row's answer and record id
         spans = [  # each row in its caller's trace (REST headers; gRPC: entries of the input map)
-            tracing.start_row_span(context.get_all_request_header(index) or row, f"TorchServe {task.name}")
+            tracing.start_row_span(row_headers(context, index, row), f"TorchServe {task.name}")
             for index, row in enumerate(data)
         ]
         decoded: list[Any] = []
         streams: dict[int, RowStream] = {}
         for index, row in enumerate(data):
-            given = ids[index]
-            if isinstance(given, RowError):  # its X-Request-Id is not a valid id
-                decoded.append(given)
+            refused = given[index]
+            if isinstance(refused, RowError):  # its X-Request-Id is not a valid id
+                decoded.append(refused)
                 continue
             try:
                 with tracing.within(spans[index]), tracing.stage("decode"):
@@ -176,7 +182,7 @@ class ExplanationHandler:
                 decoded.append(error)
                 continue
             if task.streams(decoded[index]):
-                streams[index] = RowStream(partial(_send_event, context, index))
+                streams[index] = RowStream(partial(_send_event, context, index, ids[index]))
                 decoded[index] = task.with_listener(decoded[index], streams[index].listener)
         links = [tracing.span_context(span) for span in spans]
         with self._serving, tracing.batch_span(links, attributes={"explain.batch_rows": len(data)}):
@@ -190,10 +196,10 @@ class ExplanationHandler:
                 answer = error_document(outcome.error) if outcome.error is not None else task.to_dict(outcome, config)
                 answers.append(answer)
                 if index in streams:  # its last event: the answer, or the error keeping the text sent
-                    body = json_line(streams[index].final(answer))
+                    body = json_line(with_id(streams[index].final(answer), ids[index]))
                     context.set_response_content_type(index, JSON_LINES)
                 else:
-                    body = task.encode(outcome, config)
+                    body = task.encode(outcome, config, ids[index])
                     context.set_response_content_type(index, CONTENT_TYPES[outcome.encoding])
             encode_seconds = time.perf_counter() - started
             with tracing.within(spans[index]):
@@ -202,7 +208,9 @@ class ExplanationHandler:
             started_stream = index in streams and streams[index].sent > 0  # its status went with its first event
             if outcome.error is not None and not started_stream:
                 context.set_response_status(outcome.error.http_status, outcome.error.phrase, index)
-                logger.debug("row %d: %s %s", index, outcome.error.code, outcome.error.message)
+            if outcome.error is not None:
+                logger.info("%s: row %s failed: %s", self.model_name, ids[index], outcome.error.code)
+                logger.debug("row %s: %s", ids[index], outcome.error.message)
             task.observe(self.model_name, decoded[index], outcome, timings, encode_seconds)
             if self.monitor is not None:
                 self.monitor.observe(decoded[index], outcome)
@@ -211,6 +219,6 @@ class ExplanationHandler:
                                data=data, answers=answers, ids=ids)  # fmt: skip
         for index, refusal in enumerate(refusals):
             if refusal is not None:  # the store failed and on_store_error is refuse: no record, no answer
-                responses[index] = _refused(context, index, refusal, encodings[index])
-        logger.info("%s: batch of %d %s rows", self.model_name, len(data), task.name)
+                responses[index] = _refused(context, index, refusal, encodings[index], ids[index])
+        logger.info("%s: batch of %d %s rows: %s", self.model_name, len(data), task.name, " ".join(ids))
         return responses

@@ -9,7 +9,8 @@
 - TorchServe behind the router: a REST prediction and a gRPC ``Predictions`` call with the caller's ``traceparent``:
   the router's spans continue the caller's trace, and TorchServe's handler continues the router's: each row's span
   (``TorchServe <task>``) is the router span's child, with its ``decode``, ``encode`` and ``explanation`` spans, and
-  the batch span (``explain.batch_rows``) links it.
+  the batch span (``explain.batch_rows``) links it. On gRPC, whose metadata TorchServe drops, the router carries its
+  span's ``traceparent`` in the ``PredictionsRequest``'s input map (:mod:`forwarding.metadata`).
 """
 
 from __future__ import annotations
@@ -189,8 +190,8 @@ def test_torchserve_behind_the_router_continues_the_callers_trace(torchserve: An
 
     def both(spans: list[ReceivedSpan]) -> bool:
         traces = {span.trace_id for span in spans if span.parent_span_id == CALLER_SPAN}
-        worker = any(span.name == "TorchServe text" and span.trace_id == TRACE_ID for span in spans)
-        return {TRACE_ID, grpc_trace} <= traces and worker
+        workers = {span.trace_id for span in spans if span.name == "TorchServe text"}
+        return {TRACE_ID, grpc_trace} <= traces and {TRACE_ID, grpc_trace} <= workers
 
     spans = receiver.wait_for(both, timeout=30)
     rest = [span for span in _in_caller_trace(spans) if span.parent_span_id == CALLER_SPAN]
@@ -198,6 +199,10 @@ def test_torchserve_behind_the_router_continues_the_callers_trace(torchserve: An
     assert rest[0].attributes == {"http.request.method": "POST", "http.response.status_code": 200}
     call = [span for span in spans if span.trace_id == grpc_trace and span.parent_span_id == CALLER_SPAN]
     assert [span.name for span in call] == ["Router Predictions"], call
+    # TorchServe drops gRPC metadata: the router carries the trace context in the input map, and the worker continues it
+    grpc_worker = [span for span in spans if span.trace_id == grpc_trace and span.name == "TorchServe text"]
+    assert [span.parent_span_id for span in grpc_worker] == [call[0].span_id], grpc_worker
+    assert {"decode", "encode"} <= {span.name for span in spans if span.parent_span_id == grpc_worker[0].span_id}
     worker = [span for span in spans if span.trace_id == TRACE_ID and span.name == "TorchServe text"]
     assert [span.parent_span_id for span in worker] == [rest[0].span_id], worker  # the handler's row span
     stages = {span.name for span in spans if span.parent_span_id == worker[0].span_id}
