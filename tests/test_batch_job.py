@@ -464,8 +464,10 @@ def test_a_records_store_is_explained_again_and_resumed(
     for index, text in enumerate(RECORD_TEXTS):
         written = answered[f"good-{index}"]
         assert written["parent"] == f"good-{index}" and written["response"]["status_code"] == 200
-        expected = online["topics"].rest({"text": text, "explain": {"method": "gae"}})[1]
+        request = written["response"]["request_id"]
+        expected = online["topics"].rest({"text": text, "explain": {"method": "gae"}}, request_id=request)[1]
         assert_same(written["response"]["body"], expected, f"good-{index}")
+        assert written["response"]["body"]["id"] == request
     errors = {item["custom_id"]: item for item in read_jsonl(default_errors_path(output))}
     assert {key: item["error"]["code"] for key, item in errors.items()} == {
         "other-version": "version_changed",
