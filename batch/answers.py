@@ -10,7 +10,8 @@ are served by ``service.run`` in slices of the batch size, and each answer is wr
 - ``/v1/chat/completions``, ``/v1/completions``: the request translated by :mod:`serving_core.openai_api` into one
   generation document per distinct choice, and the choices' answers assembled into OpenAI's ``chat.completion`` /
   ``text_completion`` object, or OpenAI's error object with its status. The answer's ``id`` is
-  ``chatcmpl-<request_id>`` (``cmpl-`` for completions) so that a rerun or a Ray run writes the same line.
+  the line's ``request_id``, as the online routes answer a request of that ``X-Request-Id`` (so that a rerun or a Ray
+  run writes the same line).
 
 Streaming (``"stream": true``) is refused: a batch line is answered whole.
 """
@@ -108,8 +109,7 @@ class LoadedModel:
                 )
         except OpenAIError as error:
             return _Pending(request, request_id, [], failure=error)
-        prefix = "chatcmpl-" if route.kind == "chat" else "cmpl-"
-        translated = dataclasses.replace(translated, id=prefix + request_id)
+        translated = dataclasses.replace(translated, id=request_id)
         documents, choices = translated.distinct()
         rows = [self._row(document, False) for document in documents]
         return _Pending(request, request_id, rows, translated, choices)

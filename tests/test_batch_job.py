@@ -94,8 +94,7 @@ def every_task_lines() -> list[dict[str, Any]]:
 def online_answer(online: dict[str, Online], item: dict[str, Any], answer_id: str) -> tuple[int, Any]:
     url, body = item["url"], item["body"]
     if url.startswith("/v1/"):
-        prefix = "chatcmpl-" if "chat" in url else "cmpl-"
-        return online[body["model"]].openai(url, body, prefix + answer_id)
+        return online[body["model"]].openai(url, body, answer_id)
     _, route, model = url.split("/")
     return online[model].rest(body, route == "explanations", answer_id)
 
