@@ -64,8 +64,10 @@ GRACE_S = 600.0
 BACKOFF_S = 0.2
 FIGURES = REPO_ROOT / "build" / "ops-figures.jsonl"
 
-if STORE:
-    CASES = [("torchserve", STORE), pytest.param("kserve", STORE, marks=EXTRAS)]
+if STORE:  # the test ids name the store's kind, not its URL (which may hold a password)
+    _KIND = STORE.split(":", 1)[0]
+    CASES = [pytest.param("torchserve", STORE, id=f"torchserve-{_KIND}"),
+             pytest.param("kserve", STORE, marks=EXTRAS, id=f"kserve-{_KIND}")]  # fmt: skip
 else:
     CASES = [("torchserve", "sqlite"), ("torchserve", "postgresql"), pytest.param("kserve", "sqlite", marks=EXTRAS)]
 
