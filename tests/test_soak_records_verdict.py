@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from records import build_record, open_store
+from records.sql import SqlStore
 from tests.records_support import answer, execute
 from tests.soak_records_support import Call, check_records, wall_clock
 
@@ -66,6 +67,7 @@ def test_missing_wrong_and_unexplained_records_and_a_changed_chain_are_problems(
     _, problems = check_records(url, calls, since, fresh=False)  # a store in use: others' records are no problem
     assert len(problems) == 2
     with open_store(url) as store:
+        assert isinstance(store, SqlStore)
         execute(store, "UPDATE explain_records SET body = replace(body, 'rollout', 'attnlrp') WHERE id = ?",
                 ("other-method",))  # fmt: skip
     figures, problems = check_records(url, [_call("other-method")], since, fresh=False)
