@@ -239,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(folder)
         served = [Served("off", None, False), Served("off+router", None, True),
                   Served("full sqlite", f"sqlite:///{base / 'records.sqlite3'}", True)]  # fmt: skip
-        served += [Served(f"full {url.split(':', 1)[0]}", url, True) for url in args.store]
+        for index, url in enumerate(args.store, start=2):
+            name = f"full {url.split(':', 1)[0]}"
+            served.append(Served(name if all(item.name != name for item in served) else f"{name} {index}", url, True))
         started: dict[str, Server] = {}
         run_dirs = {item.name: base / f"run-{index}" for index, item in enumerate(served)}
         print(f"load average before: {load_average()}")

@@ -202,7 +202,7 @@ class ExplainModel(Model):
             raise RequestError(error) from None
         finally:
             self._observe(rows, served, time.perf_counter() - started)
-        self._record(served, oip_request_id(request.id, headers), headers)
+        await self._recorded(served, oip_request_id(request.id, headers), headers)
         return to_infer_response(self.name, request, outputs)
 
     async def _v1(self, payload: Any, explain: bool, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -224,7 +224,7 @@ class ExplainModel(Model):
         finally:
             self._observe(rows, served, time.perf_counter() - started)
         instances = payload.get("instances") if isinstance(payload, Mapping) else None
-        self._record(served, None, headers, instances if isinstance(instances, list) else None)
+        await self._recorded(served, None, headers, instances if isinstance(instances, list) else None)
         return answer
 
     async def answer_documents(self, documents: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -250,7 +250,7 @@ class ExplainModel(Model):
             for outcome in served.outcomes
         ]
         self._observe(rows, served, time.perf_counter() - started)
-        refusals = self._record(served, None, None, list(documents), refuse=False)
+        refusals = await self._recorded(served, None, None, list(documents), refuse=False)
         return [dict(answer) for answer in refused_answers(answers, refusals)]
 
     async def stream_documents(
@@ -313,6 +313,21 @@ class ExplainModel(Model):
             metrics.observe_batch(self.name, served.batch_rows)
             metrics.observe_generated_tokens(self.name, served.timings.tokens)
         return served
+
+    async def _recorded(
+        self,
+        served: Served,
+        given: str | None,
+        headers: Mapping[str, str] | None,
+        inputs: Sequence[Any] | None = None,
+        refuse: bool = True,
+    ) -> list[RowError | None]:
+        """:meth:`_record` in a thread when the model keeps records: the wait for the commit leaves the event loop
+        free for the door's other requests, whose batches then share the writer's transactions (group commit,
+        :mod:`records.writer`)."""
+        if self.recorder is None:
+            return [None] * len(served.outcomes)
+        return await asyncio.to_thread(self._record, served, given, headers, inputs, refuse)
 
     def _record(
         self,
