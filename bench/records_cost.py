@@ -30,7 +30,7 @@ import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,28 @@ def start_served(served: Served, run_dir: Path, store: Path, archive: Path, thre
                      overrides={"sentiment": cpu_profile(threads)}, router=served.router)  # fmt: skip
 
 
+def start_kserve(served: Served, run_dir: Path, archive: Path, threads: int) -> Callable[[bytes], bool]:
+    """Start ``served``'s KServe door (records by its store); its OIP REST caller (:func:`bench.doors.oip_caller`)."""
+    from bench.doors import oip_caller
+    from doors.kserve import launch
+
+    env = {name: "" for name in RECORDS_VARIABLES}
+    if served.store is not None:
+        env.update(
+            EXPLAIN_RECORDS=served.store, EXPLAIN_RECORDS_PAYLOAD="full", EXPLAIN_RECORDS_ON_STORE_ERROR="refuse"
+        )
+    env["OMP_NUM_THREADS"] = str(threads)
+    ports = Ports.free()
+    launch.start("kserve", {"sentiment": archive}, run_dir, ports.inference, ports.grpc_inference, timeout=600, env=env)
+    call: Callable[[bytes], bool] = oip_caller("127.0.0.1", ports.inference, ports.grpc_inference, "rest", "sentiment")
+    return call
+
+
+def oip_body(text: str, method: str) -> bytes:
+    """The body :func:`bench.doors.oip_caller` takes."""
+    return json.dumps([method, text]).encode()
+
+
 def stored_records(url: str) -> int:
     """How many records the store holds."""
     from records import open_store
@@ -128,12 +150,17 @@ def stored_records(url: str) -> int:
                 return count
 
 
-def measure(servers: dict[str, Server], methods: list[str], requests: int, rounds: int,
-            concurrency: int) -> tuple[list[Row], dict[tuple[str, str], list[float]]]:  # fmt: skip
-    """Send every round's requests to each server in turn: one row per server and method, and each round's
-    throughput per server and method."""
-    calls = {name: rest_caller(server, "sentiment") for name, server in servers.items()}
-    warm = [request_body(text, method) for method in methods for text in make_texts(16, seed=99)]
+def measure(
+    calls: dict[str, Callable[[bytes], bool]],
+    body: Callable[[str, str], bytes],
+    methods: list[str],
+    requests: int,
+    rounds: int,
+    concurrency: int,
+) -> tuple[list[Row], dict[tuple[str, str], list[float]]]:
+    """Send every round's requests (``body(text, method)``) to each server's ``call`` in turn: one row per server and
+    method, and each round's throughput per server and method."""
+    warm = [body(text, method) for method in methods for text in make_texts(16, seed=99)]
     for call in calls.values():  # the connections, the worker and the store are warm
         run_cell(call, warm, concurrency)
     latencies: dict[tuple[str, str], list[float]] = {}
@@ -142,7 +169,7 @@ def measure(servers: dict[str, Server], methods: list[str], requests: int, round
     for index in range(rounds):
         order = list(calls) if index % 2 == 0 else list(reversed(calls))
         for method in methods:
-            bodies = [request_body(text, method) for text in make_texts(requests, seed=index)]
+            bodies = [body(text, method) for text in make_texts(requests, seed=index)]
             for name in order:
                 values, failed, wall = run_cell(calls[name], bodies, concurrency)
                 key = (name, method)
@@ -230,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--methods", default="none,attnlrp", help="comma-separated; none: a prediction")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    parser.add_argument("--door", choices=["torchserve", "kserve"], default="torchserve")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -237,29 +265,41 @@ def main(argv: list[str] | None = None) -> int:
     methods = [method.strip() for method in args.methods.split(",") if method.strip()]
     with tempfile.TemporaryDirectory(prefix="bench-records-") as folder:
         base = Path(folder)
-        served = [Served("off", None, False), Served("off+router", None, True),
-                  Served("full sqlite", f"sqlite:///{base / 'records.sqlite3'}", True)]  # fmt: skip
+        served = [Served("off", None, False)]
+        if args.door == "torchserve":  # records on put the router in front: "off+router" isolates their own cost
+            served.append(Served("off+router", None, True))
+        served.append(Served("full sqlite", f"sqlite:///{base / 'records.sqlite3'}", True))
         for index, url in enumerate(args.store, start=2):
             name = f"full {url.split(':', 1)[0]}"
             served.append(Served(name if all(item.name != name for item in served) else f"{name} {index}", url, True))
-        started: dict[str, Server] = {}
+        calls: dict[str, Callable[[bytes], bool]] = {}
         run_dirs = {item.name: base / f"run-{index}" for index, item in enumerate(served)}
         print(f"load average before: {load_average()}")
         try:
             for item in served:
                 logger.info("starting %s", item.name)
-                started[item.name] = start_served(item, run_dirs[item.name], model_store, archive, args.threads)
-            rows, per_round = measure(started, methods, args.requests, args.rounds, args.concurrency)
+                if args.door == "kserve":
+                    calls[item.name] = start_kserve(item, run_dirs[item.name], archive, args.threads)
+                else:
+                    server = start_served(item, run_dirs[item.name], model_store, archive, args.threads)
+                    calls[item.name] = rest_caller(server, "sentiment")
+            body = oip_body if args.door == "kserve" else request_body
+            rows, per_round = measure(calls, body, methods, args.requests, args.rounds, args.concurrency)
         finally:
-            for name in started:
-                stop(run_dirs[name])
+            for name in calls:
+                if args.door == "kserve":
+                    from doors.kserve import launch
+
+                    launch.stop(run_dirs[name])
+                else:
+                    stop(run_dirs[name])
         counts: dict[str, tuple[int, int]] = {}
         for item in served:
             if item.store is not None:
                 answered = sum(row.requests - row.errors for row in rows if row.server == item.name)
                 counts[item.name] = (stored_records(item.store), answered + 16 * len(methods))
     found = ratios(rows, per_round)
-    print(f"{'tiny' if args.tiny else 'default'} sentiment model, REST, concurrency {args.concurrency}, "
+    print(f"{args.door}: {'tiny' if args.tiny else 'default'} sentiment model, REST, concurrency {args.concurrency}, "
           f"{args.rounds} rounds of {args.requests} requests per server and method")  # fmt: skip
     print(format_table(rows, found, counts))
     print(f"load average after: {load_average()}")
