@@ -609,7 +609,12 @@ def check_records(store_url: str, calls: list[Call], since: datetime, *, fresh: 
     }
     problems: list[str] = []
     if missing:
-        problems.append(f"{len(missing)} served answers have no record, e.g. {[c.__dict__ for c in missing[:3]]}")
+        hint = ""
+        if stored and not by_input and any(call.reply_id is None and call.content is not None for call in missing):
+            hint = (" (the records keep no input, payload none, and these answers carried no id: TorchServe's gRPC "
+                    "answers can be matched to their records only by their input)")  # fmt: skip
+        problems.append(f"{len(missing)} served answers have no record{hint}, e.g. "
+                        f"{[call.__dict__ for call in missing[:3]]}")  # fmt: skip
     if wrong:
         problems.append(f"{len(wrong)} served answers have a wrong record, e.g. "
                         f"{[(c.request_id, why) for c, why in wrong[:3]]}")  # fmt: skip
