@@ -222,7 +222,9 @@ class _TorchServeRecordsCaller:
             ok, detail = False, str(reply)[:300]
         self.target.log.add(Call(plan.request_id, protocol, plan.model, plan.method, plan.good, ok and plan.good,
                                  answered, status, reply_id, _content(plan), started, time.monotonic()))  # fmt: skip
-        return Sent(ok, status, detail, not ok and torchserve_retryable(status, detail))
+        # A bad request in a dying worker's batch gets "Worker died." too, which its own detail does not say.
+        retryable = torchserve_retryable(status, detail) or torchserve_retryable(status, str(reply))
+        return Sent(ok, status, detail, not ok and retryable)
 
     def _rest(self, plan: IdPlan, timeout: float) -> tuple[str, Any, str | None, bool]:
         server = self.target.box[0]
