@@ -4,6 +4,7 @@ records on (payload ``full``), in one run, taking turns at the same concurrency.
     python -m bench.records_cost --tiny                      # the tiny test model, SQLite in a temporary folder
     python -m bench.records_cost                             # the default sentiment model (model_store/build)
     python -m bench.records_cost --tiny --store postgresql://explain@db/bench   # also a PostgreSQL store
+    python -m bench.records_cost --tiny --door kserve        # the KServe door (no router either way)
 
 Servers, started side by side (the ``cpu`` profile: one worker, batches of up to 8, one torch thread each):
 
