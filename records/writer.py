@@ -144,11 +144,22 @@ class RecordWriter:
         return future
 
     def _run(self) -> None:
-        """The writer's thread: commit the batches as they come, each with those waiting behind it."""
+        """The writer's thread: commit the batches as they come, each with those waiting behind it (an unexpected
+        error is logged, and the thread goes on with the next batch)."""
+        while True:
+            try:
+                if self._step():
+                    return
+            except Exception:
+                logger.exception("records: the writer of %s failed unexpectedly", self.store.location)
+
+    def _step(self) -> bool:
+        """Take the next batch (with those waiting behind it) or marker from the queue and handle it; True when the
+        thread is to end."""
         while True:
             item = self._queue.get()
             if item == _STOP:
-                return
+                return True
             if item == _RETAIN:
                 self._retain()
                 continue
@@ -169,8 +180,7 @@ class RecordWriter:
             self._commit(group)
             if after == _RETAIN:
                 self._retain()
-            elif after == _STOP:
-                return
+            return after == _STOP
 
     def _commit(self, group: list[_Batch]) -> None:
         """Commit a group's batches in one transaction and settle their futures; when that fails and the group has
@@ -179,7 +189,8 @@ class RecordWriter:
             events = self.store.write([record for records, _ in group for record in records])
         except BaseException as error:
             if len(group) == 1:
-                group[0][1].set_exception(error)
+                if not group[0][1].done():
+                    group[0][1].set_exception(error)
                 return
             logger.warning("records: a group of %d batches failed (%s); committing each alone", len(group), error)
             for batch in group:
@@ -187,7 +198,8 @@ class RecordWriter:
             return
         start = 0
         for records, future in group:
-            future.set_result(events[start : start + len(records)])
+            if not future.done():
+                future.set_result(events[start : start + len(records)])
             start += len(records)
 
     def _retention_due(self) -> bool:
