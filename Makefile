@@ -178,13 +178,22 @@ test-ops: setup
 # explanations of worker-memory soak (figures logged and appended to build/ops-figures.jsonl). SERVER=kserve|ray, or
 # POOL=1 (TorchServe with an explanation pool behind the router): 60 s of the same load at concurrency 32 through that
 # door, with its kill test (tests/integration/test_soak_doors.py); SOAK_STORE=model_store/build serves the default
-# models there instead of the tiny test ones.
+# models there instead of the tiny test ones. RECORDS=STORE (sqlite: a new file; sqlite:///path or postgresql://...:
+# that store) soaks the door with records on instead (tests/integration/test_soak_records.py; SERVER=kserve for that
+# door; EXPLAIN_RECORDS_PAYLOAD=full|hash|none, default full): 60 s of the same load, TorchServe's text worker and then
+# the whole service killed (the KServe door's one process), every answer received checked against its record, and
+# `explain-records verify` on the store (docs/RECORDS.md, "The soak").
 POOL ?=
 SOAK_STORE ?=
+RECORDS ?=
 SOAK_DOOR = $(if $(filter 1 yes true,$(POOL)),pool,$(filter-out torchserve,$(SERVER)))
-SOAK_TESTS = $(if $(SOAK_DOOR),tests/integration/test_soak_doors.py -k $(SOAK_DOOR),tests/test_reliability.py)
-soak: $(DOOR_DEPS)
-	SOAK=1 SOAK_STORE="$(SOAK_STORE)" $(PY) -m pytest -q -o log_cli=true -o log_cli_level=WARNING $(SOAK_TESTS)
+SOAK_TESTS = $(if $(RECORDS),tests/integration/test_soak_records.py -k $(or $(SOAK_DOOR),torchserve),$(if \
+  $(SOAK_DOOR),tests/integration/test_soak_doors.py -k $(SOAK_DOOR),tests/test_reliability.py))
+soak: $(DOOR_DEPS) $(if $(filter postgres%,$(RECORDS)),extras)
+	@if [ -n "$(RECORDS)" ] && [ -n "$(filter ray pool,$(SOAK_DOOR))" ]; then \
+	  echo "make soak RECORDS=...: the records soak is for TorchServe (default) and SERVER=kserve" >&2; exit 2; fi
+	SOAK=1 SOAK_STORE="$(SOAK_STORE)" SOAK_RECORDS="$(RECORDS)" $(PY) -m pytest -q -o log_cli=true \
+	  -o log_cli_level=WARNING $(SOAK_TESTS)
 
 bench-serving: setup
 	$(PY) -m bench.load

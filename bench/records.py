@@ -7,7 +7,8 @@ batch size, and the records per second one writer reaches.
 Each row is a classification answer with a 30-token explanation, like the default sentiment model's. A SQLite store
 commits with ``synchronous=FULL`` (one fsync per batch in WAL mode), so its time is mostly the disk's; a PostgreSQL
 store's is the server's commit (its own fsync) and one round trip per statement. The served throughput cost of
-records is this time per batch against the batch's model time (docs/RECORDS.md).
+records is this time per batch against the batch's model time; ``python -m bench.records_cost`` measures it through
+the doors (docs/RECORDS.md, "Cost").
 """
 
 from __future__ import annotations

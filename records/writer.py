@@ -7,6 +7,13 @@ batch is durable. :meth:`RecordWriter.submit` starts the write and returns a fut
 answers meanwhile. With ``retention_days`` the same thread deletes the records older than that after a batch (the
 batch's answers do not wait for it), at most once an hour.
 
+Group commit: batches submitted while the thread is committing an earlier one (concurrent requests of a door that
+serves them in one process, several models' batches) wait for it, then go in one transaction together (up to
+:data:`GROUP_MAX_RECORDS` records), so they share one durable commit instead of paying one each; every batch's future
+is done only once the transaction that holds it is committed. When a group's transaction fails, each of its batches
+is tried again alone, so a batch fails only by its own fault or the store's, as it would alone. The HTTP sink
+delivers record by record, so its batches are written one at a time.
+
 A store that fails (or does not commit within the writer's timeout) is handled by ``on_store_error``
 (:func:`handle_store_error`): ``answer`` logs one ERROR naming the store and the model, counts
 ``explain_record_errors_total{model,store}`` and lets the answers go; ``refuse`` logs and counts the same and raises the
@@ -17,9 +24,11 @@ door answers for every row of the batch.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -40,6 +49,13 @@ COMMIT_TIMEOUT_S = 30.0
 RETENTION_EVERY_S = 3600.0
 #: The error table's code of a batch that could not be recorded.
 ERROR_CODE = "records_unavailable"
+#: The most records one group commit takes (the batches waiting beyond it go in the next transaction).
+GROUP_MAX_RECORDS = 512
+
+#: What the writer's queue holds besides batches: run retention now, or end the thread.
+_RETAIN = "retain"
+_STOP = "stop"
+_Batch = tuple[list[Record], "Future[list[dict[str, Any]]]"]
 
 RECORD_ERRORS = Counter(
     "explain_record_errors",
@@ -80,6 +96,7 @@ class RecordWriter:
         timeout_s: float = COMMIT_TIMEOUT_S,
         retention_days: float | None = None,
         retention_every_s: float = RETENTION_EVERY_S,
+        group_max_records: int = GROUP_MAX_RECORDS,
     ) -> None:
         """A writer for ``store``.
 
@@ -89,28 +106,101 @@ class RecordWriter:
             retention_days: Delete records older than this (the settings' ``retention_days``), checked after a
                 batch at most every ``retention_every_s``; None keeps them.
             retention_every_s: Seconds between two retention passes.
+            group_max_records: The most records one transaction takes from the batches waiting (1: no group
+                commit); the HTTP sink is always written one batch at a time.
         """
         self.store = store
         self._timeout_s = timeout_s
         self._retention_days = retention_days
         self._retention_every_s = retention_every_s
         self._retained_at: float | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-writer")
+        self._group_max = 1 if store.kind == "http" else max(1, group_max_records)
+        self._queue: queue.SimpleQueue[_Batch | str] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="records-writer", daemon=True)
+        self._thread.start()
 
     def submit(self, records: Sequence[Record]) -> Future[list[dict[str, Any]]]:
-        """Start committing a batch's records (one transaction); the future is done when they are durable.
+        """Start committing a batch's records (one transaction, shared with the batches waiting beside it); the
+        future is done when they are durable.
 
         Args:
             records: The batch's records.
 
         Returns:
             A future whose result is the events as kept once committed, or the store's error.
+
+        Raises:
+            RuntimeError: the writer is closed.
         """
-        batch = list(records)
-        future = self._pool.submit(self.store.write, batch)
-        if self._retention_due():
-            self._pool.submit(self._retain)  # after the batch: its answers do not wait for retention
+        future: Future[list[dict[str, Any]]] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the records writer is closed")
+            self._queue.put((list(records), future))
+            if self._retention_due():
+                self._queue.put(_RETAIN)  # after the batch: its answers do not wait for retention
         return future
+
+    def _run(self) -> None:
+        """The writer's thread: commit the batches as they come, each with those waiting behind it (an unexpected
+        error is logged, and the thread goes on with the next batch)."""
+        while True:
+            try:
+                if self._step():
+                    return
+            except Exception:
+                logger.exception("records: the writer of %s failed unexpectedly", self.store.location)
+
+    def _step(self) -> bool:
+        """Take the next batch (with those waiting behind it) or marker from the queue and handle it; True when the
+        thread is to end."""
+        while True:
+            item = self._queue.get()
+            if item == _STOP:
+                return True
+            if item == _RETAIN:
+                self._retain()
+                continue
+            assert not isinstance(item, str)
+            group = [item]
+            count = len(item[0])
+            after: str | None = None
+            while count < self._group_max:
+                try:
+                    waiting = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(waiting, str):
+                    after = waiting
+                    break
+                group.append(waiting)
+                count += len(waiting[0])
+            self._commit(group)
+            if after == _RETAIN:
+                self._retain()
+            return after == _STOP
+
+    def _commit(self, group: list[_Batch]) -> None:
+        """Commit a group's batches in one transaction and settle their futures; when that fails and the group has
+        more than one batch, each batch again alone."""
+        try:
+            events = self.store.write([record for records, _ in group for record in records])
+        except BaseException as error:
+            if len(group) == 1:
+                if not group[0][1].done():
+                    group[0][1].set_exception(error)
+                return
+            logger.warning("records: a group of %d batches failed (%s); committing each alone", len(group), error)
+            for batch in group:
+                self._commit([batch])
+            return
+        start = 0
+        for records, future in group:
+            if not future.done():
+                future.set_result(events[start : start + len(records)])
+            start += len(records)
 
     def _retention_due(self) -> bool:
         if self._retention_days is None:
@@ -173,8 +263,20 @@ class RecordWriter:
 
     def close(self) -> None:
         """Finish the batches already submitted, then close the store."""
-        self._pool.shutdown(wait=True)
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(_STOP)
+        self._thread.join()
         self.store.close()
 
 
-__all__ = ["COMMIT_TIMEOUT_S", "ERROR_CODE", "RECORD_ERRORS", "RETENTION_EVERY_S", "RecordWriter", "handle_store_error"]
+__all__ = [
+    "COMMIT_TIMEOUT_S",
+    "ERROR_CODE",
+    "GROUP_MAX_RECORDS",
+    "RECORD_ERRORS",
+    "RETENTION_EVERY_S",
+    "RecordWriter",
+    "handle_store_error",
+]

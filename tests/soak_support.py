@@ -115,6 +115,12 @@ class Kill:
     #: Whether the load goes on until :attr:`repaired` holds (the door cannot answer before: the KServe door's
     #: restart, the router's); else the replacement is timed only if it comes during the load.
     wait_repair: bool = False
+    #: The kill's window ends this many seconds after :attr:`repaired` first held (else :attr:`limit_s` after the
+    #: kill): a request sent later must be answered as usual.
+    settle_s: float | None = None
+    #: The most good requests the kill may leave without any answer (None: :func:`judge`'s ``unanswered_limit``): a
+    #: whole service stopped hard leaves the callers of the requests it had queued to their deadlines.
+    unanswered_limit: float | None = None
     #: Run in a thread after the kill (the KServe door's restart).
     after: Callable[[], None] | None = None
     #: When it was killed (``time.monotonic``), the pid, and when :attr:`repaired` first held.
@@ -201,8 +207,10 @@ def _image_share(models: dict[str, Path]) -> float:
     return 0.25 if "digits" in models else 0.0
 
 
-def kserve_soak(run_dir: Path, models: dict[str, Path], kill_at: float, ready_timeout: float = 600.0) -> DoorSoak:
-    """The KServe door, killed at ``kill_at`` s and started again on the same ports (module docstring)."""
+def kserve_soak(run_dir: Path, models: dict[str, Path], kill_at: float, ready_timeout: float = 600.0,
+                env: dict[str, str] | None = None) -> DoorSoak:  # fmt: skip
+    """The KServe door, killed at ``kill_at`` s and started again on the same ports (module docstring); ``env``: extra
+    environment of the door's process (e.g. the records settings, kept across the restart)."""
     from doors.kserve import launch as launcher
 
     ports = Ports.free()
@@ -210,7 +218,7 @@ def kserve_soak(run_dir: Path, models: dict[str, Path], kill_at: float, ready_ti
     def launch() -> Any:
         with one_thread():
             return launcher.start("kserve", models, run_dir, ports.inference, ports.grpc_inference,
-                                  timeout=ready_timeout)  # fmt: skip
+                                  timeout=ready_timeout, env=env)  # fmt: skip
 
     door = [launch()]
     began: list[float] = []
@@ -387,6 +395,8 @@ def judge(report: LoadReport, kills: list[Kill], unanswered_limit: int = 0) -> t
         killed = kill.killed
         following = [later.killed for later in kills[index + 1 :] if later.killed is not None]
         end = min([killed + kill.limit_s, *following])  # a kill's window ends where the next one's begins
+        if kill.settle_s is not None and kill.repaired_at is not None:
+            end = min(end, kill.repaired_at + kill.settle_s)
         affected = [outcome for outcome in report.outcomes if kill.affected(outcome) and outcome.started <= end]
         answered = [outcome.finished for outcome in affected if outcome.ok and outcome.started > killed]
         recovery = min(answered) - killed if answered else math.inf
@@ -411,7 +421,7 @@ def judge(report: LoadReport, kills: list[Kill], unanswered_limit: int = 0) -> t
         })  # fmt: skip
         if recovery > end - killed:
             problems.append(f"{kill.name}: no request it affects was answered within {end - killed:.1f} s of the kill")
-        if unanswered > unanswered_limit:
+        if unanswered > (unanswered_limit if kill.unanswered_limit is None else kill.unanswered_limit):
             problems.append(f"{kill.name}: {unanswered} requests got no answer")
 
     def in_window(outcome: Outcome) -> bool:

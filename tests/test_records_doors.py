@@ -293,6 +293,25 @@ def test_kserve_online_answers_are_recorded(door: Door) -> None:
     assert records_main(["verify", door.store_url]) == 0
 
 
+def test_kserve_requests_refused_as_a_whole_are_recorded(door: Door) -> None:
+    """A request the door cannot decode is answered 400 and recorded under its id, with its error and its input."""
+    oip = {"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    cases = {
+        "refused-oip-1": ("/v2/models/sentiment/infer", oip),
+        "refused-v1-1": ("/v1/models/sentiment:predict", {"instances": "not a list"}),
+    }
+    for request_id, (path, body) in cases.items():
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        request = urllib.request.Request(f"{door.url}{path}", data=json.dumps(body).encode(), headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(request, timeout=120)
+        assert raised.value.code == 400, raised.value.read()
+        data = _recorded(door, request_id)
+        assert data["door"] == "kserve" and data["error"]["code"], data
+        assert data["input"]["document"] is not None and data["input"]["payload"] == "full", data
+    assert records_main(["verify", door.store_url]) == 0
+
+
 def test_kserve_grpc_answers_carry_their_record_id(door: Door) -> None:
     from bench.oip_client import GrpcOip
 

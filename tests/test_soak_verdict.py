@@ -58,3 +58,19 @@ def test_a_kill_that_never_happened_or_no_recovery_is_a_problem() -> None:
     assert figures["kills"][0]["recovery_s"] == float("inf")
     assert any("never killed" in problem for problem in problems)
     assert any("no request it affects was answered" in problem for problem in problems)
+
+
+def test_a_whole_service_kill_excuses_unanswered_requests_until_it_is_whole_again() -> None:
+    service = Kill("whole service", 0.0, lambda: 1, lambda outcome: True, limit_s=600.0, wait_repair=True,
+                   settle_s=2.0, unanswered_limit=float("inf"))  # fmt: skip
+    service.killed, service.repaired_at = 10.0, 40.0
+    outcomes = [
+        _outcome(12.0, 32.0, "TIMEOUT"),  # queued while the service started again: its caller's deadline
+        _outcome(39.0, 40.5),  # answered once it is whole: recovery 30.5 s
+        _outcome(43.0, 43.2, "UNAVAILABLE", retryable=True),  # after the window (repaired + 2 s): a problem
+    ]
+    figures, problems = judge(LoadReport(outcomes, 60.0), [service], unanswered_limit=0)
+    assert figures["kills"][0]["unanswered"] == 1 and figures["kills"][0]["recovery_s"] == 30.5
+    assert figures["failed_good"] == 1 and len(problems) == 1 and "1 good requests failed" in problems[0]
+    service.unanswered_limit = None  # the judge's limit (0) then holds for it
+    assert any("got no answer" in problem for problem in judge(LoadReport(outcomes, 60.0), [service])[1])

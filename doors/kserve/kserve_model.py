@@ -106,6 +106,16 @@ _NUMPY = {"BYTES": np.object_, "FP32": np.float32, "FP64": np.float64, "INT64": 
           "BOOL": np.bool_}  # fmt: skip
 
 
+def _rest_document(request: InferRequest) -> dict[str, Any] | None:
+    """An OIP request as its REST JSON document (what a record keeps of a request refused as a whole); None when it
+    cannot be written as JSON (binary tensors)."""
+    try:
+        document, _ = request.to_rest()
+    except Exception:  # a request the door refused may be malformed in any way: keep no input then
+        return None
+    return document if isinstance(document, dict) else None
+
+
 def to_infer_response(name: str, request: InferRequest, outputs: Sequence[oip.Tensor]) -> InferResponse:
     """KServe's response for the outputs, in the request's transport and binary conventions (:func:`infer_output`)."""
     return InferResponse(
@@ -157,14 +167,13 @@ class ExplainModel(Model):
 
     def load(self) -> bool:
         """Load the backend's model (every task has an OIP codec: its own, or the generic one of JSON documents) and
-        open its recorder (its ``records:`` section, else the deployment's ``EXPLAIN_RECORDS``), unless the backend
-        records the rows where it serves them (Ray Serve replicas)."""
+        open its recorder (its ``records:`` section, else the deployment's ``EXPLAIN_RECORDS``). Where the backend
+        records the rows where it serves them (Ray Serve replicas), the door's recorder writes only the requests it
+        refuses as a whole (:meth:`_record_refusal`)."""
         section = self.settings.config.records
         if self.backend.records:
             records_settings(section, where=f"model {self.name}: records")  # refused here, before the replicas start
-            self.recorder = None
-        else:
-            self.recorder = Recorder.open(self.name, section)
+        self.recorder = Recorder.open(self.name, section)
         self.version = served_version(self.settings.archive)
         self.head_type = self.backend.load()
         self.ready = True
@@ -203,6 +212,7 @@ class ExplainModel(Model):
                 rows = oip.decode_request(received, config, headers_deadline(headers))
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
+            await self._record_refusal(request_id, error, _rest_document(request), headers)
             raise RequestError(error) from None
         records = RequestRecords.of(request_id, oip.row_requests(received, len(rows)), headers)
         served = await self._serve(rows, records)
@@ -211,11 +221,11 @@ class ExplainModel(Model):
             with tracing.stage("encode"):
                 outputs = oip.encode_response(served.outcomes, config)
         except RowError as error:
-            self._commit(served, records)
+            await self._commit(served, records)
             raise RequestError(error) from None
         finally:
             self._observe(rows, served, time.perf_counter() - started)
-        self._commit(served, records)
+        await self._commit(served, records)
         request.id = request_id  # the answer's id (gRPC too): the record's, or its rows' ``<id>-<index>``
         return to_infer_response(self.name, request, outputs)
 
@@ -228,6 +238,7 @@ class ExplainModel(Model):
                 rows = get_task(config.task).with_deadlines(v1.decode_instances(payload, config, explain), deadline)
         except RowError as error:
             metrics.observe_error(self.name, None, error.code)
+            await self._record_refusal(request_id, error, payload if isinstance(payload, Mapping) else None, headers)
             raise RequestError(error) from None
         records = RequestRecords.of(request_id, v1.instance_documents(payload, config), headers)
         served = await self._serve(rows, records)
@@ -236,11 +247,11 @@ class ExplainModel(Model):
             with tracing.stage("encode"):
                 answer = v1.encode_predictions(served.outcomes, config, explain)
         except RowError as error:
-            self._commit(served, records)
+            await self._commit(served, records)
             raise RequestError(error) from None
         finally:
             self._observe(rows, served, time.perf_counter() - started)
-        self._commit(served, records)
+        await self._commit(served, records)
         return {"id": request_id, "ids": records.ids, **answer}
 
     def request_id(self, given: str | None, headers: Mapping[str, Any] | None) -> str:
@@ -279,7 +290,7 @@ class ExplainModel(Model):
         started = time.perf_counter()
         answers = self._answers(served)
         self._observe(rows, served, time.perf_counter() - started)
-        refusals = self._commit(served, records, answers)
+        refusals = await self._commit(served, records, answers)
         return [dict(answer) for answer in refused_answers(answers, refusals)]
 
     async def stream_documents(
@@ -330,7 +341,7 @@ class ExplainModel(Model):
         started = time.perf_counter()
         answers = self._answers(served)
         self._observe(rows, served, time.perf_counter() - started)
-        refusals = self._commit(served, records, answers)
+        refusals = await self._commit(served, records, answers)
         for index, answer in enumerate(refused_answers(answers, refusals)):
             for event in [streams[index].final(answer)] if index in streams else answer_events(answer):
                 yield index, event
@@ -360,11 +371,13 @@ class ExplainModel(Model):
             for outcome in served.outcomes
         ]
 
-    def _commit(
+    async def _commit(
         self, served: Served, records: RequestRecords, answers: Sequence[Mapping[str, Any]] | None = None
     ) -> list[RowError | None]:
         """The request's records committed before its answer leaves: by the backend where its rows were served (a
-        Ray Serve replica: ``served.refusals``), else here (:func:`doors.kserve.row_records.commit`).
+        Ray Serve replica: ``served.refusals``), else here (:func:`doors.kserve.row_records.commit`), in a thread: the
+        wait for the commit leaves the event loop free for the door's other requests, whose batches then share the
+        writer's transactions (group commit, :mod:`records.writer`).
 
         Returns:
             Per served row, None or the error to answer instead (``records_unavailable``).
@@ -376,13 +389,29 @@ class ExplainModel(Model):
         if refusals is None:
             if self.recorder is None:
                 return [None] * len(served.outcomes)
-            refusals = commit(self.recorder, records, self._answers(served) if answers is None else answers,
-                              task=self.settings.config.task, door=self.backend.door,
-                              version=self.version)  # fmt: skip
+            committed: list[RowError | None] = await asyncio.to_thread(
+                commit, self.recorder, records, self._answers(served) if answers is None else answers,
+                task=self.settings.config.task, door=self.backend.door, version=self.version,
+            )  # fmt: skip
+            refusals = committed
         refused = next((refusal for refusal in refusals if refusal is not None), None)
         if records.refuse and refused is not None:
             raise RequestError(refused)
         return list(refusals)
+
+    async def _record_refusal(
+        self, request_id: str, error: RowError, received: Mapping[str, Any] | None, headers: Mapping[str, str] | None
+    ) -> None:
+        """A request refused as a whole (it could not be decoded) is an answered row too: its error is recorded under
+        the request's id, with what it sent (as the payload setting keeps it), before the refusal leaves. A store that
+        fails here is logged and counted by the recorder; the caller gets the request's own error."""
+        if self.recorder is None:
+            return
+        records = RequestRecords.of(request_id, [dict(received) if received is not None else None], headers)
+        await asyncio.to_thread(
+            commit, self.recorder, records, [wire.error_document(error)],
+            task=self.settings.config.task, door=self.backend.door, version=self.version,
+        )  # fmt: skip
 
     def _observe(self, rows: Sequence[Any], served: Served, encode: float) -> None:
         """Record each row's error or stages (the encode time shared equally by the request's rows), and hand it to the
