@@ -298,7 +298,7 @@ def test_kserve_requests_refused_as_a_whole_are_recorded(door: Door) -> None:
     oip = {"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
     cases = {
         "refused-oip-1": ("/v2/models/sentiment/infer", oip),
-        "refused-v1-1": ("/v1/models/sentiment:predict", {"instances": "not a list"}),
+        "refused-v1-1": ("/v1/models/sentiment:predict", {"instances": []}),
     }
     for request_id, (path, body) in cases.items():
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
