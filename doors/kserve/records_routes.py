@@ -1,12 +1,13 @@
 """The records routes on the KServe door (and on Ray Serve replicas behind it): ``/v1/records`` and its sub-routes
 (:mod:`records.api`) added to KServe's FastAPI application, when the deployment keeps records (``EXPLAIN_RECORDS``).
 
-The routes read the deployment's store with a connection of their own, on one thread of their own (the store's
-calls block), and ask for the records key of ``key_file.json`` in the door's run folder (made when missing,
-:func:`records.keys.ensure_records_key`). A re-explanation is served by the model's backend
-(:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`, as the door's REST route serves the document: in
-this process, or on a Ray Serve replica) and recorded where it is served, with the re-explained record as its
-``parent`` (:mod:`doors.kserve.row_records`).
+The routes read the deployment's store with a connection of their own, on one thread of their own (the store's calls
+block), and ask for the records key of ``key_file.json`` in the door's run folder (made when missing,
+:func:`records.keys.ensure_records_key`). A re-explanation of any record kept with payload ``full``
+(:func:`stored_document`: an OIP ``infer`` row's record read back through the model's OIP codec, any other input as its
+task's document) is served by the model's backend (:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`, as
+the door's REST route serves the document: in this process, or on a Ray Serve replica) and recorded where it is served,
+with the re-explained record as its ``parent`` (:mod:`doors.kserve.row_records`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from records import new_request_id, open_store, records_settings
-from records.api import PREFIX, RecordsApi, Reexplained
+from records.api import PREFIX, KeptInput, RecordsApi, Reexplained
 from records.keys import ensure_records_key
+from serving_core.config import HandlerConfig
 from serving_core.recording import served_version
+from serving_core.stored_input import task_document
 
 from .kserve_model import ExplainModel
+from .oip.stored import is_oip_row, oip_row_document
 from .row_records import RecordedRow, RequestRecords
 
 logger = logging.getLogger(__name__)
@@ -61,10 +65,12 @@ def add_records_routes(
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-api")
     serving: list[asyncio.AbstractEventLoop] = []  # the loop the models serve on, known at the first request
 
-    def reexplain(name: str, document: Mapping[str, Any], parent: str) -> Reexplained:
+    def reexplain(kept: KeptInput) -> Reexplained:
+        model = models[kept.model]
+        document = {**stored_document(kept.input, model.settings.config), "explain": dict(kept.explain)}
         request = new_request_id()
-        records = RequestRecords(request, (RecordedRow(0, None, dict(document)),), parent=parent, refuse=False)
-        answering = models[name].answer_documents([document], records)  # recorded where it is served
+        records = RequestRecords(request, (RecordedRow(0, None, document),), parent=kept.parent, refuse=False)
+        answering = model.answer_documents([document], records)  # recorded where it is served
         return Reexplained(request, asyncio.run_coroutine_threadsafe(answering, serving[0]).result()[0])
 
     api = RecordsApi(store, key=ensure_records_key(key_file), versions=versions, reexplain=reexplain)
@@ -87,4 +93,17 @@ def add_records_routes(
     return api
 
 
-__all__ = ["add_records_routes"]
+def stored_document(kept: Mapping[str, Any] | bytes, config: HandlerConfig) -> dict[str, Any]:
+    """A kept input as the JSON document of the model's task: an OIP row's record through the model's OIP codec
+    (:func:`doors.kserve.oip.stored.oip_row_document`), any other (a v1 instance, a generation document, a record
+    another door made, raw bytes) by :func:`serving_core.stored_input.task_document`.
+
+    Raises:
+        UnreadableInputError: the input is not a request of the model's task.
+    """
+    if isinstance(kept, Mapping) and is_oip_row(kept):
+        return oip_row_document(kept, config)
+    return task_document(kept, config.task)
+
+
+__all__ = ["add_records_routes", "stored_document"]
