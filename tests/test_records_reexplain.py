@@ -96,15 +96,15 @@ def _record_torchserve_rows(
 class Served:
     """The tiny models served in-process, each with its recorder on one store (payload full)."""
 
-    def __init__(self, store_url: str) -> None:
+    def __init__(self, store_url: str, archives: Mapping[str, Path]) -> None:
         from doors.kserve.backends import LocalBackend
         from doors.kserve.kserve_model import ExplainModel
         from doors.kserve.settings import read_settings
 
         self.store_url = store_url
         self.models: dict[str, ExplainModel] = {}
-        for name in ("sentiment", "digits"):
-            model = ExplainModel(LocalBackend(read_settings(name, tiny_archives()[name])))
+        for name, archive in archives.items():
+            model = ExplainModel(LocalBackend(read_settings(name, archive)))
             model.load()
             model.recorder = Recorder.open(name, {"store": store_url, "payload": "full"}, environ={})
             self.models[name] = model
@@ -125,8 +125,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     missing = missing_extras()
     if missing:
         pytest.skip(missing)
+    from model_store.package import package, validate
+    from tests.generation_checkpoint import causal_lm
+
     folder = tmp_path_factory.mktemp("reexplain")
-    models = Served(f"sqlite:///{folder / 'records.sqlite3'}")
+    lm = causal_lm(folder / "writer")
+    writer = package(lm, "writer", folder / "packages", None, validate(lm, "writer")).archive
+    archives = {**tiny_archives(), "writer": writer}  # text, image, token classification, generation
+    models = Served(f"sqlite:///{folder / 'records.sqlite3'}", archives)
     try:
         yield models
     finally:
@@ -138,7 +144,10 @@ def _oip_record(served: Served, name: str, request_id: str, inputs: list[tuple[s
     from kserve.protocol.infer_type import InferInput, InferRequest
 
     tensors = [InferInput(input_name, [len(data)], "BYTES", data) for input_name, data in inputs]
-    request = InferRequest(name, tensors, parameters={"explain_method": "rollout", "explain_option_start_layer": 0})
+    parameters = {"explain_method": "rollout", "explain_option_start_layer": 0}
+    if name == "writer":
+        parameters = {"explain_method": "rollout", "explain_steps": "0", "max_new_tokens": 2}
+    request = InferRequest(name, tensors, parameters=parameters)
     answered = asyncio.run(served.models[name].predict(request, {"X-Request-Id": request_id}))
     assert answered.id == request_id
     return request_id
@@ -180,18 +189,34 @@ def test_the_kserve_door_explains_any_full_record_again(served: Served, tmp_path
     with open_store(served.store_url) as store:
         stored = store.get(text_row)
         assert stored is not None and stored.event["data"]["input"]["document"]["inputs"][0]["name"] == "text"
+    entities_row = _oip_record(served, "entities", "oip-entities", [("text", ["Ada Lovelace wrote"])])
+    writer_row = _oip_record(served, "writer", "oip-writer", [("prompt", ["the service was"])])
     recorder = served.models["sentiment"].recorder
-    assert recorder is not None
+    writer = served.models["writer"].recorder
+    assert recorder is not None and writer is not None
     answer = {"label": "positive", "label_id": 1, "probabilities": {"negative": 0.4, "positive": 0.6}}
+    generation = explain_messages().GenerationRequest(prompt="good", max_new_tokens=2)
+    writer_proto, writer_plain = _record_torchserve_rows(
+        writer, "generation", served.version("writer"), [{"request": _request(generation=generation)},
+                                                         {"body": "the service was"}], answer)  # fmt: skip
     plain, proto = _record_torchserve_rows(recorder, "text", served.version("sentiment"),
                                            [{"body": "a lovely film"}, {"request": _request(text="a dull film")}],
                                            answer)  # fmt: skip
     with _kserve_client(served, tmp_path) as client:
-        _explain_each_again(served, client, text_row, image_row, plain, proto)
+        rows = [(text_row, "sentiment"), (image_row, "digits"), (entities_row, "entities"),
+                (writer_row, "writer"), (writer_proto, "writer"), (writer_plain, "writer"),
+                (plain, "sentiment"), (proto, "sentiment")]  # fmt: skip
+        _explain_each_again(served, client, rows, text_row)
+        child = _child(served, client.post(f"/v1/records/{writer_row}/explain", json=ASK).json()["id"])
+        assert child["input"]["document"] == {"prompt": "the service was", "max_new_tokens": 2, **ASK}
 
 
-def _explain_each_again(served: Served, client: Any, text_row: str, image_row: str, plain: str, proto: str) -> None:
-    for parent, model in ((text_row, "sentiment"), (image_row, "digits"), (plain, "sentiment"), (proto, "sentiment")):
+#: The re-explanation asked for in these tests.
+ASK = {"explain": {"method": "grad_x_input"}}
+
+
+def _explain_each_again(served: Served, client: Any, rows: list[tuple[str, str]], text_row: str) -> None:
+    for parent, model in rows:
         reply = client.post(f"/v1/records/{parent}/explain", json={"explain": {"method": "grad_x_input"}})
         assert reply.status_code == 200, reply.text
         _check_explained_again(served, reply.json(), parent, model, "grad_x_input")
@@ -316,3 +341,46 @@ def test_torchserve_s_router_explains_raw_and_protobuf_rows_again(served: Served
         {"text": "a lovely film", "text_pair": "fine", "explain": {"method": "grad_x_input"}},
         {"text": "a dull film", "explain": {"method": "grad_x_input"}},
     ]
+
+
+def test_oip_rows_become_their_task_documents() -> None:
+    """Each row of an OIP request, as the KServe door records it (``row_requests``), read back through the model's
+    codec: the document decodes to the row's own input (what it asked to explain left out), for every task."""
+    from doors.kserve import oip
+    from doors.kserve.oip.stored import oip_row_document, stored_document
+    from serving_core.config import HandlerConfig
+    from serving_core.task import get_task
+
+    png = png_bytes()
+    cases = [
+        (HandlerConfig(task="text", labels=("negative", "positive")),
+         {"text": ("BYTES", ["one", b"two"]), "text_pair": ("BYTES", ["a", "b"]),
+          "explain_method": ("BYTES", ["rollout", ""])}, {"explain_target": 1}),
+        (HandlerConfig(task="image", labels=("a", "b"), image_size=(16, 16)),
+         {"image": ("BYTES", [png, base64.b64encode(png).decode()])}, {"explain_method": "rollout"}),
+        (HandlerConfig(task="token_classification", labels=("O", "B-PER", "I-PER")),
+         {"text": ("BYTES", ["Ada Lovelace", "Alan Turing"])}, {"explain_method": "rollout"}),
+        (HandlerConfig(task="generation", labels=()),
+         {"prompt": ("BYTES", ["Once", "Twice"]), "continuation": ("BYTES", ["", " upon"])},
+         {"explain_method": "rollout", "explain_steps": "0", "max_new_tokens": 2, "do_sample": True, "seed": 3,
+          "explain_deadline_ms": 1}),
+    ]  # fmt: skip
+    for config, inputs, parameters in cases:
+        tensors = {name: oip.Tensor(name, kind, (len(data),), data) for name, (kind, data) in inputs.items()}
+        request = oip.OipRequest(tensors, parameters)
+        plain = oip.OipRequest(
+            {name: tensor for name, tensor in tensors.items() if not name.startswith("explain_")},
+            {key: value for key, value in parameters.items() if not key.startswith("explain_")},
+        )
+        served = oip.decode_request(plain, config)
+        task = get_task(config.task)
+        for index, stored in enumerate(oip.row_requests(request, 2)):
+            stored = json.loads(json.dumps(stored))  # as the store gives it back
+            document = oip_row_document(stored, config)
+            assert stored_document(stored, config) == document
+            assert "explain" not in document, document
+            assert task.decode_document(document, False, config) == served[index], (config.task, document)
+    with pytest.raises(UnreadableInputError, match="unsupported_input"):
+        oip_row_document({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}, cases[0][0])
+    with pytest.raises(UnreadableInputError):
+        oip_row_document({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["x"]}]}, cases[0][0])

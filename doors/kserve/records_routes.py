@@ -4,10 +4,11 @@
 The routes read the deployment's store with a connection of their own, on one thread of their own (the store's calls
 block), and ask for the records key of ``key_file.json`` in the door's run folder (made when missing,
 :func:`records.keys.ensure_records_key`). A re-explanation of any record kept with payload ``full``
-(:func:`stored_document`: an OIP ``infer`` row's record read back through the model's OIP codec, any other input as its
-task's document) is served by the model's backend (:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`, as
-the door's REST route serves the document: in this process, or on a Ray Serve replica) and recorded where it is served,
-with the re-explained record as its ``parent`` (:mod:`doors.kserve.row_records`).
+(:func:`doors.kserve.oip.stored.stored_document`: an OIP ``infer`` row's record read back through the model's OIP codec,
+any other input as its task's document) is served by the model's backend
+(:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`, as the door's REST route serves the document: in this
+process, or on a Ray Serve replica) and recorded where it is served, with the re-explained record as its ``parent``
+(:mod:`doors.kserve.row_records`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -25,12 +25,10 @@ from fastapi.responses import Response
 from records import new_request_id, open_store, records_settings
 from records.api import PREFIX, KeptInput, RecordsApi, Reexplained
 from records.keys import ensure_records_key
-from serving_core.config import HandlerConfig
 from serving_core.recording import served_version
-from serving_core.stored_input import task_document
 
 from .kserve_model import ExplainModel
-from .oip.stored import is_oip_row, oip_row_document
+from .oip.stored import stored_document
 from .row_records import RecordedRow, RequestRecords
 
 logger = logging.getLogger(__name__)
@@ -93,17 +91,4 @@ def add_records_routes(
     return api
 
 
-def stored_document(kept: Mapping[str, Any] | bytes, config: HandlerConfig) -> dict[str, Any]:
-    """A kept input as the JSON document of the model's task: an OIP row's record through the model's OIP codec
-    (:func:`doors.kserve.oip.stored.oip_row_document`), any other (a v1 instance, a generation document, a record
-    another door made, raw bytes) by :func:`serving_core.stored_input.task_document`.
-
-    Raises:
-        UnreadableInputError: the input is not a request of the model's task.
-    """
-    if isinstance(kept, Mapping) and is_oip_row(kept):
-        return oip_row_document(kept, config)
-    return task_document(kept, config.task)
-
-
-__all__ = ["add_records_routes", "stored_document"]
+__all__ = ["add_records_routes"]

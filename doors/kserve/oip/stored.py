@@ -8,7 +8,8 @@ The door records an OIP row's input as the OIP request of that row alone
 inputs), decodes it with the model's own codec (:func:`~doors.kserve.oip.codecs.codec_for`: the same checks as the
 online route, no second decoder) and writes the decoded row's input as the document the task's REST route takes
 (:func:`row_document`), to which the re-explanation adds its own ``explain``. A task served by the generic codec of JSON
-documents carries its document in the row already.
+documents carries its document in the row already. :func:`stored_document` reads any kept input of a model served by
+this door: an OIP row as above, any other by :func:`serving_core.stored_input.task_document`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from records.api import UnreadableInputError
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
-from serving_core.stored_input import CALL_FIELDS
+from serving_core.stored_input import CALL_FIELDS, task_document
 from serving_core.tasks.classify_schema import DecodedRow
 from serving_core.tasks.generation_schema import GenerationRow
 
@@ -153,4 +154,17 @@ def row_document(row: Any) -> dict[str, Any]:
     raise UnreadableInputError(f"a decoded {type(row).__name__} has no JSON document")
 
 
-__all__ = ["EXPLAIN_PARAMETERS", "is_oip_row", "oip_row_document", "row_document", "stored_request"]
+def stored_document(kept: Mapping[str, Any] | bytes, config: HandlerConfig) -> dict[str, Any]:
+    """A kept input as the JSON document of the model's task: an OIP row's record through the model's OIP codec
+    (:func:`oip_row_document`), any other (a v1 instance, a generation document, a record
+    another door made, raw bytes) by :func:`serving_core.stored_input.task_document`.
+
+    Raises:
+        UnreadableInputError: the input is not a request of the model's task.
+    """
+    if isinstance(kept, Mapping) and is_oip_row(kept):
+        return oip_row_document(kept, config)
+    return task_document(kept, config.task)
+
+
+__all__ = ["EXPLAIN_PARAMETERS", "is_oip_row", "oip_row_document", "row_document", "stored_document", "stored_request"]
