@@ -352,7 +352,7 @@ def test_oip_rows_become_their_task_documents() -> None:
     from serving_core.task import get_task
 
     png = png_bytes()
-    cases = [
+    cases: list[tuple[HandlerConfig, dict[str, tuple[str, list[Any]]], dict[str, Any]]] = [
         (HandlerConfig(task="text", labels=("negative", "positive")),
          {"text": ("BYTES", ["one", b"two"]), "text_pair": ("BYTES", ["a", "b"]),
           "explain_method": ("BYTES", ["rollout", ""])}, {"explain_target": 1}),
@@ -384,3 +384,129 @@ def test_oip_rows_become_their_task_documents() -> None:
         oip_row_document({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}, cases[0][0])
     with pytest.raises(UnreadableInputError):
         oip_row_document({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["x"]}]}, cases[0][0])
+
+
+@pytest.fixture(scope="module")
+def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """TorchServe's door with records on (payload full): the router in front, the text and image models."""
+    from doors.torchserve.config import Ports
+    from doors.torchserve.process import start, stop
+    from tests.serving_support import REPO_ROOT
+
+    archives = tiny_archives()
+    run_dir = tmp_path_factory.mktemp("reexplain-torchserve")
+    models = {name: str(archives[name].resolve()) for name in ("sentiment", "digits")}
+    with pytest.MonkeyPatch.context() as patch:  # what EXPLAIN_RECORDS=... make start gives the processes
+        patch.setenv("EXPLAIN_RECORDS", f"sqlite:///{run_dir / 'records.sqlite3'}")
+        patch.setenv("EXPLAIN_RECORDS_PAYLOAD", "full")
+        server = start(run_dir, REPO_ROOT, models, Ports.free(), timeout=300)
+    try:
+        yield server
+    finally:
+        stop(run_dir)
+
+
+def _http(base: str, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(base + path, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.slow
+def test_a_running_torchserve_explains_raw_and_grpc_rows_again(torchserve: Any) -> None:
+    """On a running TorchServe door: a raw PNG body, a ``text/plain`` body and a gRPC row's ``ExplainRequest`` are
+    recorded with their input as it came, and each is explained again through the router by another method."""
+    from tests.ops_support import GrpcCaller
+
+    inference = {"Authorization": f"Bearer {torchserve.keys['inference']}"}
+    png = png_bytes(seed=5)
+    status, _ = _http(torchserve.inference_url, "POST", "/predictions/digits", png,
+                      {**inference, "Content-Type": "image/png", "X-Request-Id": "raw-png"})  # fmt: skip
+    assert status == 200
+    status, _ = _http(torchserve.inference_url, "POST", "/predictions/sentiment", b"a lovely film",
+                      {**inference, "Content-Type": "text/plain", "X-Request-Id": "plain-text"})  # fmt: skip
+    assert status == 200
+    asked = explain_messages().ExplainOptions(method="rollout")
+    serialized = _request(text="a dull film", text_pair="fine", explain=asked)
+    caller = GrpcCaller(torchserve)
+    try:
+        reply = explain_messages().ExplainResponse.FromString(caller.predict("sentiment", {"request": serialized}))
+    finally:
+        caller.close()
+    assert reply.explanation.method == "rollout", reply
+    records = {"Authorization": f"Bearer {records_key(torchserve.run_dir / 'key_file.json')}"}
+    status, page = _http(torchserve.inference_url, "GET", "/v1/records?model=sentiment&limit=1000", None, records)
+    assert status == 200
+    grpc_rows = [event["id"] for event in page["data"]
+                 if event["data"]["input"].get("base64") == base64.b64encode(serialized).decode()]  # fmt: skip
+    assert len(grpc_rows) == 1
+    ask = json.dumps({"explain": {"method": "grad_x_input"}}).encode()
+    for parent in ("raw-png", "plain-text", grpc_rows[0]):
+        status, done = _http(torchserve.inference_url, "POST", f"/v1/records/{parent}/explain", ask,
+                             {**records, "Content-Type": "application/json"})  # fmt: skip
+        assert status == 200, (parent, done)
+        assert done["parent"] == parent and done["answer"]["explanation"]["method"] == "grad_x_input"
+        status, child = _http(torchserve.inference_url, "GET", f"/v1/records/{done['id']}", None, records)
+        assert status == 200 and child["data"]["parent"] == parent and child["data"]["method"] == "grad_x_input"
+    assert child["data"]["input"]["document"] == {"text": "a dull film", "text_pair": "fine",
+                                                  "explain": {"method": "grad_x_input"}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def kserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The KServe door with records on (payload full), serving the text and image models: (its URL, its run folder)."""
+    from doors.kserve import launch
+    from doors.torchserve.config import Ports
+    from tests.doors_support import missing_extras
+
+    missing = missing_extras()
+    if missing:
+        pytest.skip(missing)
+    archives = tiny_archives()
+    run_dir = tmp_path_factory.mktemp("reexplain-kserve")
+    env = {"OMP_NUM_THREADS": "1", "EXPLAIN_RECORDS": f"sqlite:///{run_dir / 'records.sqlite3'}",
+           "EXPLAIN_RECORDS_PAYLOAD": "full"}  # fmt: skip
+    ports = Ports.free()
+    models = {name: archives[name] for name in ("sentiment", "digits")}
+    launch.start("kserve", models, run_dir, ports.inference, ports.grpc_inference, timeout=400, env=env)
+    try:
+        yield f"http://127.0.0.1:{ports.inference}", run_dir
+    finally:
+        launch.stop(run_dir)
+
+
+@pytest.mark.slow
+def test_a_running_kserve_door_explains_its_oip_rows_again(kserve: tuple[str, Path]) -> None:
+    """On a running KServe door: OIP ``infer`` rows (a text pair, an image as base64) are explained again through
+    the door's records routes by another method."""
+    url, run_dir = kserve
+
+    png = png_bytes(seed=7)
+    infers = {
+        "sentiment": {"id": "oip-pair", "parameters": {"explain_method": "rollout"},
+                      "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a lovely film"]},
+                                 {"name": "text_pair", "datatype": "BYTES", "shape": [1], "data": ["fine"]}]},
+        "digits": {"id": "oip-png", "parameters": {"explain_method": "rollout"},
+                   "inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                               "data": [base64.b64encode(png).decode()]}]},
+    }  # fmt: skip
+    json_type = {"Content-Type": "application/json"}
+    for model, body in infers.items():
+        status, answer = _http(url, "POST", f"/v2/models/{model}/infer", json.dumps(body).encode(), json_type)
+        assert status == 200 and answer["id"] == body["id"], answer
+    records = {**json_type, "Authorization": f"Bearer {records_key(run_dir / 'key_file.json')}"}
+    ask = json.dumps({"explain": {"method": "grad_x_input"}}).encode()
+    for parent in ("oip-pair", "oip-png"):
+        status, done = _http(url, "POST", f"/v1/records/{parent}/explain", ask, records)
+        assert status == 200, (parent, done)
+        assert done["parent"] == parent and done["answer"]["explanation"]["method"] == "grad_x_input"
+        status, child = _http(url, "GET", f"/v1/records/{done['id']}", None, records)
+        assert status == 200 and child["data"]["parent"] == parent and child["data"]["method"] == "grad_x_input"
+    assert child["data"]["input"]["document"] == {"image": base64.b64encode(png).decode(),
+                                                  "explain": {"method": "grad_x_input"}}  # fmt: skip
