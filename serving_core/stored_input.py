@@ -17,8 +17,8 @@ its input and serializes back to the same bytes (a text that starts with a newli
 What belongs to the original call rather than to its input (``explain``, ``deadline_ms``, ``stream``) is dropped: the
 caller gives the new ``explain``. An input that is none of these raises :class:`records.api.UnreadableInputError`.
 
-Door-neutral and torch-free: an input a door keeps in a form of its own (the KServe door's OIP rows) is converted by
-that door (:mod:`doors.kserve.oip.stored`).
+Door-neutral and torch-free: an input a door keeps in a form of its own (the KServe door's OIP rows,
+:func:`is_oip_row`) is converted by that door (:mod:`doors.kserve.oip.stored`); :func:`task_document` refuses it.
 """
 
 from __future__ import annotations
@@ -51,12 +51,29 @@ def task_document(kept: Mapping[str, Any] | bytes, task: str) -> dict[str, Any]:
         UnreadableInputError: the input is not a request the task takes (not UTF-8, not JSON, an empty body...).
     """
     if isinstance(kept, Mapping):
+        if is_oip_row(kept):
+            raise UnreadableInputError(
+                "it is the OIP request of one row: the KServe door explains it again (with the model's OIP codec)"
+            )
         document = dict(kept)
     elif isinstance(kept, bytes | bytearray):
         document = _bytes_document(bytes(kept), task)
     else:
         raise UnreadableInputError(f"a stored input is a JSON document or bytes, not {type(kept).__name__}")
     return {name: value for name, value in document.items() if name not in CALL_FIELDS}
+
+
+def is_oip_row(document: Mapping[str, Any]) -> bool:
+    """Whether a stored input is the OIP request of one row (a list of ``inputs`` tensors, as the KServe door records
+    an OIP ``infer`` row), not a task document."""
+    inputs = document.get("inputs")
+    return (
+        isinstance(inputs, list)
+        and bool(inputs)
+        and all(
+            isinstance(tensor, Mapping) and {"name", "datatype", "shape", "data"} <= set(tensor) for tensor in inputs
+        )
+    )
 
 
 def _kind(task: str) -> tuple[bool, bool]:
@@ -150,4 +167,4 @@ def request_document(message: Any) -> dict[str, Any]:
     return document
 
 
-__all__ = ["CALL_FIELDS", "explain_request", "request_document", "task_document"]
+__all__ = ["CALL_FIELDS", "explain_request", "is_oip_row", "request_document", "task_document"]

@@ -63,6 +63,9 @@ def test_stored_inputs_become_their_task_documents() -> None:
     assert task_document(b'{"text": "x", "explain": {"method": "a"}}', "text") == {"text": "x"}
     kept = {"prompt": "p", "explain": {"method": "a"}, "deadline_ms": 1, "stream": True, "max_new_tokens": 2}
     assert task_document(kept, "generation") == {"prompt": "p", "max_new_tokens": 2}
+    oip_row = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}], "parameters": {}}
+    with pytest.raises(UnreadableInputError, match="KServe door"):
+        task_document(oip_row, "text")  # the TorchServe door has no OIP codec
     for junk, task in ((b"\xff\xfe not text", "text"), (b"", "text"), (b"plain words", "image"), (b"[1]", "image")):
         with pytest.raises(UnreadableInputError):
             task_document(junk, task)

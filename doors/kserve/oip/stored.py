@@ -23,7 +23,7 @@ from typing import Any
 from records.api import UnreadableInputError
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
-from serving_core.stored_input import CALL_FIELDS, task_document
+from serving_core.stored_input import CALL_FIELDS, is_oip_row, task_document
 from serving_core.tasks.classify_schema import DecodedRow
 from serving_core.tasks.generation_schema import GenerationRow
 
@@ -36,18 +36,6 @@ from .tensors import OipRequest, Tensor, text_value
 #: ``explain_deadline_ms``, generation's ``explain_steps``...): what a row asked to explain, dropped when it is
 #: explained again.
 EXPLAIN_PARAMETERS = "explain_"
-
-
-def is_oip_row(document: Mapping[str, Any]) -> bool:
-    """Whether a stored input is the OIP request of one row (a list of ``inputs`` tensors), not a task document."""
-    inputs = document.get("inputs")
-    return (
-        isinstance(inputs, list)
-        and bool(inputs)
-        and all(
-            isinstance(tensor, Mapping) and {"name", "datatype", "shape", "data"} <= set(tensor) for tensor in inputs
-        )
-    )
 
 
 def stored_request(document: Mapping[str, Any]) -> OipRequest:
@@ -167,4 +155,4 @@ def stored_document(kept: Mapping[str, Any] | bytes, config: HandlerConfig) -> d
     return task_document(kept, config.task)
 
 
-__all__ = ["EXPLAIN_PARAMETERS", "is_oip_row", "oip_row_document", "row_document", "stored_document", "stored_request"]
+__all__ = ["EXPLAIN_PARAMETERS", "oip_row_document", "row_document", "stored_document", "stored_request"]
