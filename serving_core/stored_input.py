@@ -13,7 +13,7 @@ A record kept with payload ``full`` holds its input as a JSON document or as raw
   (``{"text": ...}``; generation: ``{"prompt": ...}``).
 
 Bytes are read in that order. A text body is never a serialized ``ExplainRequest`` unless it parses as one that sets
-its input and serializes back to the same bytes (a text that starts with a newline and the length of what follows).
+its input and has no unknown field (a text that starts with a newline and the length of what follows).
 What belongs to the original call rather than to its input (``explain``, ``deadline_ms``, ``stream``) is dropped: the
 caller gives the new ``explain``. An input that is none of these raises :class:`records.api.UnreadableInputError`.
 
@@ -109,7 +109,8 @@ def _bytes_document(data: bytes, task: str) -> dict[str, Any]:
 
 def explain_request(data: bytes) -> Any:
     """``data`` as a serialized ``ExplainRequest`` that sets its input (``text``, ``image`` or ``generation``) and
-    serializes back to the same bytes; None when it is not one."""
+    holds no field the message does not know (its known fields fill every byte, in whatever order a client wrote
+    them); None when it is not one."""
     message = explain_messages().ExplainRequest()
     try:
         message.ParseFromString(data)
@@ -117,7 +118,10 @@ def explain_request(data: bytes) -> Any:
         return None
     if message.WhichOneof("input") is None and not message.HasField("generation"):
         return None
-    if message.SerializeToString(deterministic=True) != data and message.SerializeToString() != data:
+    known = explain_messages().ExplainRequest()
+    known.CopyFrom(message)
+    known.DiscardUnknownFields()
+    if known.ByteSize() != len(data):  # unknown fields: text that happened to parse, not a request
         return None
     return message
 

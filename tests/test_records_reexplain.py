@@ -60,6 +60,11 @@ def test_stored_inputs_become_their_task_documents() -> None:
     assert task_document(b"a lovely film", "token_classification") == {"text": "a lovely film"}
     assert task_document(b"Once upon", "generation") == {"prompt": "Once upon"}
     assert task_document(b"\n\x05hello", "text") == {"text": "hello"}  # parses as an ExplainRequest
+    entries = [b"\x0a\x01" + key + b"\x10" + bytes([value]) for key, value in ((b"b", 1), (b"a", 2))]
+    options = b"\x0a\x01m" + b"".join(b"\x22" + bytes([len(entry)]) + entry for entry in entries)  # b before a
+    written = b"\x0a\x01x" + b"\x1a" + bytes([len(options)]) + options  # as another client may order a map
+    assert task_document(written, "text") == {"text": "x"}
+    assert task_document(b"\n\x01xH1", "text") == {"text": "\n\x01xH1"}  # parses, with an unknown field 9: a text
     assert task_document(b'{"text": "x", "explain": {"method": "a"}}', "text") == {"text": "x"}
     kept = {"prompt": "p", "explain": {"method": "a"}, "deadline_ms": 1, "stream": True, "max_new_tokens": 2}
     assert task_document(kept, "generation") == {"prompt": "p", "max_new_tokens": 2}
@@ -344,6 +349,20 @@ def test_torchserve_s_router_explains_raw_and_protobuf_rows_again(served: Served
         {"text": "a lovely film", "text_pair": "fine", "explain": {"method": "grad_x_input"}},
         {"text": "a dull film", "explain": {"method": "grad_x_input"}},
     ]
+    oip_row = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}], "parameters": {}}
+    version = served.version("sentiment")
+    with open_store(served.store_url, payload="full") as store:
+        store.write([
+            build_record(model="sentiment", version=version, task="text", door="torchserve", request_id="ts-junk",
+                         index=None, answer=answer, input=b"\xff\xfe not a request"),
+            build_record(model="sentiment", version=version, task="text", door="kserve", request_id="ts-oip",
+                         index=None, answer=answer, input=oip_row),
+        ])  # fmt: skip
+    for parent in ("ts-junk", "ts-oip"):
+        reply = routes.respond("POST", f"/v1/records/{parent}/explain", key, ask, upstream)  # type: ignore[arg-type]
+        assert reply is not None and reply.status == 422 and isinstance(reply.body, bytes)
+        assert json.loads(reply.body)["error"]["code"] == "unreadable_input"
+    assert len(upstream.posted) == 3  # nothing sent upstream for them
 
 
 def test_oip_rows_become_their_task_documents() -> None:
