@@ -20,13 +20,14 @@ from typing import Any
 import pytest
 
 from doors.torchserve.records_door import RecordsRoutes
-from doors.torchserve.row_records import record_rows, request_ids
+from doors.torchserve.row_records import record_rows
 from explain_client.protos import explain_messages
 from records import build_record, open_store
 from records.api import UnreadableInputError
 from records.keys import ensure_records_key, records_key
 from records.recorder import Recorder, close_writers
-from serving_core.recording import REQUEST_ID_HEADER
+from serving_core.errors import RowError
+from serving_core.recording import REQUEST_ID_HEADER, new_request_id
 from serving_core.stored_input import task_document
 from tests.serving_support import png_bytes, tiny_archives
 
@@ -95,7 +96,7 @@ def _record_torchserve_rows(
 ) -> list[str]:
     """Rows recorded as TorchServe's handler records them (its own glue), under ids of their own."""
     context = _fake_context([{} for _ in rows])
-    ids = request_ids(context, len(rows))
+    ids: list[str | RowError] = [new_request_id() for _ in rows]
     assert record_rows(recorder, task=task, version=version, context=context, data=rows,
                        answers=[answer] * len(rows), ids=ids) == [None] * len(rows)  # fmt: skip
     return [str(given) for given in ids]
@@ -304,7 +305,7 @@ class StandInTorchServe:
         recorder = model.recorder
         context = _fake_context([dict(headers)])
         data = [{"body": body}]
-        ids = request_ids(context, 1)
+        ids: list[str | RowError] = [headers[REQUEST_ID_HEADER]]  # the id the router sent
         assert record_rows(recorder, task=model.settings.config.task, version=model.version, context=context,
                            data=data, answers=[answer], ids=ids) == [None]  # fmt: skip
         assert context.response_headers[0][REQUEST_ID_HEADER] == headers[REQUEST_ID_HEADER]
