@@ -6,9 +6,11 @@
                                             "next_cursor": ...}``
 ``GET /v1/records/{id}``                    one record (the stored CloudEvent; a tombstone once erased)
 ``GET /v1/records/{id}/page``               the record as the HTML page ``explain --html`` draws
-``POST /v1/records/{id}/explain``           ``{"explain": {...}}``: the stored input explained again by another method
-                                            on the same model version; the answer is a new record whose ``parent`` is
-                                            ``id``: ``{"id": <new record id>, "parent": id, "answer": {...}}``
+``POST /v1/records/{id}/explain``           ``{"explain": {...}}``: the stored input (any record kept with payload
+                                            ``full``, whatever door and encoding it came in) explained again by
+                                            another method on the same model version; the answer is a new record
+                                            whose ``parent`` is ``id``: ``{"id": <new record id>, "parent": id,
+                                            "answer": {...}}``
 ``DELETE /v1/records/{id}``                 erase (``{"id": id, "erased": n}``)
 ==========================================  ==========================================================================
 
@@ -18,16 +20,21 @@ answers, not read what others asked). A record id that is not valid (path-like, 
 ``invalid_record_id``; an unknown one 404 ``record_not_found``. A re-explanation is refused with 409
 ``payload_not_kept`` when the record kept only a hash of its input (or nothing, or was erased), 409
 ``model_version_changed`` when the model now served is another version, 404 ``model_not_found`` when the model is
-not served here. Errors are ``{"error": {"code", "message", "http_status"}}``.
+not served here, 422 ``unreadable_input`` when the kept input is not a request the model's task takes (the door's
+conversion, :class:`UnreadableInputError`). Errors are ``{"error": {"code", "message", "http_status"}}``.
 
 A door adapts :class:`RecordsApi` to its server in a few lines: TorchServe's router in its ``respond`` (the
 re-explanation a ``POST /predictions/<model>`` upstream), KServe's FastAPI application (the model in-process,
-:mod:`doors.kserve.records_routes`). :meth:`RecordsApi.respond` takes the method, the path with its query, the
-``Authorization`` header and the body, and returns an :class:`ApiReply` (None for a path that is not a records route).
+:mod:`doors.kserve.records_routes`). The routes hand the door the kept input as it was stored (:class:`KeptInput`: a
+JSON document or bytes, with the record's task and door); the door turns it into its task's request
+(:func:`serving_core.stored_input.task_document`; the KServe door's OIP rows: :mod:`doors.kserve.oip.stored`).
+:meth:`RecordsApi.respond` takes the method, the path with its query, the ``Authorization`` header and the body, and
+returns an :class:`ApiReply` (None for a path that is not a records route).
 """
 
 from __future__ import annotations
 
+import binascii
 import hmac
 import html
 import json
@@ -77,9 +84,36 @@ class Reexplained:
     answer: Mapping[str, Any]
 
 
-#: How a door explains a stored input again: ``(model, document, parent) -> Reexplained``. It answers ``document``
-#: (the stored input, its ``explain`` replaced) as its REST route would, and records the row with ``parent``.
-Reexplain = Callable[[str, Mapping[str, Any], str], Reexplained]
+@dataclass(frozen=True)
+class KeptInput:
+    """A stored input to explain again, as the record kept it.
+
+    Attributes:
+        model: The model that answered it (served here, at the record's version).
+        task: The record's task (``data.task``).
+        door: The door that recorded it (``data.door``: ``torchserve``, ``kserve``, ``ray``).
+        input: The input: a JSON document (a TorchServe REST body, a KServe v1 instance, a generation document, or
+            the OIP request of one row) or bytes (a raw image or text body, a serialized ``ExplainRequest``).
+        explain: The ``explain`` to answer it with.
+        parent: The re-explained record's id (the new record's ``parent``).
+    """
+
+    model: str
+    task: str
+    door: str
+    input: Mapping[str, Any] | bytes
+    explain: Mapping[str, Any]
+    parent: str
+
+
+class UnreadableInputError(ValueError):
+    """A kept input that cannot be turned into a request of its model's task (answered 422 ``unreadable_input``)."""
+
+
+#: How a door explains a stored input again: it turns the :class:`KeptInput` into its task's request (its
+#: ``explain`` the given one), answers it as its REST route would, and records the row with the input's ``parent``.
+#: It raises :class:`UnreadableInputError` for an input it cannot turn into a request.
+Reexplain = Callable[[KeptInput], Reexplained]
 
 
 class ApiError(Exception):
@@ -255,17 +289,18 @@ class RecordsApi:
             raise ApiError("invalid_request", 400, f"unknown field(s) {', '.join(unknown)}; send only 'explain'")
         stored = self._get(record_id)
         data = stored.event.get("data") or {}
-        kept = None if stored.erased else recorded_input(stored.event)
+        try:
+            kept = None if stored.erased else recorded_input(stored.event)
+        except (binascii.Error, ValueError, TypeError) as error:
+            raise ApiError(
+                "unreadable_input", 422, f"record {record_id!r}: its kept input is corrupt: {error}"
+            ) from None
         if kept is None:
             mode = ((data.get("input") or {}).get("payload")) if not stored.erased else "erased"
             raise ApiError(
                 "payload_not_kept", 409, f"record {record_id!r} did not keep its input (payload: {mode}); "
                 "only records kept with payload full can be explained again",
             )  # fmt: skip
-        if not isinstance(kept, Mapping):
-            raise ApiError(
-                "payload_not_kept", 409, f"record {record_id!r} kept its input as raw bytes, not a JSON request"
-            )
         model = str((data.get("model") or {}).get("name") or stored.model)
         recorded_version = (data.get("model") or {}).get("version")
         if self._versions is not None and model not in self._versions:
@@ -276,8 +311,13 @@ class RecordsApi:
                 "model_version_changed", 409,
                 f"record {record_id!r} was answered by {model} version {recorded_version}; {served} is served now",
             )  # fmt: skip
-        document = {**kept, "explain": explain}
-        done = self._reexplain(model, document, record_id)
+        given = KeptInput(model, str(data.get("task") or ""), str(data.get("door") or ""), kept, explain, record_id)
+        try:
+            done = self._reexplain(given)
+        except UnreadableInputError as error:
+            raise ApiError(
+                "unreadable_input", 422, f"record {record_id!r}: its input cannot be explained again: {error}"
+            ) from None
         failed = done.answer.get("error")
         status = int(failed.get("http_status", 500)) if isinstance(failed, Mapping) else 200
         return _json(status, {"id": done.record_id, "parent": record_id, "answer": dict(done.answer)})
@@ -368,9 +408,11 @@ __all__ = [
     "PREFIX",
     "ApiError",
     "ApiReply",
+    "KeptInput",
     "RecordsApi",
     "Reexplain",
     "Reexplained",
+    "UnreadableInputError",
     "bearer",
     "is_records_path",
     "record_page",

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from records import StoreUnavailableError, build_record, open_store
-from records.api import ApiReply, RecordsApi, Reexplained
+from records.api import ApiReply, KeptInput, RecordsApi, Reexplained
 from records.keys import ensure_records_key, inference_key, records_key
 from records.recorder import Recorder, close_writers
 from records.store import RecordStore
 from serving_core.errors import RowError
 from serving_core.recording import AnsweredRow, door_request_id, record_batch, refused_answers, row_indexes
+from serving_core.stored_input import task_document
 from tests.postgres_server import PostgresServer, postgres_server
 
 KEY = "records-key"
@@ -95,7 +96,9 @@ class FakeDoor:
     def versions(self) -> dict[str, str | None]:
         return {"sentiment": self.served_version}
 
-    def reexplain(self, model: str, document: Mapping[str, Any], parent: str) -> Reexplained:
+    def reexplain(self, kept: KeptInput) -> Reexplained:
+        document = {**task_document(kept.input, kept.task), "explain": dict(kept.explain)}
+        parent = kept.parent
         self.explained.append(document)
         request = door_request_id(None)
         method = document["explain"]["method"]

@@ -1,12 +1,14 @@
 """The records routes on the KServe door (and on Ray Serve replicas behind it): ``/v1/records`` and its sub-routes
 (:mod:`records.api`) added to KServe's FastAPI application, when the deployment keeps records (``EXPLAIN_RECORDS``).
 
-The routes read the deployment's store with a connection of their own, on one thread of their own (the store's
-calls block), and ask for the records key of ``key_file.json`` in the door's run folder (made when missing,
-:func:`records.keys.ensure_records_key`). A re-explanation is served by the model's backend
-(:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`, as the door's REST route serves the document: in
-this process, or on a Ray Serve replica) and recorded where it is served, with the re-explained record as its
-``parent`` (:mod:`doors.kserve.row_records`).
+The routes read the deployment's store with a connection of their own, on one thread of their own (the store's calls
+block), and ask for the records key of ``key_file.json`` in the door's run folder (made when missing,
+:func:`records.keys.ensure_records_key`). A re-explanation of any record kept with payload ``full``
+(:func:`doors.kserve.oip.stored.stored_document`: an OIP ``infer`` row's record read back through the model's OIP codec,
+any other input as its task's document) is served by the model's backend
+(:meth:`doors.kserve.kserve_model.ExplainModel.answer_documents`, as the door's REST route serves the document: in this
+process, or on a Ray Serve replica) and recorded where it is served, with the re-explained record as its ``parent``
+(:mod:`doors.kserve.row_records`).
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from records import new_request_id, open_store, records_settings
-from records.api import PREFIX, RecordsApi, Reexplained
+from records.api import PREFIX, KeptInput, RecordsApi, Reexplained
 from records.keys import ensure_records_key
 from serving_core.recording import served_version
 
 from .kserve_model import ExplainModel
+from .oip.stored import stored_document
 from .row_records import RecordedRow, RequestRecords
 
 logger = logging.getLogger(__name__)
@@ -61,10 +63,12 @@ def add_records_routes(
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="records-api")
     serving: list[asyncio.AbstractEventLoop] = []  # the loop the models serve on, known at the first request
 
-    def reexplain(name: str, document: Mapping[str, Any], parent: str) -> Reexplained:
+    def reexplain(kept: KeptInput) -> Reexplained:
+        model = models[kept.model]
+        document = {**stored_document(kept.input, model.settings.config), "explain": dict(kept.explain)}
         request = new_request_id()
-        records = RequestRecords(request, (RecordedRow(0, None, dict(document)),), parent=parent, refuse=False)
-        answering = models[name].answer_documents([document], records)  # recorded where it is served
+        records = RequestRecords(request, (RecordedRow(0, None, document),), parent=kept.parent, refuse=False)
+        answering = model.answer_documents([document], records)  # recorded where it is served
         return Reexplained(request, asyncio.run_coroutine_threadsafe(answering, serving[0]).result()[0])
 
     api = RecordsApi(store, key=ensure_records_key(key_file), versions=versions, reexplain=reexplain)

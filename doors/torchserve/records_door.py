@@ -5,10 +5,11 @@ TorchServe: ``/v1/records`` and its sub-routes (:mod:`records.api`), when the de
 The records key and the inference key are read from the run folder's ``key_file.json`` at each request (TorchServe
 writes the file when it starts, and again when its keys are renewed; the ``records`` entry is added when missing,
 :func:`records.keys.ensure_records_key`). A re-explanation is a ``POST /predictions/<model>`` to TorchServe with the
-stored input (its ``explain`` replaced), the inference key, a new ``X-Request-Id`` and the re-explained record's id in
-``X-Explain-Parent``: the handler answers it as any request and records the row with that ``parent``
-(:func:`serving_core.recording.record_batch`). The models' versions are given on the router's command line
-(``--model-version NAME=VERSION``, the archives' fingerprints).
+stored input as its task's JSON document, whatever it came in as (a REST body, a raw image or text body, a gRPC row's
+serialized ``ExplainRequest``: :func:`serving_core.stored_input.task_document`), its ``explain`` replaced, the inference
+key, a new ``X-Request-Id`` and the re-explained record's id in ``X-Explain-Parent``: the handler answers it as any
+request and records the row with that ``parent`` (:func:`serving_core.recording.record_batch`). The models' versions are
+given on the router's command line (``--model-version NAME=VERSION``, the archives' fingerprints).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from urllib.parse import quote
 
 from forwarding import Reply, Upstream
 from records import new_request_id, open_store, records_settings
-from records.api import RecordsApi, Reexplained, is_records_path
+from records.api import KeptInput, RecordsApi, Reexplained, is_records_path
 from records.keys import ensure_records_key, inference_key, records_key
 from records.store import RecordStore
 from serving_core.recording import REQUEST_ID_HEADER
+from serving_core.stored_input import task_document
 
 logger = logging.getLogger(__name__)
 
@@ -85,13 +87,14 @@ class RecordsRoutes:
         key = records_key(self._key_file) or ensure_records_key(self._key_file)
         inference = inference_key(self._key_file)
 
-        def reexplain(model: str, document: Mapping[str, Any], parent: str) -> Reexplained:
+        def reexplain(kept: KeptInput) -> Reexplained:
+            document = {**task_document(kept.input, kept.task), "explain": dict(kept.explain)}
             request = new_request_id()
-            headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request, PARENT_HEADER: parent}
+            headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request, PARENT_HEADER: kept.parent}
             if inference is not None:
                 headers["Authorization"] = f"Bearer {inference}"
             response, payload = upstream.request(
-                "POST", f"/predictions/{quote(model, safe='')}", json.dumps(document).encode("utf-8"), headers
+                "POST", f"/predictions/{quote(kept.model, safe='')}", json.dumps(document).encode("utf-8"), headers
             )
             return Reexplained(request, _answer(response.status, payload))
 

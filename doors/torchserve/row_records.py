@@ -117,7 +117,11 @@ def _own_id(value: Any) -> str:
 
 
 def row_input(row: Mapping[str, Any]) -> Input:
-    """A TorchServe row's input as a record keeps it: its JSON document, else its bytes; None when it has none."""
+    """A TorchServe row's input as a record keeps it: its JSON document, else its bytes (a gRPC row's serialized
+    ``ExplainRequest`` as it came); None when it has none."""
+    request = row.get("request")
+    if isinstance(request, bytes | bytearray):
+        return bytes(request)
     body = row.get("body", row.get("data"))
     if isinstance(body, Mapping):
         return dict(body)
