@@ -6,7 +6,10 @@ PostgreSQL). :class:`RecordsQuery` makes them a job's input (``JobSpec(records=.
 request to the route it was answered on, its ``custom_id`` and ``parent`` the record's id, its ``explain`` replaced by
 the job's, so that a job re-explains yesterday's predictions by another method. A record that cannot be re-explained
 goes to the error file: one whose input was not kept whole (``payload_not_kept``: a store of payload ``hash`` or
-``none``, an erased record, an input kept as raw bytes) or that another version of the model answered
+``none``, an erased record), one whose input is no request of its task (``unreadable_input``: the input is read as
+``POST /v1/records/{id}/explain`` reads it, :func:`serving_core.stored_input.task_document` — raw image or text
+bodies and protobuf rows become the task's JSON document; an OIP row, which only the KServe door's codec reads, is
+explained again there), or that another version of the model answered
 (``version_changed``: the job would explain another model than the one that predicted; the versions compared are
 the ones the records name, :attr:`batch.models.BatchModel.served_version`).
 """
@@ -19,7 +22,9 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from records import RecordStore, StoredRecord, WriteOnlyStoreError, open_store, parse_store_url, recorded_input
+from records.api import UnreadableInputError
 from records.store import MAX_LIMIT
+from serving_core.stored_input import task_document
 
 from .inputs import OPENAI_ROUTES, LineError, Request, RouteError, parse_route, unique
 from .models import BatchModel
@@ -37,7 +42,8 @@ class StoredInput:
         url: the route it was answered on (``/predictions/<model>``, ``/v1/chat/completions``, ...).
         body: the request body as the route took it (``None``: the store did not keep it whole).
         kept: what the store kept of the input: ``full``, or why ``body`` is ``None`` (``hash``, ``none``,
-            ``erased``, ``bytes``: raw bytes, not a JSON request).
+            ``erased``, ``unreadable``: kept, but no request of its task).
+        problem: why a kept input is ``unreadable``.
     """
 
     record_id: str
@@ -46,6 +52,7 @@ class StoredInput:
     url: str
     body: Any
     kept: str = "full"
+    problem: str | None = None
 
 
 class RecordsReader(Protocol):
@@ -67,8 +74,9 @@ class RecordsReader(Protocol):
 
 
 def stored_input(record: StoredRecord) -> StoredInput:
-    """A stored record's input (:func:`records.recorded_input`), as a request to ``/predictions/<model>``: the doors
-    record a row's REST document (the OpenAI routes' choices are recorded as their generation documents)."""
+    """A stored record's input (:func:`records.recorded_input`), as a request to ``/predictions/<model>``: the task's
+    JSON document (:func:`serving_core.stored_input.task_document`: a REST document as it is, raw bytes and protobuf
+    rows converted; the OpenAI routes' choices are recorded as their generation documents)."""
     data = record.event.get("data") or {}
     model = data.get("model") or {}
     name = str(model.get("name") or record.model)
@@ -77,10 +85,14 @@ def stored_input(record: StoredRecord) -> StoredInput:
     if record.erased:
         return StoredInput(record.id, name, version, url, None, "erased")
     document = recorded_input(record.event)
-    if isinstance(document, Mapping):
-        return StoredInput(record.id, name, version, url, dict(document), "full")
-    kept = "bytes" if document is not None else str((data.get("input") or {}).get("payload") or "none")
-    return StoredInput(record.id, name, version, url, None, kept)
+    if document is None:
+        kept = str((data.get("input") or {}).get("payload") or "none")
+        return StoredInput(record.id, name, version, url, None, kept)
+    try:
+        body = task_document(document, str(data.get("task") or ""))
+    except UnreadableInputError as error:
+        return StoredInput(record.id, name, version, url, None, "unreadable", str(error))
+    return StoredInput(record.id, name, version, url, body, "full")
 
 
 class StoreRecords:
@@ -188,8 +200,8 @@ class RecordsQuery:
             return LineError(number, stored.record_id, code, f"{where}: {message}", stored.record_id)
 
         if stored.body is None:
-            if stored.kept == "bytes":
-                return error("payload_not_kept", "its input was kept as raw bytes, not a JSON request")
+            if stored.kept == "unreadable":
+                return error("unreadable_input", f"its input is no request of its model: {stored.problem}")
             return error(
                 "payload_not_kept",
                 f"its input was not kept (payload: {stored.kept}); only records kept with payload full can be "

@@ -141,13 +141,20 @@ def by_custom_id(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 RECORD_TEXTS = ("the service was quick", "a slow rude waiter", "food cold not warm good", "the staff were lovely")
 
 
+#: The ``text/plain`` body of the records store's ``plain-body`` row.
+PLAIN_BODY = "a plain text body, sent as text/plain"
+
+
 def records_store(path: Path, version: str | None) -> str:
     """A SQLite records store of ``topics`` rows as the doors write them (``payload: full``, each at its own
     minute of 2026-12-01 from 10:00: ``early`` at 10:00, ``good-0`` to ``good-3`` (the tests' four texts) from 10:01,
-    ``late`` at 10:30), and rows it cannot explain again (``other-version``, ``erased``, ``hashed``, and one of
-    ``entities``); its URL."""
+    ``late`` at 10:30), a row whose input is a ``text/plain`` body (``plain-body``: explained again as its text), and
+    rows it cannot explain again (``other-version``, ``erased``, ``hashed``, ``oip-row``: the OIP request of a row,
+    which only the KServe door reads, and one of ``entities``); its URL."""
 
-    def record(request: str, minute: int, text: str, model: str = "topics", row_version: str | None = version) -> Any:
+    def record(
+        request: str, minute: int, text: str, model: str = "topics", row_version: str | None = version, raw: Any = None
+    ) -> Any:
         return build_record(
             model=model,
             version=row_version,
@@ -156,7 +163,7 @@ def records_store(path: Path, version: str | None) -> str:
             request_id=request,
             index=None,
             answer={"label": "a", "label_id": 0},
-            input={"text": text, "explain": {"method": "attnlrp"}},
+            input={"text": text, "explain": {"method": "attnlrp"}} if raw is None else raw,
             time=datetime(2026, 12, 1, 10, minute, tzinfo=UTC),
         )
 
@@ -167,6 +174,9 @@ def records_store(path: Path, version: str | None) -> str:
         full.write([record("entities-row", 7, RECORD_TEXTS[1], model="entities")])
         full.write([record("erased", 8, "gone")])
         full.erase("erased")
+        full.write([record("plain-body", 10, "", raw=PLAIN_BODY.encode())])
+        oip = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [RECORD_TEXTS[2]]}]}
+        full.write([record("oip-row", 11, "", raw=oip)])
     with SqliteStore(path, Payload.HASH) as hashed:
         hashed.write([record("hashed", 9, "kept as a hash")])
     with SqliteStore(path, Payload.FULL) as full:

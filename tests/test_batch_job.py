@@ -24,6 +24,7 @@ from batch.lines import request_id
 from batch.manifest import manifest_path
 from batch.records_source import RecordsQuery, StoredInput
 from tests.batch_support import (
+    PLAIN_BODY,
     RECORD_TEXTS,
     Online,
     assert_same,
@@ -435,7 +436,7 @@ def test_a_records_store_is_explained_again_and_resumed(
     partial = BatchJob(JobSpec(None, output, (models["topics"],), batch_size=1, records=query))
     first = partial.run(progress=False, loaded=loaded, should_stop=lambda: True)  # stopped after its first batch
     reader.close()
-    assert (first.total, first.completed) == (7, 1)
+    assert (first.total, first.completed) == (9, 1)
     assert sorted(by_custom_id(read_jsonl(output))) == ["good-0"]
     arguments = [
         "--from-records",
@@ -458,8 +459,12 @@ def test_a_records_store_is_explained_again_and_resumed(
     assert main(arguments) == 1  # some records failed
     assert "1 already answered" in capsys.readouterr().out
     answered = by_custom_id(read_jsonl(output))
-    assert sorted(answered) == [f"good-{index}" for index in range(len(RECORD_TEXTS))]
-    assert len(read_jsonl(output)) == len(RECORD_TEXTS)  # none twice
+    assert sorted(answered) == [f"good-{index}" for index in range(len(RECORD_TEXTS))] + ["plain-body"]
+    assert len(read_jsonl(output)) == len(RECORD_TEXTS) + 1  # none twice
+    plain = answered.pop("plain-body")
+    expected = online["topics"].rest({"text": PLAIN_BODY, "explain": {"method": "gae"}},
+                                     request_id=plain["response"]["request_id"])[1]  # fmt: skip
+    assert_same(plain["response"]["body"], expected, "plain-body")
     for index, text in enumerate(RECORD_TEXTS):
         written = answered[f"good-{index}"]
         assert written["parent"] == f"good-{index}" and written["response"]["status_code"] == 200
@@ -472,7 +477,9 @@ def test_a_records_store_is_explained_again_and_resumed(
         "other-version": "version_changed",
         "erased": "payload_not_kept",
         "hashed": "payload_not_kept",
+        "oip-row": "unreadable_input",
     }
+    assert "KServe door" in errors["oip-row"]["error"]["message"]
     assert "sha256:another" in errors["other-version"]["error"]["message"]
     assert "payload: hash" in errors["hashed"]["error"]["message"]
     assert all(item["parent"] == key for key, item in errors.items())
