@@ -4,15 +4,17 @@ shares (:mod:`monitoring.shares`) keyed by method and a bounded label.
 - ``text`` classifiers: the row's words (the ``word`` granularity of :mod:`serving_core.tasks.text_units`, special
   tokens apart), whatever granularity the row asked for: a row answered in tokens is tokenized again with character
   offsets, exactly as the service groups words, by the reader's own tokenizer (a copy: a fast tokenizer must not be
-  called from two threads). A row answered in sentences joins the health numbers but not the drift window (its
-  words are not known). Label: the predicted class.
+  called from two threads). A row answered in sentences is read the same way from the scores over its tokens that
+  its outcome keeps in memory (:mod:`serving_core.tasks.in_memory`: a sentence's score cannot be split into words;
+  an outcome without them, pickled from another process, joins the health numbers only). Label: the predicted class.
 - ``image`` classifiers: the patches, keyed by position (``(row, column)`` of the grid). Label: the predicted class.
-- ``token_classification``: one explanation per explained entity, over the row's words; label: the entity type
-  (``PER`` for ``B-PER``).
+- ``token_classification``: one explanation per explained entity, over the row's words (rows answered in tokens or
+  in sentences: grouped from the row's tokens' offsets); label: the entity type (``PER`` for ``B-PER``).
 - ``generation``: the prompt's words (template and special tokens apart), the mean share over the row's explained
   steps (or its summed span, or its sentences); label :data:`ALL`. A row answered in tokens is grouped into the
   words the service gives in ``word`` granularity from its context's offsets (:func:`prompt_words`); a row answered
-  in sentences joins the health numbers only (a sentence's score cannot be split into words).
+  in sentences, from the scores over its tokens and the rendered prompt its outcome keeps in memory
+  (:func:`rendered_words`).
 
 Label values come only from the model's label set (a value outside it is :data:`OTHER`), method values only from the
 registry (:func:`serving_core.metrics.metric_method`), never from request text.
@@ -238,7 +240,8 @@ class GenerationReader:
     """Reads a generation model's outcomes (:class:`serving_core.tasks.generation_schema.GenerationOutcome`)."""
 
     def __call__(self, row: Any, outcome: Any) -> Reading:
-        """The reading of one served row: the prompt's shares, averaged over its explained steps or spans."""
+        """The reading of one served row: the prompt's shares, averaged over its explained steps or spans (a row in
+        sentences: over the token scores its outcome keeps, grouped into words)."""
         if outcome.error is not None:
             return Reading(False)
         if outcome.method is None:
@@ -306,7 +309,8 @@ class PromptWords:
 
 def prompt_words(context: Sequence[Any], granularity: str) -> PromptWords | None:
     """The words of a generation row's prompt from its context units (``None``: a context in sentences, whose scores
-    cannot be split into words, or tokens whose characters are not known).
+    cannot be split into words — its outcome's kept token scores can: :func:`rendered_words` — or tokens whose
+    characters are not known).
 
     A context in words gives them as they are. A context in tokens gives each prompt token's characters and place in
     the rendered prompt (:func:`serving_core.tasks.generation_context.row_context`): the tokens are grouped into
