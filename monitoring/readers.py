@@ -4,15 +4,17 @@ shares (:mod:`monitoring.shares`) keyed by method and a bounded label.
 - ``text`` classifiers: the row's words (the ``word`` granularity of :mod:`serving_core.tasks.text_units`, special
   tokens apart), whatever granularity the row asked for: a row answered in tokens is tokenized again with character
   offsets, exactly as the service groups words, by the reader's own tokenizer (a copy: a fast tokenizer must not be
-  called from two threads). A row answered in sentences joins the health numbers but not the drift window (its
-  words are not known). Label: the predicted class.
+  called from two threads). A row answered in sentences is read the same way from the scores over its tokens that
+  its outcome keeps in memory (:mod:`serving_core.tasks.in_memory`: a sentence's score cannot be split into words;
+  an outcome without them, pickled from another process, joins the health numbers only). Label: the predicted class.
 - ``image`` classifiers: the patches, keyed by position (``(row, column)`` of the grid). Label: the predicted class.
-- ``token_classification``: one explanation per explained entity, over the row's words; label: the entity type
-  (``PER`` for ``B-PER``).
+- ``token_classification``: one explanation per explained entity, over the row's words (rows answered in tokens or
+  in sentences: grouped from the row's tokens' offsets); label: the entity type (``PER`` for ``B-PER``).
 - ``generation``: the prompt's words (template and special tokens apart), the mean share over the row's explained
   steps (or its summed span, or its sentences); label :data:`ALL`. A row answered in tokens is grouped into the
   words the service gives in ``word`` granularity from its context's offsets (:func:`prompt_words`); a row answered
-  in sentences joins the health numbers only (a sentence's score cannot be split into words).
+  in sentences, from the scores over its tokens and the rendered prompt its outcome keeps in memory
+  (:func:`rendered_words`).
 
 Label values come only from the model's label set (a value outside it is :data:`OTHER`), method values only from the
 registry (:func:`serving_core.metrics.metric_method`), never from request text.
@@ -130,20 +132,22 @@ class ClassificationReader:
         return Reading(True, (Observation(method, label, row_shares(units), drift),))
 
     def _units(self, row: Any, outcome: Any) -> tuple[list[ScoredUnit], bool]:
-        if outcome.granularity != "token" and outcome.context is not None:
+        token_scores = _in_memory(getattr(outcome, "token_scores", None))
+        if outcome.granularity != "token" and outcome.context is not None and token_scores is None:
             units = [
                 ScoredUnit(_pair_key(unit.text, unit.segment), float(score), unit.special)
                 for unit, score in zip(outcome.context, outcome.scores, strict=False)
             ]
             return units, outcome.granularity == "word"
-        special = outcome.special_tokens or [False] * len(outcome.scores)
+        scores = outcome.scores if token_scores is None else token_scores  # sentences: the tokens they summed
+        special = outcome.special_tokens or [False] * len(scores)
         text = getattr(row, "text", None)
         if self.tokenizer is None or text is None:
-            return _token_units(outcome.scores, special), False
+            return _token_units(scores, special), False
         words, described = self._words(text, getattr(row, "text_pair", None), outcome.tokens or [])
-        if not words or words[-1].stop != len(outcome.scores):
-            return _token_units(outcome.scores, special), False
-        summed = unit_scores([float(s) for s in outcome.scores], words).tolist()
+        if not words or words[-1].stop != len(scores):
+            return _token_units(scores, special), False
+        summed = unit_scores([float(s) for s in scores], words).tolist()
         return [
             ScoredUnit(_pair_key(unit.text, unit.segment), score, unit.special)
             for unit, score in zip(described, summed, strict=True)
@@ -197,27 +201,31 @@ class TokenReader:
             if entity.scores is None:
                 continue
             label = bounded(entity.label, self.types)
-            if outcome.granularity != "token" and outcome.context is not None:
+            token_scores = _in_memory(getattr(entity, "token_scores", None))  # sentences: the tokens they summed
+            in_tokens = outcome.granularity == "token" or token_scores is not None
+            scores = entity.scores if token_scores is None else token_scores
+            if not in_tokens and outcome.context is not None:
                 units = [
                     ScoredUnit(word_key(unit.text), float(score), unit.special)
-                    for unit, score in zip(outcome.context, entity.scores, strict=False)
+                    for unit, score in zip(outcome.context, scores, strict=False)
                 ]
                 drift = outcome.granularity == "word"
-            elif words is not None:
-                summed = unit_scores([float(s) for s in entity.scores], words[0]).tolist()
+            elif in_tokens and words is not None and words[0] and words[0][-1].stop == len(scores):
+                summed = unit_scores([float(s) for s in scores], words[0]).tolist()
                 units = [ScoredUnit(key, score, flag) for (key, flag), score in zip(words[1], summed, strict=True)]
                 drift = True
             else:
-                special = outcome.special_tokens or [False] * len(entity.scores)
-                units = _token_units(entity.scores, special)
+                special = outcome.special_tokens or [False] * len(scores)
+                units = _token_units(scores, special)
                 drift = False
             observations.append(Observation(method, label, row_shares(units), drift))
         return Reading(True, tuple(observations))
 
     @staticmethod
     def _words(text: str | None, outcome: Any) -> tuple[list[Any], list[tuple[str, bool]]] | None:
-        """The row's words from its tokens' offsets (specials apart), or ``None`` without the text."""
-        if text is None or outcome.offsets is None or outcome.granularity != "token":
+        """The row's words from its tokens' offsets (specials apart), or ``None`` without the text (or a row answered
+        in words)."""
+        if text is None or outcome.offsets is None or outcome.granularity == "word":
             return None
         special = outcome.special_tokens or [False] * len(outcome.offsets)
         offsets = [
@@ -232,7 +240,8 @@ class GenerationReader:
     """Reads a generation model's outcomes (:class:`serving_core.tasks.generation_schema.GenerationOutcome`)."""
 
     def __call__(self, row: Any, outcome: Any) -> Reading:
-        """The reading of one served row: the prompt's shares, averaged over its explained steps or spans."""
+        """The reading of one served row: the prompt's shares, averaged over its explained steps or spans (a row in
+        sentences: over the token scores its outcome keeps, grouped into words)."""
         if outcome.error is not None:
             return Reading(False)
         if outcome.method is None:
@@ -245,7 +254,13 @@ class GenerationReader:
             lists.append(outcome.span.scores)
         if not lists:
             return Reading(True)
-        words = prompt_words(outcome.context, outcome.granularity) if outcome.context is not None else None
+        attribution = _in_memory(getattr(outcome, "token_scores", None))
+        words: PromptWords | None = None
+        if attribution is not None and attribution.scores:  # sentences: the tokens they were summed from, in words
+            words = rendered_words(attribution)
+            lists = [scores.tolist() for scores in attribution.scores]
+        elif outcome.context is not None:
+            words = prompt_words(outcome.context, outcome.granularity)
         rows = [row_shares(self._units(outcome, scores, words)) for scores in lists]
         method = metric_method(outcome.method)
         return Reading(True, (Observation(method, ALL, average_shares(rows), words is not None),))
@@ -294,7 +309,8 @@ class PromptWords:
 
 def prompt_words(context: Sequence[Any], granularity: str) -> PromptWords | None:
     """The words of a generation row's prompt from its context units (``None``: a context in sentences, whose scores
-    cannot be split into words, or tokens whose characters are not known).
+    cannot be split into words — its outcome's kept token scores can: :func:`rendered_words` — or tokens whose
+    characters are not known).
 
     A context in words gives them as they are. A context in tokens gives each prompt token's characters and place in
     the rendered prompt (:func:`serving_core.tasks.generation_context.row_context`): the tokens are grouped into
@@ -326,6 +342,20 @@ def prompt_words(context: Sequence[Any], granularity: str) -> PromptWords | None
     )
     described = tuple((word_key(unit.text), unit.label is None) for unit in units)
     return PromptWords(described, tuple(units))
+
+
+def rendered_words(attribution: Any) -> PromptWords:
+    """The words of a generation row's prompt over its tokens, from the rendered prompt its outcome keeps in memory
+    (:class:`serving_core.tasks.generation_context.PromptAttribution`: a row answered in sentences): the units a row
+    asking for ``granularity: word`` gets, the template's tokens apart."""
+    units = attribution.prompt_units("word")
+    return PromptWords(tuple((word_key(unit.text), not isinstance(unit.label, tuple)) for unit in units), tuple(units))
+
+
+def _in_memory(held: Any) -> Any:
+    """The value an outcome keeps in memory for the monitor (:class:`serving_core.tasks.in_memory.InMemory`), or
+    ``None``."""
+    return None if held is None else held.value
 
 
 def _segment_label(unit: Any) -> Hashable:

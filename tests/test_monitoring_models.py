@@ -265,14 +265,14 @@ def test_a_chat_row_answered_in_tokens_is_monitored_over_the_same_words(family: 
 
 
 def test_rows_answered_in_tokens_fill_the_generation_drift_window(tmp_path: Path) -> None:
-    """Every explained generation row answered in tokens joins the prompt-word window (sentences: health only)."""
+    """Every explained generation row answered in tokens, sentences or words joins the prompt-word window."""
     from monitoring.monitor import Monitor
     from monitoring.readers import GenerationReader
     from tests.generation_checkpoint import causal_lm
 
     model = InProcessModel("writer", causal_lm(tmp_path / "writer"))
     monitor = Monitor("window-test", MonitorConfig(window=5), GenerationReader(), start=False)
-    for granularity, expected in (("token", 2), ("sentence", 2), ("word", 3)):
+    for granularity, expected in (("token", 2), ("sentence", 3), ("word", 4)):
         body = {"prompt": TEXTS[0], "max_new_tokens": 2, "explain": {"method": "attnlrp", "granularity": granularity}}
         row = model.task.decode_row({"body": body}, False, model.config)
         for _ in range(2 if granularity == "token" else 1):

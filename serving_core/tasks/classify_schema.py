@@ -38,6 +38,7 @@ from ..deadlines import decode_deadline_ms, proto_deadline
 from ..errors import RowError
 from ..wire import Encoding, rounded, rounded_list
 from .chat_schema import decode_granularity
+from .in_memory import InMemory
 from .text_units import TextUnit
 
 _EXPLAIN_RESERVED = frozenset({"method", "target", "below", "granularity", "deadline_ms"})
@@ -84,6 +85,9 @@ class RowOutcome:
     skipped: RowSkipped | None = None
     granularity: str = "token"
     context: list[TextUnit] | None = None
+    #: A row answered in sentences: the scores over :attr:`tokens` they were summed from (in memory only, for the
+    #: monitor's words; never answered).
+    token_scores: InMemory[list[float]] | None = field(default=None, compare=False)
 
 
 def read_row(row: Mapping[str, Any], config: HandlerConfig) -> wire.Body:

@@ -43,6 +43,7 @@ from ..loading import autocast, load_classifier, load_tokenizer
 from ..task import BatchTimings
 from ..wire import Encoding
 from .classify_schema import DecodedRow, RowOutcome
+from .in_memory import InMemory
 from .text_units import text_units
 
 logger = logging.getLogger(__name__)
@@ -291,8 +292,9 @@ class ExplanationService:
         return outcomes, BatchTimings(float(seconds.get("forward", 0.0)), float(seconds.get("backward", 0.0)))
 
     def _fill_units(self, outcome: RowOutcome, row: DecodedRow) -> None:
-        """The explanation in the row's words or sentences: its units and each one's summed score. The row is
-        tokenized again as :meth:`_text_inputs` did, with the fast tokenizer's character offsets."""
+        """The explanation in the row's words or sentences: its units and each one's summed score (sentences: the
+        scores over the tokens kept in memory, :attr:`RowOutcome.token_scores`). The row is tokenized again as
+        :meth:`_text_inputs` did, with the fast tokenizer's character offsets."""
         encoded = self.tokenizer(
             row.text or "", row.text_pair, truncation=True, max_length=self.config.max_length,
             return_offsets_mapping=True, return_special_tokens_mask=True,
@@ -310,6 +312,8 @@ class ExplanationService:
         )
         outcome.granularity = row.granularity
         outcome.context = described
+        if row.granularity == "sentence":  # a sentence's score cannot be split into words: the monitor's tokens
+            outcome.token_scores = InMemory(outcome.scores or [])
         outcome.scores = [float(value) for value in unit_scores(torch.tensor(outcome.scores or []), units)]
 
     def _fill_prediction(self, outcome: RowOutcome, values: list[float], label_id: int) -> None:

@@ -11,7 +11,7 @@ of the answer are over the answer text (their offsets are into it, ``generated: 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -32,6 +32,8 @@ class RowContext:
             ``None`` for the template), then ``None`` per answer token.
         documents: how many documents the row has.
         granularity: ``token``, ``word`` or ``sentence``.
+        rendered: the rendered prompt the prompt's units were grouped over (``None``: not known).
+        pieces: the prompt tokens' texts.
     """
 
     granularity: str
@@ -39,6 +41,8 @@ class RowContext:
     described: tuple[ContextUnit, ...]
     labels: tuple[Hashable, ...]
     documents: int
+    rendered: RenderedPrompt | None = None
+    pieces: Sequence[str] = ()
 
     def scores(self, token_scores: Tensor | Sequence[float]) -> list[float]:
         """Scores over the first context tokens summed into the units (those that start among them)."""
@@ -47,6 +51,39 @@ class RowContext:
     def cite(self, token_scores: Tensor | Sequence[float]) -> list[tuple[int, float]]:
         """The documents ranked by the sum of ``token_scores`` over their tokens."""
         return cite(token_scores, self.labels, self.documents)
+
+
+@dataclass
+class PromptAttribution:
+    """A row's explanations over its tokens before they were summed into its units (a row answered in sentences,
+    whose scores cannot be split into words): kept in memory on its outcome for the monitor, never answered.
+
+    Attributes:
+        rendered: the rendered prompt.
+        pieces: the prompt tokens' texts.
+        scores: each explanation's scores over its context's tokens (the prompt's, then the answer's before it), in
+            the order the outcome was filled (its explained steps, its sum, its sentences or its span).
+    """
+
+    rendered: RenderedPrompt
+    pieces: Sequence[str]
+    scores: list[Tensor] = field(default_factory=list)
+
+    def prompt_units(self, granularity: str) -> list[Unit]:
+        """The prompt's units at ``granularity`` over its tokens, as a row asking for that granularity gets them."""
+        return prompt_units(self.rendered, self.pieces, granularity)
+
+
+def prompt_units(rendered: RenderedPrompt, pieces: Sequence[str], granularity: str) -> list[Unit]:
+    """The rendered prompt's tokens grouped into units at ``granularity``, each labelled with its message, document or
+    prompt (``None``: the template's), never across them.
+
+    Args:
+        rendered: the rendered prompt (its text, token offsets and located fields).
+        pieces: the prompt tokens' texts (for the tokens without characters, e.g. ``<s>``).
+        granularity: ``token``, ``word`` or ``sentence``.
+    """
+    return token_units(rendered.text, rendered.offsets, granularity, segments=rendered.segments(), pieces=pieces)
 
 
 def row_context(
@@ -69,22 +106,20 @@ def row_context(
         granularity: ``token``, ``word`` or ``sentence``.
         documents: how many documents the row has.
     """
-    prompt_units = token_units(
-        rendered.text, rendered.offsets, granularity, segments=rendered.segments(), pieces=prompt_pieces
-    )
+    prompt = prompt_units(rendered, prompt_pieces, granularity)
     shift = len(rendered.offsets)
     answer_units = token_units(answer, answer_offsets, granularity, pieces=answer_pieces)
-    units = [*prompt_units]
-    described = [_prompt_unit(unit) for unit in prompt_units]
+    units = [*prompt]
+    described = [_prompt_unit(unit) for unit in prompt]
     for unit in answer_units:
         units.append(Unit(unit.text, unit.start, unit.end, unit.first + shift, unit.stop + shift, "answer"))
         described.append(ContextUnit(unit.text, unit.start, unit.end, generated=True))
     labels: list[Hashable] = [None] * shift
-    for unit in prompt_units:
+    for unit in prompt:
         for index in unit.tokens:
             labels[index] = unit.label
     labels.extend([None] * len(answer_offsets))
-    return RowContext(granularity, tuple(units), tuple(described), tuple(labels), documents)
+    return RowContext(granularity, tuple(units), tuple(described), tuple(labels), documents, rendered, prompt_pieces)
 
 
 def _prompt_unit(unit: Unit) -> ContextUnit:

@@ -42,10 +42,11 @@ from explainers import (
 
 from ..errors import RowError, from_explain_error
 from .chat_schema import AnswerSpan
-from .generation_context import RowContext, row_context, sentence_spans
+from .generation_context import PromptAttribution, RowContext, row_context, sentence_spans
 from .generation_prompts import Prepared, explains_spans
 from .generation_schema import SENTENCES, GenerationAsk, GenerationOutcome
 from .generation_stopping import clipped
+from .in_memory import InMemory
 
 logger = logging.getLogger(__name__)
 
@@ -266,7 +267,9 @@ class Explanations:
     def _fill(
         self, outcome: GenerationOutcome, method: str, result: Any, offset: int, member: Member, seconds: float
     ) -> None:
-        """A member's explanation, summed into its units, into its outcome (or its error, for scores not finite)."""
+        """A member's explanation, summed into its units, into its outcome (or its error, for scores not finite);
+        in sentences, its scores over the tokens are kept in memory beside them
+        (:attr:`GenerationOutcome.token_scores`)."""
         if result is not None and not bool(torch.isfinite(result.scores[offset].float()).all()):
             outcome.error = RowError(
                 "attribution_failed", f"method {result.method!r} gave NaN or infinite scores for this row"
@@ -278,9 +281,15 @@ class Explanations:
         outcome.attribution_seconds = seconds
         outcome.granularity = context.granularity
         outcome.context = list(context.described)
+        kept: list[torch.Tensor] | None = None  # sentences: the token scores, for the monitor's words
+        if context.granularity == "sentence" and context.rendered is not None:
+            attribution = PromptAttribution(context.rendered, context.pieces)
+            outcome.token_scores, kept = InMemory(attribution), attribution.scores
         if member.spans is not None:
             for index, span in enumerate(member.spans):
                 token_scores = result.context_scores(offset, index).float().cpu()
+                if kept is not None:
+                    kept.append(token_scores)
                 span.scores = context.scores(token_scores)
                 span.value = float(result.values[offset, index])
                 span.documents = context.cite(token_scores) if context.documents else None
@@ -293,13 +302,19 @@ class Explanations:
         if isinstance(steps, StepSum):
             start, stop = steps.span(int(result.generated_mask[offset].sum()))
             outcome.summed = (start, stop)
-            outcome.sum_scores = context.scores(result.context_scores(offset, 0).float().cpu())
+            token_scores = result.context_scores(offset, 0).float().cpu()
+            if kept is not None:
+                kept.append(token_scores)
+            outcome.sum_scores = context.scores(token_scores)
             outcome.sum_value = float(result.values[offset, 0])
             return
         for step in steps or ():
             entry = outcome.steps[step]
             entry.explained = True
-            entry.scores = context.scores(result.context_scores(offset, step).float().cpu())
+            token_scores = result.context_scores(offset, step).float().cpu()
+            if kept is not None:
+                kept.append(token_scores)
+            entry.scores = context.scores(token_scores)
             entry.value = float(result.values[offset, step])
             if result.contrast is not None and int(result.contrast[offset, step]) >= 0:
                 entry.foil_id = int(result.contrast[offset, step])

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from explainers import Deadline, Document, Message, StepSum
 
@@ -53,6 +53,10 @@ from .chat_schema import (
     decode_span,
     messages_from_proto,
 )
+from .in_memory import InMemory
+
+if TYPE_CHECKING:
+    from .generation_context import PromptAttribution
 
 _DOCUMENT_KEYS = frozenset(
     {"prompt", "messages", "documents", "max_new_tokens", "generation", "continuation", "continuation_ids", "explain",
@@ -176,6 +180,9 @@ class GenerationOutcome:
     sentences: list[AnswerSpan] | None = None
     span: AnswerSpan | None = None
     explanation_error: RowError | None = None
+    #: A row answered in sentences: its explanations over its tokens, that the sentences' scores were summed from (in
+    #: memory only, for the monitor's words; never answered).
+    token_scores: InMemory[PromptAttribution] | None = field(default=None, compare=False)
 
 
 def decode_generation_row(row: Mapping[str, Any], explain_header: bool, config: HandlerConfig) -> GenerationRow:

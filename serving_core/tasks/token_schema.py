@@ -15,6 +15,7 @@ from typing import Any
 from .. import wire
 from ..errors import RowError
 from ..wire import Encoding, rounded, rounded_list
+from .in_memory import InMemory
 from .text_units import TextUnit
 
 
@@ -30,7 +31,10 @@ class EntityOutcome:
         start, end: character offsets into the text (``end`` exclusive).
         token_start, token_end: token positions (``end`` exclusive).
         score: the mean over its tokens of the probability of each token's tag.
-        scores: its attribution over the row's tokens (``None`` when no explanation was asked).
+        scores: its attribution over the row's tokens (``None`` when no explanation was asked), or over the row's
+            units (:attr:`TokenOutcome.context`).
+        token_scores: answered in sentences: the scores over the row's tokens they were summed from (in memory only,
+            for the monitor's words; never answered).
     """
 
     text: str
@@ -43,6 +47,7 @@ class EntityOutcome:
     token_end: int
     score: float
     scores: list[float] | None = None
+    token_scores: InMemory[list[float]] | None = field(default=None, compare=False)
 
 
 @dataclass

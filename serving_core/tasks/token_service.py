@@ -62,6 +62,7 @@ from ..loading import autocast, load_classifier, load_tokenizer
 from ..task import BatchTimings
 from ..wire import Encoding
 from .classify_schema import DecodedRow
+from .in_memory import InMemory
 from .text_units import text_units
 from .token_schema import EntityOutcome, TokenOutcome
 
@@ -290,14 +291,20 @@ class TokenClassificationService:
             return predict_tokens(self.model, inputs).spans
 
     def _fill_units(self, outcome: TokenOutcome, text: str, encoded: _Encoded, granularity: str) -> None:
-        """Each entity's scores summed into the text's words or sentences (the answer's ``context``)."""
+        """Each entity's scores summed into the text's words or sentences (the answer's ``context``; sentences: the
+        scores over the tokens kept in memory, :attr:`EntityOutcome.token_scores`)."""
         offsets = [None if flag else offset for offset, flag in zip(encoded.offsets, encoded.special, strict=True)]
         sequences = [None if flag else 0 for flag in encoded.special]
         units, described = text_units(text, None, offsets, sequences, outcome.tokens or [], granularity)
         outcome.granularity = granularity
         outcome.context = described
+        kept = granularity == "sentence"  # a sentence's score cannot be split into words: the monitor's tokens
         outcome.entities = [
-            replace(entity, scores=[float(v) for v in unit_scores(torch.tensor(entity.scores), units)])
+            replace(
+                entity,
+                scores=[float(v) for v in unit_scores(torch.tensor(entity.scores), units)],
+                token_scores=InMemory(entity.scores) if kept else None,
+            )
             if entity.scores is not None
             else entity
             for entity in outcome.entities
