@@ -11,13 +11,14 @@ imports ``bench``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,22 @@ def cpu_profile(threads: int | None) -> dict[str, Any]:
     if threads is not None:
         profile["handler"] = {**profile.get("handler", {}), "threads": threads}
     return profile
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str | None]) -> Iterator[None]:
+    """``values`` in ``os.environ`` (None: unset) while a server starts (its processes inherit them)."""
+    previous = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -24,20 +24,19 @@ store holds against the answers served, and the load average. Every server is st
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
     cpu_profile,
+    environment,
     load_average,
     make_texts,
     percentile,
@@ -81,25 +80,6 @@ class Row:
     throughput: float
     p50_ms: float
     p99_ms: float
-
-
-@contextlib.contextmanager
-def environment(values: Mapping[str, str | None]) -> Iterator[None]:
-    """``values`` in ``os.environ`` (None: unset) while a server starts (its processes inherit them)."""
-    previous = {name: os.environ.get(name) for name in values}
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def start_served(served: Served, run_dir: Path, store: Path, archive: Path, threads: int) -> Server:

@@ -33,7 +33,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,6 +42,7 @@ from typing import Any
 import grpc
 import psutil
 
+from bench.common import environment
 from doors.torchserve.config import Ports
 from doors.torchserve.process import Server
 from doors.torchserve.process import start as start_torchserve
@@ -347,21 +348,6 @@ class _OipRecordsCaller(_OipCaller):
 
 
 # -- the doors ----------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def environment(values: Mapping[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` while a service is started (its processes inherit them), restored after."""
-    previous = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def records_env(store_url: str, payload: str) -> dict[str, str]:
