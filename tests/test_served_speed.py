@@ -111,6 +111,18 @@ def test_a_ledger_records_the_batch_in_the_probes_terms() -> None:
     )  # 0.125 and 0.25: the upper quartile
 
 
+def test_a_ledger_admits_at_the_current_probe_once_it_is_measured_again() -> None:
+    faster = scaled(SPEED, 0.5)
+    served = ServedSpeed(SPEED, measure=lambda: faster, reprobe_s=0.0)
+    served.observe({ANY_KIND: 4.0}, 8.0)  # every kind not served yet: raised by twice the probe's estimates
+    ledger = served.ledger()
+    first = ledger.speed("attnlrp", 20)
+    assert ledger.speed("attnlrp", 20) is first and first.call == pytest.approx(SPEED.call * HEADROOM * 2.0)
+    assert served.recheck("attnlrp")  # a row refused over the budget alone: the probe is measured again
+    again = ledger.speed("attnlrp", 20)
+    assert again.call == pytest.approx(faster.call * HEADROOM * 2.0)  # the new probe, at the factor as first read
+
+
 def test_a_probe_no_batch_corrected_is_measured_again_and_the_faster_kept() -> None:
     fast = scaled(SPEED, 0.1)
     measured: list[ModelSpeed] = []
