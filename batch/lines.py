@@ -59,4 +59,9 @@ def error_line(job: str, error: LineError) -> dict[str, Any]:
 
 def dump(line: dict[str, Any]) -> str:
     """A line as the files hold it: compact JSON and a newline."""
-    return json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n"
+    return _ENCODER.encode(line) + "\n"
+
+
+#: What :func:`dump` writes with (``json.dumps(line, separators=(",", ":"), ensure_ascii=False)``, its encoder made
+#: once: it keeps no state between lines).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)

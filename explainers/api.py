@@ -8,7 +8,7 @@ the plan (:mod:`explainers.execution`) and packages each row's answer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from .architectures.attention import fused_implementation
 from .architectures.description import Architecture, describe, model_config
 from .architectures.heads import head_probabilities
-from .architectures.support import TASKS, check_method, working_methods
+from .architectures.support import TASKS, check_method, refusal, working_methods
 from .capture import bind_rules, prepared_model, run_capture
 from .confidence import RowSkipped, check_below
 from .deadline import Deadline
@@ -185,7 +185,8 @@ def _describe_classifier(model: nn.Module) -> Architecture:
 
 
 def _check_method(arch: Architecture, method: Method) -> None:
-    check_method(arch.model_type, method.name, available_methods())
+    if refusal(arch.model_type, method.name) is not None:  # (the methods are listed for the refusal only)
+        check_method(arch.model_type, method.name, available_methods())
 
 
 def _budget_check(
@@ -197,12 +198,23 @@ def _budget_check(
     if isinstance(budget_mib, bool) or not isinstance(budget_mib, int) or budget_mib <= 0:
         raise InvalidOptionError(f"memory_budget_mib must be a positive integer (MiB) or None, got {budget_mib!r}")
     size = ModelSize.of(model, arch)
-    alternatives = working_methods(arch.model_type, available_methods())
+    alternatives = _WorkingMethods(arch.model_type)
 
     def check(method: str, rows: int, length: int, options: Mapping[str, OptionValue]) -> None:
         check_budget(size, method, rows, length, options, budget_mib, alternatives)
 
     return check
+
+
+@dataclass(frozen=True)
+class _WorkingMethods:
+    """The registered methods that work on ``model_type``, listed when iterated: only a refusal names them, so a
+    batch whose rows are admitted never lists them."""
+
+    model_type: str
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(working_methods(self.model_type, available_methods()))
 
 
 def _check_time_budget_s(budget_s: float | None) -> float | None:
@@ -287,7 +299,7 @@ def explain(
         deadline.check("any work")
     if budget_s is not None:
         length = int(mask.shape[-1])
-        alternatives = working_methods(arch.model_type, available_methods())
+        alternatives = _WorkingMethods(arch.model_type)
         measured = ModelSpeed.measure(model, arch, length)
         check_time_budget(measured, chosen, length, resolved, budget_s, alternatives, rows=batch)
     readout = Readout.of(arch, model, validated, mask)
@@ -394,13 +406,13 @@ def explain_batch(
     budget_s = _check_time_budget_s(time_budget_s)
     padded = int(mask.shape[-1])
     measured: list[ModelSpeed] = []
-    alternatives: list[str] = []
+    alternatives: Iterable[str] = ()
     ledger = speed.ledger() if isinstance(speed, ServedSpeed) and budget_s is not None else None
     if ledger is None and budget_s is not None and any(row.method is not None for row in rows):
         assert not isinstance(speed, ServedSpeed)
         measured.append(_speed_of(model, arch, padded, speed))
     if budget_s is not None and (ledger is not None or measured):
-        alternatives = working_methods(arch.model_type, available_methods())
+        alternatives = _WorkingMethods(arch.model_type)
 
     def speed_of(kind: str) -> ModelSpeed:
         return ledger.speed(kind, padded) if ledger is not None else measured[0]
@@ -408,7 +420,7 @@ def explain_batch(
     admitted = 0.0
     if ledger is not None or measured:
         admitted = sum(prediction_seconds(speed_of(PREDICT), padded) for row in rows if row.method is None)
-        if ledger is not None:
+        if ledger is not None and any(row.method is None for row in rows):
             ledger.add(PREDICT, admitted, padded)
     num_labels = int(model_config(model).num_labels)
     for index, row in enumerate(rows):
@@ -448,8 +460,10 @@ def explain_batch(
     done = _executed(ledger, lambda: execute(model, arch, validated, mask, plan, resolve))
     for index, skipped in done.skipped.items():
         results[index] = skipped
-    for scored in done.groups:
-        _package(scored, done.targets, mask, arch, results)
+    if done.groups:  # each row's target and real tokens, read once for the batch
+        targets, real = done.targets.tolist(), _real_tokens(mask) if arch.modality == "text" else []
+        for scored in done.groups:
+            _package(scored, targets, real, arch, results)
     return BatchExplanation(
         logits=done.logits, rows=results, seconds=done.seconds, pooled=arch.pooled, head_type=arch.head_type
     )
@@ -483,14 +497,14 @@ def _ask(row: RowRequest, arch: Architecture, num_labels: int) -> tuple[Ask, int
 
 def _package(
     scored: GroupScores,
-    targets: Tensor,
-    mask: Tensor,
+    targets: Sequence[int],
+    real: Sequence[slice | Tensor],
     arch: Architecture,
     results: list[RowExplanation | RowSkipped | ExplainError | None],
 ) -> None:
-    """Put each row of a scored group in ``results``: its :class:`RowExplanation` (text trimmed to its real tokens), or
-    a :class:`NonFiniteScoresError` if its scores came out NaN or infinite, or the group's
-    :class:`~explainers.deadline.DeadlineExceededError` if it was abandoned."""
+    """Put each row of a scored group in ``results``: its :class:`RowExplanation` (text trimmed to its real tokens,
+    ``real``: :func:`_real_tokens`), or a :class:`NonFiniteScoresError` if its scores came out NaN or infinite, or the
+    group's :class:`~explainers.deadline.DeadlineExceededError` if it was abandoned."""
     if scored.abandoned is not None:
         for row_index in scored.group.rows:
             results[row_index] = scored.abandoned
@@ -506,7 +520,22 @@ def _package(
             continue
         row_scores = scored.scores[position]
         if arch.modality == "text":
-            row_scores = row_scores[mask[row_index].bool()]
+            row_scores = row_scores[real[row_index]]
         results[row_index] = RowExplanation(
-            name, int(targets[row_index]), dict(scored.group.options), row_scores, scored.seconds, arch.pooled
+            name, targets[row_index], dict(scored.group.options), row_scores, scored.seconds, arch.pooled
         )
+
+
+def _real_tokens(mask: Tensor) -> list[slice | Tensor]:
+    """Each row's real tokens (``mask`` nonzero) as an index of its scores: a slice where they are one run (right or
+    left padding, read from the mask once for the batch), else the row's boolean mask (the same elements either
+    way)."""
+    real: list[slice | Tensor] = []
+    for index, row in enumerate(mask.bool().tolist()):
+        count = row.count(True)
+        start = row.index(True) if count else 0
+        if all(row[start : start + count]):
+            real.append(slice(start, start + count))
+        else:
+            real.append(mask[index].bool())
+    return real

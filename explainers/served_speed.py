@@ -208,6 +208,7 @@ class BatchLedger:
         """
         self.served = served
         self._factors: dict[tuple[str, int], float] = {}
+        self._speeds: dict[tuple[str, int], tuple[ModelSpeed, ModelSpeed]] = {}
         self._work: dict[str, float] = defaultdict(float)
         self._lengths: dict[str, int] = defaultdict(int)
 
@@ -224,7 +225,12 @@ class BatchLedger:
             kind: a method's name, :data:`PREDICT` or :data:`GENERATE`.
             length: the row's tokens (0: any length).
         """
-        return scaled(self.served.probe, self._factor(kind, length))
+        probe = self.served.probe
+        made = self._speeds.get((kind, length))
+        if made is None or made[0] is not probe:  # scaled once per kind and length (again if the model was probed)
+            made = probe, scaled(probe, self._factor(kind, length))
+            self._speeds[kind, length] = made
+        return made[1]
 
     def add(self, kind: str, seconds: float, length: int = 0) -> None:
         """Count admitted work.
@@ -287,7 +293,17 @@ def _ratio_at(seen: list[tuple[float, int]], length: int, headroom: float) -> fl
 
 
 def _quantile(values: list[float], quantile: float) -> float:
+    """The percentile cut of ``values`` nearest ``quantile``: the cut ``statistics.quantiles(values, n=100,
+    method="inclusive")`` gives there, the same float, computed alone (the other 98 cuts are not needed)."""
     if len(values) == 1:
         return values[0]
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return cuts[min(max(round(quantile * 100) - 1, 0), len(cuts) - 1)]
+    if not values:
+        raise statistics.StatisticsError("must have at least one data point")
+    data = sorted(values)
+    cut = min(max(round(quantile * _CUTS), 1), _CUTS - 1)  # the cut's rank among the 99
+    below, delta = divmod(cut * (len(data) - 1), _CUTS)
+    return (data[below] * (_CUTS - delta) + data[below + 1] * delta) / _CUTS
+
+
+#: The number of intervals :func:`_quantile` cuts the kept ratios into (percentiles).
+_CUTS = 100

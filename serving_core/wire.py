@@ -17,6 +17,7 @@ import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Literal, Protocol
 
 from explain_client.protos import explain_messages, read_options, write_options
@@ -156,7 +157,7 @@ def rounded(value: float) -> float:
 
 def rounded_list(values: Sequence[float]) -> list[float]:
     """:func:`rounded` of each value."""
-    return [float(f"{value:.6g}") for value in values]  # rounded(), inlined: a list may hold thousands of scores
+    return list(map(float, map(format, values, repeat(".6g"))))  # rounded() of each, the loop in C: thousands of scores
 
 
 def parse_request(payload: Any) -> Any:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from explainers import RowSkipped, describe, explain, get_method, prediction_confidence
+from explainers.api import _real_tokens
 from explainers.architectures.attention import fused_implementation
 from explainers.capture import EMBEDDING_GRADIENTS
 from explainers.execution import Execution, execute
@@ -156,3 +157,21 @@ def test_the_targets_are_the_resolvers_and_forwards_of_their_own_run_when_scored
     assert forwards.calls == [(4, False), (2 * 3, True)], "the shared forward, then the path points of rows 0 and 2"
     assert done.targets.tolist() == targets.tolist()
     _assert_rows_as_alone(model, batch, done, targets)
+
+
+def test_each_rows_real_tokens_index_the_elements_its_mask_picks() -> None:
+    mask = torch.tensor(
+        [
+            [1, 1, 1, 0, 0],  # right padding
+            [0, 0, 1, 1, 1],  # left padding
+            [1, 1, 1, 1, 1],  # none
+            [0, 1, 0, 1, 0],  # real tokens apart: indexed by the mask itself
+            [0, 0, 0, 0, 0],  # no real token
+        ]
+    )
+    scores = torch.arange(25.0).reshape(5, 5)
+    real = _real_tokens(mask)
+    assert real[:3] == [slice(0, 3), slice(2, 5), slice(0, 5)]
+    assert isinstance(real[3], Tensor)
+    for row, index in enumerate(real):
+        assert torch.equal(scores[row][index], scores[row][mask[row].bool()])

@@ -6,6 +6,8 @@ whose explanation does not fit is served with its text and an explanation error.
 from __future__ import annotations
 
 import json
+import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from explainers import (
     get_method,
     work_kind,
 )
-from explainers.served_speed import ANY_KIND, HEADROOM, WINDOW, scaled
+from explainers.served_speed import ANY_KIND, HEADROOM, WINDOW, _quantile, scaled
 from explainers.timing import check_time_budget
 from serving_core.config import HandlerConfig
 from serving_core.errors import RowError
@@ -80,6 +82,21 @@ def test_the_ratio_follows_batches_of_the_rows_length() -> None:
     assert served.factor("attnlrp") == pytest.approx(HEADROOM * (0.04 + 0.75 * 0.06))  # any length: every batch
 
 
+def test_the_quantile_is_the_percentile_cut_statistics_gives() -> None:
+    generator = random.Random(7)
+    for size in (1, 2, 3, 5, 16, 17):
+        values = [generator.lognormvariate(0.0, 1.0) for _ in range(size)]
+        for quantile in (0.0, 0.01, 0.25, 0.5, 0.75, 0.9, 0.999, 1.0):
+            got = _quantile(values, quantile)
+            if size == 1:
+                assert got == values[0]
+                continue
+            cuts = statistics.quantiles(values, n=100, method="inclusive")
+            assert got == cuts[min(max(round(quantile * 100) - 1, 0), 98)]  # the same float, not a close one
+    with pytest.raises(statistics.StatisticsError):
+        _quantile([], 0.75)
+
+
 def test_a_ledger_records_the_batch_in_the_probes_terms() -> None:
     served = ServedSpeed(SPEED)
     served.observe({"attnlrp": 4.0}, 1.0)
@@ -92,6 +109,18 @@ def test_a_ledger_records_the_batch_in_the_probes_terms() -> None:
     assert served.factor("attnlrp") == pytest.approx(
         HEADROOM * (0.125 + 0.75 * 0.125)
     )  # 0.125 and 0.25: the upper quartile
+
+
+def test_a_ledger_admits_at_the_current_probe_once_it_is_measured_again() -> None:
+    faster = scaled(SPEED, 0.5)
+    served = ServedSpeed(SPEED, measure=lambda: faster, reprobe_s=0.0)
+    served.observe({ANY_KIND: 4.0}, 8.0)  # every kind not served yet: raised by twice the probe's estimates
+    ledger = served.ledger()
+    first = ledger.speed("attnlrp", 20)
+    assert ledger.speed("attnlrp", 20) is first and first.call == pytest.approx(SPEED.call * HEADROOM * 2.0)
+    assert served.recheck("attnlrp")  # a row refused over the budget alone: the probe is measured again
+    again = ledger.speed("attnlrp", 20)
+    assert again.call == pytest.approx(faster.call * HEADROOM * 2.0)  # the new probe, at the factor as first read
 
 
 def test_a_probe_no_batch_corrected_is_measured_again_and_the_faster_kept() -> None:
