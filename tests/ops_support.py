@@ -417,9 +417,10 @@ def run_load(
 def torchserve_retryable(status: str, detail: str) -> bool:
     """Whether a failed TorchServe call is one a client sends again: a full queue or an unreachable upstream (503 /
     ``UNAVAILABLE``, no connection), or the request's worker died under it (REST 507 "Worker died.", gRPC
-    ``RESOURCE_EXHAUSTED``, TorchServe's mapping of 507; ``ExplainClient`` resends those)."""
+    ``RESOURCE_EXHAUSTED``, TorchServe's mapping of 507, or ``INTERNAL`` "Worker died." when the worker was killed
+    while its batch was in flight; ``ExplainClient`` resends those)."""
     return status in ("503", "connection", "UNAVAILABLE") or (
-        status in ("507", "RESOURCE_EXHAUSTED") and "Worker died" in detail
+        status in ("507", "RESOURCE_EXHAUSTED", "INTERNAL") and "Worker died" in detail
     )
 
 

@@ -104,7 +104,7 @@ def test_stored_predictions_are_explained_again_on_ray_as_locally(
         assert read_jsonl(output.with_name(output.name + ".errors.jsonl")) == read_jsonl(
             tmp_path / "local.jsonl.errors.jsonl"
         )
-    assert list(runs["local"]) == list(runs["ray"]) == [*(f"good-{index}" for index in range(4)), "late"]
+    assert list(runs["local"]) == list(runs["ray"]) == [*(f"good-{index}" for index in range(4)), "plain-body", "late"]
     for record, written in runs["local"].items():
         assert written["parent"] == runs["ray"][record]["parent"] == record
         assert_same(written["response"], runs["ray"][record]["response"], record)

@@ -23,6 +23,7 @@ event) leaves: in this process for the in-process backend, on the replica that s
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -111,6 +112,7 @@ def _rest_document(request: InferRequest) -> dict[str, Any] | None:
     cannot be written as JSON (binary tensors)."""
     try:
         document, _ = request.to_rest()
+        json.dumps(document)  # a gRPC request's tensors may hold bytes or arrays, which a JSON record cannot keep
     except Exception:  # a request the door refused may be malformed in any way: keep no input then
         return None
     return document if isinstance(document, dict) else None
@@ -408,10 +410,13 @@ class ExplainModel(Model):
         if self.recorder is None:
             return
         records = RequestRecords.of(request_id, [dict(received) if received is not None else None], headers)
-        await asyncio.to_thread(
-            commit, self.recorder, records, [wire.error_document(error)],
-            task=self.settings.config.task, door=self.backend.door, version=self.version,
-        )  # fmt: skip
+        try:
+            await asyncio.to_thread(
+                commit, self.recorder, records, [wire.error_document(error)],
+                task=self.settings.config.task, door=self.backend.door, version=self.version,
+            )  # fmt: skip
+        except Exception:  # the refusal leaves whatever its record became: it must never turn into a server error
+            logger.exception("%s: request %s: its refusal could not be recorded", self.name, request_id)
 
     def _observe(self, rows: Sequence[Any], served: Served, encode: float) -> None:
         """Record each row's error or stages (the encode time shared equally by the request's rows), and hand it to the
