@@ -244,10 +244,10 @@ def _explain_each_again(served: Served, client: Any, rows: list[tuple[str, str]]
 
 def test_refusals_stay_clear(served: Served, tmp_path: Path) -> None:
     with _kserve_client(served, tmp_path) as client:
-        _refused(served, client)
+        _check_refusals(served, client)
 
 
-def _refused(served: Served, client: Any) -> None:
+def _check_refusals(served: Served, client: Any) -> None:
     version = served.version("sentiment")
     answer = {"label": "positive", "label_id": 1, "probabilities": {"negative": 0.4, "positive": 0.6}}
     records = [
