@@ -51,6 +51,17 @@ def carried_entries(metadata: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> 
     return entries
 
 
+def parse_predictions_request(request: bytes) -> Any | None:
+    """A serialized TorchServe ``PredictionsRequest`` parsed; None when the bytes are not one."""
+    messages, _ = inference_stubs()
+    message = messages.PredictionsRequest()
+    try:
+        message.ParseFromString(request)
+    except Exception:  # protobuf raises DecodeError, a plain Exception subclass
+        return None
+    return message
+
+
 def carry_metadata(request: bytes, metadata: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> bytes:
     """A serialized ``PredictionsRequest`` with :func:`carried_entries` of the call's metadata added to its input map
     (an entry the map already has, in any case, is kept); the bytes unchanged when there is nothing to add or they do
@@ -62,11 +73,8 @@ def carry_metadata(request: bytes, metadata: Mapping[str, Any] | Iterable[tuple[
     entries = carried_entries(metadata)
     if not entries:
         return request
-    messages, _ = inference_stubs()
-    message = messages.PredictionsRequest()
-    try:
-        message.ParseFromString(request)
-    except Exception:  # protobuf raises DecodeError, a plain Exception subclass
+    message = parse_predictions_request(request)
+    if message is None:
         return request
     present = {key.lower() for key in message.input}
     added = {name: value for name, value in entries.items() if name not in present}
@@ -77,4 +85,4 @@ def carry_metadata(request: bytes, metadata: Mapping[str, Any] | Iterable[tuple[
     return bytes(message.SerializeToString())
 
 
-__all__ = ["REQUEST_ID_ENTRY", "carried_entries", "carry_metadata"]
+__all__ = ["REQUEST_ID_ENTRY", "carried_entries", "carry_metadata", "parse_predictions_request"]

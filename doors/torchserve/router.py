@@ -38,8 +38,8 @@ import grpc
 
 from doors.torchserve.openai_door import OpenAIRoutes
 from doors.torchserve.records_door import RecordsRoutes, parse_versions
-from explain_client.protos import inference_stubs
 from forwarding import Forwarder, Policy, RefusedError, Reply, Upstream, serve_until_signalled
+from forwarding.metadata import parse_predictions_request
 from serving_core.pools import asks_for_explanation, pool_name
 from supervise.environment import name_value
 
@@ -124,11 +124,8 @@ class PoolRouter(Policy):
         explanation; anything else (and anything that does not parse: TorchServe answers it) unchanged."""
         if method not in _GRPC_ROUTED:
             return request
-        messages, _ = inference_stubs()
-        message = messages.PredictionsRequest()
-        try:
-            message.ParseFromString(request)
-        except Exception:  # protobuf raises DecodeError, a plain Exception subclass
+        message = parse_predictions_request(request)
+        if message is None:
             return request
         if message.model_name not in self.pools or not asks_for_explanation(dict(message.input)):
             return request
@@ -143,12 +140,9 @@ class PoolRouter(Policy):
             RefusedError: ``INVALID_ARGUMENT`` for any other: TorchServe would answer it with one message that is not
                 marked as a stream's, which TorchServe 0.12 does not survive.
         """
-        messages, _ = inference_stubs()
-        message = messages.PredictionsRequest()
-        try:
-            message.ParseFromString(request)
-        except Exception:  # protobuf raises DecodeError, a plain Exception subclass
-            raise RefusedError(400, grpc.StatusCode.INVALID_ARGUMENT, "not a PredictionsRequest") from None
+        message = parse_predictions_request(request)
+        if message is None:
+            raise RefusedError(400, grpc.StatusCode.INVALID_ARGUMENT, "not a PredictionsRequest")
         if not self._streams(message):
             raise RefusedError(400, grpc.StatusCode.INVALID_ARGUMENT, _NOT_A_STREAM)
         return request
