@@ -11,7 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,8 +38,11 @@ def writer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     run_dir = tmp_path_factory.mktemp("run")
     settings = Settings(max_length=32, batch_size=8, max_batch_delay=50, max_new_tokens=60, default_new_tokens=4)
     package(checkpoint, "writer", store, settings)
+    # a time budget of a day admits the deadline test's long explanation, which its deadline then cuts (the estimates
+    # the budget rests on err high on a loaded machine, a tiny model's most of all: test_expensive_requests checks them)
+    overrides = {"writer": {"handler": {"time_budget_s": 86400}}}
     try:
-        yield start(run_dir, store, {"writer": "writer"}, Ports.free(), timeout=240)
+        yield start(run_dir, store, {"writer": "writer"}, Ports.free(), timeout=240, overrides=overrides)
     finally:
         stop(run_dir)
 
@@ -156,17 +159,24 @@ def test_the_client_streams_events(writer: Server) -> None:
         assert "".join(token.text for token in over_grpc) == answer.text and over_grpc.result().text == answer.text
 
 
+def _seconds(call: Callable[[], object]) -> float:
+    """How long ``call`` took, in seconds."""
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
 def test_a_deadline_that_passes_after_the_first_tokens_ends_with_an_error_event(writer: Server) -> None:
     """The answer is written in well under its deadline, its explanation (integrated gradients, one path point at a
     time, over every step) is not: its tokens come, then an error event with the text they carried."""
     document: dict[str, Any] = {"prompt": PROMPTS[1], "max_new_tokens": 40, "stream": True}
-    started = time.perf_counter()
-    _stream(writer, document)
-    written = time.perf_counter() - started
-    explain = {"method": "integrated_gradients", "n_steps": 64, "internal_batch_size": 1}
+    written = min(_seconds(lambda: _stream(writer, document)) for _ in range(2))  # the first call may be a cold one
+    # 512 path points one at a time for each of the 40 steps: some 50 times the (warm) writing on a quiet machine
+    explain = {"method": "integrated_gradients", "n_steps": 512, "internal_batch_size": 1}
     due = int((time.time() + 3 * written + 0.5) * 1000)
     status, _, events = _stream(writer, {**document, "explain": explain, "deadline_ms": due})
-    assert status == 200 and events[-1][1]["event"] == "error", events[-1]
+    last = {key: value for key, value in events[-1][1].items() if key not in ("steps", "text")}
+    assert status == 200 and last["event"] == "error", f"written in {written:.2f} s: {json.dumps(last)}"
     assert events[-1][1]["error"]["code"] == "deadline_exceeded"
     tokens = [event for _, event in events[:-1]]
     assert tokens and events[-1][1]["text"] == "".join(event["text"] for event in tokens)
