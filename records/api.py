@@ -115,6 +115,11 @@ class UnreadableInputError(ValueError):
 #: It raises :class:`UnreadableInputError` for an input it cannot turn into a request.
 Reexplain = Callable[[KeptInput], Reexplained]
 
+#: How a door reads a stored input as its task's JSON document, given the model, the task and the input as kept (what
+#: :class:`Reexplain` sends, without ``explain``): a record's page draws that document's text or image. It raises
+#: :class:`UnreadableInputError` for an input it cannot read (the page then says the input's size).
+ReadInput = Callable[[str, str, "Mapping[str, Any] | bytes"], Mapping[str, Any]]
+
 
 class ApiError(Exception):
     """A records request refused.
@@ -170,6 +175,7 @@ class RecordsApi:
         inference_keys: Collection[str] = (),
         versions: Mapping[str, str | None] | None = None,
         reexplain: Reexplain | None = None,
+        read_input: ReadInput | None = None,
     ) -> None:
         """The routes over ``store``.
 
@@ -179,6 +185,8 @@ class RecordsApi:
             inference_keys: The inference keys (answered 403, not 401).
             versions: The models served here and their versions (None when the door does not know them).
             reexplain: How the door explains a stored input again (None: re-explanation is not offered).
+            read_input: How the door reads a stored input as its task's document, for a record's page (None: the
+                page draws a JSON input as it is, and says the size of a raw one).
         """
         if not key:
             raise ValueError("the records routes need a records key")
@@ -187,6 +195,7 @@ class RecordsApi:
         self._inference_keys = tuple(inference_keys)
         self._versions = versions
         self._reexplain = reexplain
+        self._read_input = read_input
 
     def respond(self, method: str, target: str, authorization: str | None, body: bytes = b"") -> ApiReply | None:
         """Answer a records request.
@@ -237,7 +246,8 @@ class RecordsApi:
         if action == "" and method == "DELETE":
             return _json(200, {"id": record_id, "erased": self.store.erase(record_id)})
         if action == "page" and method == "GET":
-            return ApiReply(200, record_page(self._get(record_id)).encode("utf-8"), "text/html; charset=utf-8")
+            page = record_page(self._get(record_id), self._read_input)
+            return ApiReply(200, page.encode("utf-8"), "text/html; charset=utf-8")
         if action == "explain" and method == "POST":
             return self._explain(record_id, body)
         if action in ("", "page", "explain"):
@@ -345,12 +355,32 @@ def _input_text(document: Mapping[str, Any] | bytes | None, kept: Mapping[str, A
     return f"(the input was not kept: payload {kept.get('payload', 'none')})"
 
 
-def record_page(stored: StoredRecord) -> str:
+def _page_input(stored: StoredRecord, read_input: ReadInput | None) -> Mapping[str, Any] | bytes | None:
+    """A record's kept input for its page: as the door reads it where it can, else as it was kept (None: not kept or
+    corrupt)."""
+    data = stored.event.get("data") or {}
+    try:
+        document = recorded_input(stored.event)
+    except (binascii.Error, ValueError, TypeError):
+        return None
+    if document is None or read_input is None:
+        return document
+    model = str((data.get("model") or {}).get("name") or stored.model)
+    try:
+        return read_input(model, str(data.get("task") or ""), document)
+    except UnreadableInputError:
+        return document
+
+
+def record_page(stored: StoredRecord, read_input: ReadInput | None = None) -> str:
     """The HTML page of a record: what ``explain --html`` draws for its answer (text heatmap, image patches,
     entities, generated steps with citations), titled with the record's id, model and time.
 
     Args:
         stored: The stored record.
+        read_input: How the door reads a stored input as its task's document (a raw image or text body, a gRPC
+            row's ``ExplainRequest``, an OIP row): its text or image is drawn; None, or an input it cannot read: a
+            JSON input is drawn as it is, a raw one as its size.
 
     Returns:
         The HTML document.
@@ -365,7 +395,7 @@ def record_page(stored: StoredRecord) -> str:
             f"<body><h1>{html.escape(title)}</h1><p>erased at {erased_at}</p></body></html>"
         )
     kept = data.get("input") or {}
-    document = recorded_input(event)
+    document = _page_input(stored, read_input)
     text = _input_text(document, kept)
     answer: dict[str, Any] = dict(data.get("prediction") or {})
     if data.get("explanation") is not None:
@@ -409,6 +439,7 @@ __all__ = [
     "ApiError",
     "ApiReply",
     "KeptInput",
+    "ReadInput",
     "RecordsApi",
     "Reexplain",
     "Reexplained",

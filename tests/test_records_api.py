@@ -299,3 +299,32 @@ def test_the_fingerprint_folder_is_the_packagers() -> None:
     from serving_core.recording import FINGERPRINTS_DIR
 
     assert FINGERPRINTS_DIR == PACKAGED
+
+
+def test_a_raw_input_is_drawn_as_the_door_reads_it(recorder: Recorder, store: RecordStore) -> None:
+    """A record's page draws the text of an input kept as bytes (a ``text/plain`` body, a gRPC row's serialized
+    ``ExplainRequest``) as the door reads it; bytes the door cannot read, or a door that reads none, are drawn as
+    their size."""
+    from explain_client.protos import explain_messages
+
+    bodies = {
+        "plain": b"a plainly lovely day",
+        "grpc": explain_messages().ExplainRequest(text="a lovely gRPC day").SerializeToString(),
+        "binary": b"\xff\xfe\x00\x01",
+    }
+    rows = [AnsweredRow(request_id=name, index=None, answer=answer(), input=body) for name, body in bodies.items()]
+    assert record_batch(recorder, task="classification", door="torchserve", version=VERSION, rows=rows) == [None] * 3
+    read: list[tuple[str, str]] = []
+
+    def read_input(model: str, task: str, kept: Mapping[str, Any] | bytes) -> Mapping[str, Any]:
+        read.append((model, task))
+        return task_document(kept, task)
+
+    door = FakeDoor(recorder)
+    reading = RecordsApi(store, key=KEY, versions=_Versions(door), reexplain=door.reexplain, read_input=read_input)
+    pages = {name: _call(reading, "GET", f"/v1/records/{name}/page").body.decode() for name in bodies}
+    assert "a plainly lovely day" in pages["plain"] and "a lovely gRPC day" in pages["grpc"]
+    assert "an input of 4 bytes" in pages["binary"]
+    assert read == [("sentiment", "classification")] * 3
+    blind = _api(store, door)
+    assert f"an input of {len(bodies['grpc'])} bytes" in _call(blind, "GET", "/v1/records/grpc/page").body.decode()

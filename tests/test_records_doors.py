@@ -284,6 +284,8 @@ def test_kserve_online_answers_are_recorded(door: Door) -> None:
     data = _recorded(door, "online-oip-1")
     assert data["model"]["version"] == door.version and data["door"] == "kserve" and data["error"] is None
     assert data["input"]["document"]["inputs"][0]["data"] == ["a lovely film"]
+    status, drawn = _call(door, "GET", "/v1/records/online-oip-1/page")  # the OIP row read by the model's codec
+    assert status == 200 and "a lovely film" in drawn and "datatype" not in drawn
     instances = {"instances": [{"text": "a dull film"}, "a fine film"]}
     echoed, answer = _post(f"{door.url}/v1/models/sentiment:predict", instances, {})
     assert len(answer["predictions"]) == 2 and answer["id"] == echoed
@@ -379,6 +381,8 @@ def test_torchserve_s_answers_carry_their_records_id_over_rest_and_grpc(torchser
         mine = explain.ExplainResponse.FromString(call({"request": payload}, [("x-request-id", "grpc-ts-1")]))
         assert mine.request_id == "grpc-ts-1" and mine.label and not mine.HasField("error")
         assert _recorded(torchserve, "grpc-ts-1")["prediction"]["label"] == mine.label
+        status, drawn = _call(torchserve, "GET", "/v1/records/grpc-ts-1/page")  # the ExplainRequest read
+        assert status == 200 and "a lovely film" in drawn
         made = explain.ExplainResponse.FromString(call({"request": payload}, []))
         assert made.request_id and _recorded(torchserve, made.request_id)["error"] is None
         as_json = json.loads(call({"body": b'{"text": "a dull film"}'}, [("x-request-id", "grpc-ts-2")]))

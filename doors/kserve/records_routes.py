@@ -18,12 +18,13 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from records import new_request_id, open_store, records_settings
-from records.api import PREFIX, KeptInput, RecordsApi, Reexplained
+from records.api import PREFIX, KeptInput, RecordsApi, Reexplained, UnreadableInputError
 from records.keys import ensure_records_key
 from serving_core.recording import served_version
 
@@ -71,7 +72,14 @@ def add_records_routes(
         answering = model.answer_documents([document], records)  # recorded where it is served
         return Reexplained(request, asyncio.run_coroutine_threadsafe(answering, serving[0]).result()[0])
 
-    api = RecordsApi(store, key=ensure_records_key(key_file), versions=versions, reexplain=reexplain)
+    def read_input(model: str, task: str, kept: Mapping[str, Any] | bytes) -> Mapping[str, Any]:
+        if model not in models:
+            raise UnreadableInputError(f"model {model!r} is not served here")
+        return stored_document(kept, models[model].settings.config)
+
+    api = RecordsApi(
+        store, key=ensure_records_key(key_file), versions=versions, reexplain=reexplain, read_input=read_input
+    )
 
     async def records(request: Request) -> Response:
         body = await request.body()

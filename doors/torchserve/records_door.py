@@ -98,8 +98,11 @@ class RecordsRoutes:
             )
             return Reexplained(request, _answer(response.status, payload))
 
+        def read_input(model: str, task: str, kept: Mapping[str, Any] | bytes) -> Mapping[str, Any]:
+            return task_document(kept, task)
+
         api = RecordsApi(self._opened(), key=key, inference_keys=[inference] if inference else [],
-                         versions=self._versions, reexplain=reexplain)  # fmt: skip
+                         versions=self._versions, reexplain=reexplain, read_input=read_input)  # fmt: skip
         reply = api.respond(method, path, authorization, body)
         return None if reply is None else Reply(reply.status, reply.body, reply.content_type)
 
