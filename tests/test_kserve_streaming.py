@@ -138,11 +138,11 @@ def test_choices_of_one_request_stream_independently(door: _Door) -> None:
 
 def test_a_deadline_after_the_first_tokens_ends_the_stream_with_an_error_object(door: _Door) -> None:
     service: Any = door.model.backend._service  # type: ignore[attr-defined]
-    slow = service.model.register_forward_hook(lambda *_: time.sleep(0.02))
+    slow = service.model.register_forward_hook(lambda *_: time.sleep(0.05))  # 60 tokens: 3 s at least
     try:
         texts: list[str] = []
         with pytest.raises(openai.APIError) as raised:
-            due = str(int((time.time() + 0.4) * 1000))  # the header is the deadline's instant, in Unix milliseconds
+            due = str(int((time.time() + 1.5) * 1000))  # the header is the deadline's instant, in Unix milliseconds
             for chunk in _client(door).completions.create(model="lm", prompt=PROMPTS[1], max_tokens=60, stream=True,
                                                           extra_headers={"Explain-Deadline-Ms": due}):  # fmt: skip
                 texts.extend(choice.text for choice in chunk.choices)
