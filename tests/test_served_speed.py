@@ -282,6 +282,30 @@ def test_a_plain_answer_over_the_budget_alone_has_a_stale_probe_measured_again(w
 HEAVY = ModelSpeed(call=0.001, token=0.01, python=0.0001, layers=2, step=0.001)
 
 
+def test_a_written_answer_whose_explanation_is_over_the_budget_alone_has_a_stale_probe_measured_again(
+    writer: GenerationService,
+) -> None:
+    """A probe that makes one explained step fit but not every step of the answer: the row is admitted before
+    writing; once the answer is written, its explanation is over the budget at that probe, so the model is probed
+    again and the explanation, which fits at the model's real speed, is served."""
+    writer.config = HandlerConfig(**{**writer.config.__dict__, "time_budget_s": 30.0})
+    prompt = len(writer.tokenizer("the service was")["input_ids"])
+    method = get_method("attnlrp")
+    every = estimate_seconds(HEAVY, method, prompt + 8, {}, targets=8)
+    slow = scaled(HEAVY, 60.0 / every)  # every step "needs about 60 s" of 30 (HEAVY: the steps cost, not the writing)
+    one = estimate_seconds(slow, method, prompt + 8, {}) + generation_seconds(slow, prompt, 8)
+    assert one < 20.0  # one step fits: admitted before writing
+    request = {"prompt": "the service was", "max_new_tokens": 8, "explain": {"method": "attnlrp"}}
+    writer.served = ServedSpeed(slow, measure=writer._probe, reprobe_s=3600.0)  # probed a moment ago: not again
+    kept = serve_rows(writer, writer.config, [request])[0]
+    assert kept["explanation"]["error"]["code"] == "over_time_budget" and writer.served.probe is slow
+    writer.served = ServedSpeed(slow, measure=writer._probe, reprobe_s=0.0)
+    answer = serve_rows(writer, writer.config, [request])[0]
+    assert "error" not in answer and "error" not in answer["explanation"], answer.get("explanation", {}).get("error")
+    assert len(answer["steps"]) == 8 and all(step.get("scores") for step in answer["steps"])
+    assert writer.served.probe.step < slow.step
+
+
 def test_an_answer_whose_explanation_does_not_fit_is_served_with_its_text(writer: GenerationService) -> None:
     writer.speed = HEAVY  # as given: the arithmetic below does not follow this machine
     prompt = len(writer.tokenizer("the service was")["input_ids"])

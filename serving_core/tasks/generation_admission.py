@@ -13,7 +13,8 @@ has already passed with ``deadline_exceeded``.
 Once the answers are written (:meth:`Admission.explanation`), each explanation is estimated for the targets its answer
 really has (its sentences, its written steps) beside the actual seconds of the writing and the explanations admitted
 before it; one that does not fit leaves its answer served with an explanation error (``over_time_budget``, saying
-what fits) instead of refusing the row.
+what fits) instead of refusing the row. One over what the writing left, alone, has the model probed again first, as a
+row over the budget alone has before writing (:meth:`explainers.ServedSpeed.recheck`).
 
 Each kind of work is admitted at the model's speed as the batches it served corrected it
 (:class:`explainers.ServedSpeed`): the writing, then each method; :meth:`Admission.written` and
@@ -56,6 +57,7 @@ class Admission:
         served: the model's speed, corrected by its served batches (``None``: not measured, every row is admitted).
         arch: the model's architecture (to resolve a method's options).
         alternatives: the methods that work on the model (named in a refusal).
+        writing_s: the seconds the batch's writing took (:meth:`written`; the explanations are admitted beside it).
     """
 
     budget: float | None
@@ -65,6 +67,7 @@ class Admission:
     writing: BatchLedger | None = field(init=False, default=None)
     explaining: BatchLedger | None = field(init=False, default=None)
     spent: float = field(init=False, default=0.0)
+    writing_s: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.served is not None:
@@ -176,7 +179,7 @@ class Admission:
             made: their continuations, in order.
             seconds: the seconds the generation took (0: no row generated).
         """
-        self.spent = seconds
+        self.spent = self.writing_s = seconds
         if self.served is None or seconds <= 0:
             return
         measured = self.served.ledger()
@@ -206,10 +209,22 @@ class Admission:
         chosen = get_method(ask.method)
         resolved = chosen.resolve_options(ask.options, self.arch)
         kind = work_kind(chosen.name, resolved)
-        speed = explaining.speed(kind, length)
-        seconds = check_explanation_budget(
-            speed, chosen, length, resolved, budget, self.spent, targets, what, self.alternatives
-        )
+
+        def check() -> float:
+            return check_explanation_budget(
+                explaining.speed(kind, length), chosen, length, resolved, budget, self.spent, targets, what,
+                self.alternatives,
+            )  # fmt: skip
+
+        try:
+            seconds = check()
+        except TimeBudgetError:
+            # over what the writing left, alone: the model is probed again as before writing (a probe measured
+            # while the machine was busy would else refuse such explanations until a batch of the kind corrects it)
+            alone = self.spent <= self.writing_s
+            if not alone or self.served is None or not self.served.recheck(kind):
+                raise
+            seconds = check()
         explaining.add(kind, seconds, length)
         self.spent += seconds
 
