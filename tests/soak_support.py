@@ -50,6 +50,17 @@ from supervise.watchdog import watch
 from tests.ops_support import NO_ANSWER, LoadReport, LoadTarget, OipTarget, Outcome, TorchServeTarget, worker_pids
 from tests.serving_support import REPO_ROOT, tiny_archives
 
+#: ``make soak`` (``SOAK=1``): the long run; else the short one ``make test`` runs.
+SOAK = os.environ.get("SOAK") == "1"
+#: Client deadline of each request: a request a dying TorchServe worker dropped waits this long.
+REQUEST_TIMEOUT_S = 60.0 if SOAK else 20.0
+#: The most seconds the load may run past its length while a killed process or service starts again.
+GRACE_S = 600.0
+#: A load thread's pause after a retryable failure (a retrying client's back-off).
+BACKOFF_S = 0.2
+#: Where the soaks append their figures.
+FIGURES = REPO_ROOT / "build" / "ops-figures.jsonl"
+
 #: Workers of the explanation pool of the ``pool`` door: the twin answers while a killed one restarts.
 POOL_WORKERS = 2
 #: Replicas of the text model on the ``ray`` door.

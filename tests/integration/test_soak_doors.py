@@ -21,21 +21,24 @@ import pytest
 
 from tests.doors_support import EXTRAS
 from tests.ops_support import log_figures, run_load
-from tests.serving_support import REPO_ROOT
-from tests.soak_support import DoorSoak, judge, kserve_soak, pool_soak, ray_soak, soak_models
+from tests.soak_support import (
+    BACKOFF_S,
+    FIGURES,
+    GRACE_S,
+    REQUEST_TIMEOUT_S,
+    SOAK,
+    DoorSoak,
+    judge,
+    kserve_soak,
+    pool_soak,
+    ray_soak,
+    soak_models,
+)
 
 pytestmark = pytest.mark.slow
 
-SOAK = os.environ.get("SOAK") == "1"
 SECONDS = 60.0 if SOAK else 10.0
 CONCURRENCY = 32 if SOAK else 8
-#: Client deadline of each request: a request a dying TorchServe worker dropped waits this long.
-REQUEST_TIMEOUT_S = 60.0 if SOAK else 20.0
-#: The most seconds the load may run past ``SECONDS`` while a killed process is replaced.
-GRACE_S = 600.0
-#: A load thread's pause after a retryable failure (a retrying client's back-off).
-BACKOFF_S = 0.2
-FIGURES = REPO_ROOT / "build" / "ops-figures.jsonl"
 
 
 def _started(door: str, run_dir: Path) -> DoorSoak:

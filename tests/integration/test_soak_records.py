@@ -35,7 +35,6 @@ from records import open_store
 from tests.doors_support import EXTRAS
 from tests.ops_support import LoadTarget, log_figures, run_load
 from tests.postgres_server import PostgresServer, postgres_server
-from tests.serving_support import REPO_ROOT
 from tests.soak_records_support import (
     CallLog,
     check_records,
@@ -44,23 +43,25 @@ from tests.soak_records_support import (
     torchserve_records_soak,
     wall_clock,
 )
-from tests.soak_support import DoorSoak, judge, kserve_soak, soak_models
+from tests.soak_support import (
+    BACKOFF_S,
+    FIGURES,
+    GRACE_S,
+    REQUEST_TIMEOUT_S,
+    SOAK,
+    DoorSoak,
+    judge,
+    kserve_soak,
+    soak_models,
+)
 
 pytestmark = pytest.mark.slow
 
-SOAK = os.environ.get("SOAK") == "1"
 #: The store of ``make soak RECORDS=...`` (empty: CI's stores, a new SQLite file and the tests' PostgreSQL).
 STORE = os.environ.get("SOAK_RECORDS", "").strip()
 PAYLOAD = os.environ.get("EXPLAIN_RECORDS_PAYLOAD", "").strip() or "full"
 SECONDS = 60.0 if SOAK else 12.0
 CONCURRENCY = 32 if SOAK else 6
-#: Client deadline of each request: a request a dying TorchServe worker dropped waits this long.
-REQUEST_TIMEOUT_S = 60.0 if SOAK else 20.0
-#: The most seconds the load may run past ``SECONDS`` while a killed service starts again.
-GRACE_S = 600.0
-#: A load thread's pause after a retryable failure (a retrying client's back-off).
-BACKOFF_S = 0.2
-FIGURES = REPO_ROOT / "build" / "ops-figures.jsonl"
 
 if STORE:  # the test ids name the store's kind, not its URL (which may hold a password)
     _KIND = STORE.split(":", 1)[0]
